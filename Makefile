@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine:
+#   make test       - builds .venv, installs, runs the test suite
+#   make reproduce  - builds .venv, installs, runs the main experiment job
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# On a CPU machine the CPU build of torch is pinned and installed first, so that
+# nothing later can pull a CUDA build. On a GPU machine (nvidia-smi present) the
+# torch already importable in the base interpreter is reused via system site-packages.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test reproduce plots clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+ifeq ($(HAS_GPU),1)
+	$(PYTHON) -m venv --system-site-packages $(VENV)
+	$(PIP) install -q -e '.[dev]'
+else
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q $(TORCH_SPEC)
+	$(PIP) install -q -e '.[dev]'
+endif
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,5 @@
+"""BurstAttention and BurstEngine: reference implementation (see ../shared/PAPER.md)."""
+from . import comm, kernels, layout, volume
+from .attention import burst_attn_func, check_inputs
+
+__all__ = ["burst_attn_func", "check_inputs", "comm", "kernels", "layout", "volume"]

@@ -1,0 +1,245 @@
+"""Local attention kernels (PAPER.md §1, "Local attention optimisation").
+
+Every ring method computes, at each ring step, attention of a query block
+against one key/value block. Two entry points, shared by BurstAttention and
+all baselines:
+
+* ``attn_forward(q, k, v, causal, scale)  -> (out, lse)``
+* ``attn_backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)``
+
+Shapes follow ``flash_attn_func``: q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) with
+Z a multiple of Zkv (GQA/MQA); out (B, Sq, Z, d) in q's dtype; lse (B, Z, Sq)
+in fp32, natural log; delta (B, Z, Sq) fp32 = rowsum(dout * out).
+``causal`` on a block means the top-left aligned mask k_pos <= q_pos, used
+only on diagonal blocks where Sq == Sk.
+
+Backends (``backend=`` name, or ``None`` for automatic):
+
+* ``"cpu_flash"``: PyTorch's fused tiled CPU kernels
+  (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
+* ``"flash_attn"``: the flash-attn package on CUDA.
+* ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
+* ``"reference"``: plain math in fp64, for tests; materialises the scores.
+
+Feeding ``delta`` to stock kernels
+----------------------------------
+Burst's backward circulates ``delta = rowsum(dO * O)`` (one float per row)
+instead of O (d floats per row), but stock flash backward kernels take ``out``
+and compute ``delta`` themselves; they use ``out`` for nothing else. We pass a
+surrogate ``out_s`` that lies along dO and reproduces delta exactly:
+
+    out_s = dO * delta / ||dO||^2   (row-wise; 0 where dO's row is 0)
+
+so ``rowsum(dO * out_s) = delta`` (when dO's row is zero, delta is zero too,
+since delta = dO . O). The surrogate is built in fp32 and cast to the kernel's
+dtype, so in bf16 the recovered delta carries one bf16 rounding, the same order
+as the rounding of O itself in a stock backward.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+Tensor = torch.Tensor
+
+# ---------------------------------------------------------------- helpers
+
+
+def default_scale(head_dim: int, softmax_scale: float | None) -> float:
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def surrogate_out(dout: Tensor, delta: Tensor) -> Tensor:
+    """An ``out`` for stock backward kernels with rowsum(dout * out) == delta.
+
+    dout (B, S, Z, d); delta (B, Z, S) fp32 -> (B, S, Z, d) in dout's dtype.
+    """
+    do32 = dout.float()
+    n2 = do32.square().sum(-1, keepdim=True)  # (B, S, Z, 1)
+    d = delta.transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
+    coef = torch.where(n2 > 0, d / n2.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(n2))
+    return (do32 * coef).to(dout.dtype)
+
+
+def compute_delta(dout: Tensor, out: Tensor) -> Tensor:
+    """delta = rowsum(dout * out) in fp32: (B, S, Z, d) x2 -> (B, Z, S)."""
+    return (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+
+
+# ---------------------------------------------------------------- reference (fp64)
+
+
+def _ref_scores(q: Tensor, k: Tensor, causal: bool, scale: float) -> Tensor:
+    # (B, Z, Sq, Sk) in fp64; GQA by repeating kv heads.
+    z, zkv = q.shape[2], k.shape[2]
+    qh = q.double().transpose(1, 2)
+    kh = k.double().transpose(1, 2).repeat_interleave(z // zkv, dim=1)
+    s = qh @ kh.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = s.shape[-2:]
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~mask, float("-inf"))
+    return s
+
+
+def _reference_forward(q, k, v, causal, scale):
+    z, zkv = q.shape[2], k.shape[2]
+    s = _ref_scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)  # (B, Z, Sq)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    vh = v.double().transpose(1, 2).repeat_interleave(z // zkv, dim=1)
+    out = (p @ vh).transpose(1, 2)
+    return out.to(q.dtype), lse.float()
+
+
+def _reference_backward(dout, q, k, v, lse, delta, causal, scale):
+    z, zkv = q.shape[2], k.shape[2]
+    g = z // zkv
+    s = _ref_scores(q, k, causal, scale)
+    p = torch.exp(s - lse.double().unsqueeze(-1))  # (B, Z, Sq, Sk)
+    do = dout.double().transpose(1, 2)  # (B, Z, Sq, d)
+    vh = v.double().transpose(1, 2).repeat_interleave(g, dim=1)
+    kh = k.double().transpose(1, 2).repeat_interleave(g, dim=1)
+    qh = q.double().transpose(1, 2)
+    dv = p.transpose(-1, -2) @ do  # (B, Z, Sk, d)
+    dp = do @ vh.transpose(-1, -2)
+    ds = p * (dp - delta.double().unsqueeze(-1))
+    dq = ds @ kh * scale
+    dk = ds.transpose(-1, -2) @ qh * scale
+
+    def fold(x):  # sum the query heads that share one kv head: (B, Z, S, d) -> (B, S, Zkv, d)
+        b, _, s_, d = x.shape
+        return x.view(b, zkv, g, s_, d).sum(2).transpose(1, 2)
+
+    return dq.transpose(1, 2).to(q.dtype), fold(dk).to(k.dtype), fold(dv).to(v.dtype)
+
+
+# ---------------------------------------------------------------- CPU fused flash kernels
+
+
+def _cpu_flash_forward(q, k, v, causal, scale):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, scale=scale
+    )
+    return out.transpose(1, 2), lse
+
+
+def _cpu_flash_backward(dout, q, k, v, lse, delta, causal, scale):
+    out_s = surrogate_out(dout, delta)
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        out_s.transpose(1, 2), lse, 0.0, causal, scale=scale,
+    )
+    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+
+# ---------------------------------------------------------------- CUDA kernels
+
+
+def _flash_attn_available() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+        from flash_attn import flash_attn_interface  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _flash_attn_forward(q, k, v, causal, scale):
+    from flash_attn import flash_attn_interface as fai
+
+    # flash-attn 2.x: returns (out, softmax_lse (B, Z, Sq) fp32, S_dmask, rng_state)
+    res = fai._flash_attn_forward(
+        q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal,
+        window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
+        return_softmax=False,
+    )
+    return res[0], res[1]
+
+
+def _flash_attn_backward(dout, q, k, v, lse, delta, causal, scale):
+    from flash_attn import flash_attn_interface as fai
+
+    out_s = surrogate_out(dout, delta)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    fai._flash_attn_backward(
+        dout.contiguous(), q, k, v, out_s, lse, dq, dk, dv, dropout_p=0.0, softmax_scale=scale,
+        causal=causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
+        alibi_slopes=None, deterministic=False, rng_state=None,
+    )
+    return dq, dk, dv
+
+
+def _expand_kv(x: Tensor, groups: int) -> Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=2)
+
+
+def _fold_kv(x: Tensor, zkv: int) -> Tensor:
+    b, s, z, d = x.shape
+    return x if z == zkv else x.view(b, s, zkv, z // zkv, d).sum(3)
+
+
+def _cuda_sdpa_forward(q, k, v, causal, scale):
+    g = q.shape[2] // k.shape[2]
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        q.transpose(1, 2), _expand_kv(k, g).transpose(1, 2), _expand_kv(v, g).transpose(1, 2),
+        None, True, 0.0, causal, scale=scale,
+    )
+    return out.transpose(1, 2), lse[..., : q.shape[1]].float()
+
+
+def _cuda_sdpa_backward(dout, q, k, v, lse, delta, causal, scale):
+    g = q.shape[2] // k.shape[2]
+    out_s = surrogate_out(dout, delta)
+    ke, ve = _expand_kv(k, g), _expand_kv(v, g)
+    philox = torch.zeros(2, dtype=torch.int64, device=q.device)
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
+        dout.transpose(1, 2), q.transpose(1, 2), ke.transpose(1, 2), ve.transpose(1, 2), None,
+        out_s.transpose(1, 2), lse.contiguous(), philox, philox, 0.0, [True, True, True, False],
+        causal, scale=scale,
+    )
+    zkv = k.shape[2]
+    return dq.transpose(1, 2), _fold_kv(dk.transpose(1, 2), zkv), _fold_kv(dv.transpose(1, 2), zkv)
+
+
+# ---------------------------------------------------------------- registry and dispatch
+
+BACKENDS: dict[str, tuple[Callable, Callable]] = {
+    "reference": (_reference_forward, _reference_backward),
+    "cpu_flash": (_cpu_flash_forward, _cpu_flash_backward),
+    "flash_attn": (_flash_attn_forward, _flash_attn_backward),
+    "cuda_sdpa": (_cuda_sdpa_forward, _cuda_sdpa_backward),
+}
+
+
+def resolve_backend(device: torch.device, backend: str | None = None) -> str:
+    """The backend name for tensors on ``device``: ``backend`` if given, else automatic."""
+    if backend is not None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend={backend!r} is unknown; choose one of {sorted(BACKENDS)}")
+        return backend
+    if device.type == "cuda":
+        return "flash_attn" if _flash_attn_available() else "cuda_sdpa"
+    return "cpu_flash"
+
+
+def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                 backend: str | None = None) -> tuple[Tensor, Tensor]:
+    """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq) fp32)."""
+    name = resolve_backend(q.device, backend)
+    out, lse = BACKENDS[name][0](q, k, v, causal, scale)
+    return out, lse.float()
+
+
+def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, *,
+                  causal: bool, scale: float, backend: str | None = None
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Block backward from the global lse and delta of q's rows -> (dq, dk, dv) in input dtypes.
+
+    Because lse and delta are the *global* row statistics, P = exp(S - lse) is
+    the exact probability block and the block gradients sum to the full ones.
+    """
+    name = resolve_backend(q.device, backend)
+    return BACKENDS[name][1](dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
