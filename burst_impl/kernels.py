@@ -37,6 +37,7 @@ as the rounding of O itself in a stock backward.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -138,6 +139,7 @@ def _cpu_flash_backward(dout, q, k, v, lse, delta, causal, scale):
 # ---------------------------------------------------------------- CUDA kernels
 
 
+@functools.lru_cache(maxsize=None)
 def _flash_attn_available() -> bool:
     try:
         import flash_attn  # noqa: F401
@@ -147,14 +149,28 @@ def _flash_attn_available() -> bool:
     return True
 
 
+def _window_kwargs(fn) -> dict:
+    """flash-attn >= 2.6 takes window_size_left/right and softcap; 2.4-2.5 a window_size tuple."""
+    import inspect
+
+    params = inspect.signature(fn).parameters
+    if "window_size_left" in params:
+        kw = dict(window_size_left=-1, window_size_right=-1)
+    else:
+        kw = dict(window_size=(-1, -1))
+    if "softcap" in params:
+        kw["softcap"] = 0.0
+    return kw
+
+
 def _flash_attn_forward(q, k, v, causal, scale):
     from flash_attn import flash_attn_interface as fai
 
     # flash-attn 2.x: returns (out, softmax_lse (B, Z, Sq) fp32, S_dmask, rng_state)
     res = fai._flash_attn_forward(
-        q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal,
-        window_size_left=-1, window_size_right=-1, softcap=0.0, alibi_slopes=None,
-        return_softmax=False,
+        q.contiguous(), k.contiguous(), v.contiguous(), dropout_p=0.0, softmax_scale=scale,
+        causal=causal, alibi_slopes=None, return_softmax=False,
+        **_window_kwargs(fai._flash_attn_forward),
     )
     return res[0], res[1]
 
@@ -162,12 +178,13 @@ def _flash_attn_forward(q, k, v, causal, scale):
 def _flash_attn_backward(dout, q, k, v, lse, delta, causal, scale):
     from flash_attn import flash_attn_interface as fai
 
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out_s = surrogate_out(dout, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fai._flash_attn_backward(
         dout.contiguous(), q, k, v, out_s, lse, dq, dk, dv, dropout_p=0.0, softmax_scale=scale,
-        causal=causal, window_size_left=-1, window_size_right=-1, softcap=0.0,
-        alibi_slopes=None, deterministic=False, rng_state=None,
+        causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
+        **_window_kwargs(fai._flash_attn_backward),
     )
     return dq, dk, dv
 
@@ -194,10 +211,13 @@ def _cuda_sdpa_backward(dout, q, k, v, lse, delta, causal, scale):
     g = q.shape[2] // k.shape[2]
     out_s = surrogate_out(dout, delta)
     ke, ve = _expand_kv(k, g), _expand_kv(v, g)
-    philox = torch.zeros(2, dtype=torch.int64, device=q.device)
+    # The forward returns lse padded to a multiple of 32 rows; hand back that shape.
+    sq = q.shape[1]
+    lse = torch.nn.functional.pad(lse, (0, (-sq) % 32)).contiguous()
+    seed = offset = torch.zeros((), dtype=torch.int64)  # dropout is 0: never read
     dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
         dout.transpose(1, 2), q.transpose(1, 2), ke.transpose(1, 2), ve.transpose(1, 2), None,
-        out_s.transpose(1, 2), lse.contiguous(), philox, philox, 0.0, [True, True, True, False],
+        out_s.transpose(1, 2), lse, seed, offset, 0.0, [True, True, True, False],
         causal, scale=scale,
     )
     zkv = k.shape[2]
@@ -214,21 +234,28 @@ BACKENDS: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def resolve_backend(device: torch.device, backend: str | None = None) -> str:
-    """The backend name for tensors on ``device``: ``backend`` if given, else automatic."""
+def resolve_backend(device: torch.device, backend: str | None = None,
+                    dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
+    """The backend name for tensors on ``device``: ``backend`` if given, else automatic.
+
+    On CUDA, flash-attn when importable and the inputs suit it (fp16/bf16,
+    head_dim a multiple of 8 up to 256), else PyTorch's efficient-attention kernels.
+    """
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} is unknown; choose one of {sorted(BACKENDS)}")
         return backend
     if device.type == "cuda":
-        return "flash_attn" if _flash_attn_available() else "cuda_sdpa"
+        suits = dtype in (torch.float16, torch.bfloat16) and head_dim is not None \
+            and head_dim % 8 == 0 and head_dim <= 256
+        return "flash_attn" if suits and _flash_attn_available() else "cuda_sdpa"
     return "cpu_flash"
 
 
 def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
                  backend: str | None = None) -> tuple[Tensor, Tensor]:
     """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq) fp32)."""
-    name = resolve_backend(q.device, backend)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
     out, lse = BACKENDS[name][0](q, k, v, causal, scale)
     return out, lse.float()
 
@@ -241,5 +268,5 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, de
     Because lse and delta are the *global* row statistics, P = exp(S - lse) is
     the exact probability block and the block gradients sum to the full ones.
     """
-    name = resolve_backend(q.device, backend)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
     return BACKENDS[name][1](dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
