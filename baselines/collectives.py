@@ -1,0 +1,173 @@
+"""Counted, differentiable collectives shared by every baseline.
+
+Each collective records the bytes THIS rank sends through
+``burst_impl.comm.record`` with the conventions at the top of
+``burst_impl/comm.py`` (what an optimal ring / pairwise algorithm sends):
+
+* all_to_all of a local buffer of n bytes:        n * (G-1)/G
+* all_gather of a local shard of n bytes:         n * (G-1)
+* reduce_scatter of a full input of n bytes:      n * (G-1)/G
+* all_reduce of n bytes:                          2 * n * (G-1)/G
+
+The autograd wrappers record their forward under phase "forward" and the
+collective their backward runs under phase "backward", with the kind names
+given by the caller (e.g. ``kind="q", grad_kind="dq"``). With G == 1 nothing
+is sent and nothing is recorded, and no collective is called.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from burst_impl import comm
+
+Tensor = torch.Tensor
+
+
+def _size(group) -> int:
+    return comm.world(group)[1]
+
+
+# ---------------------------------------------------------------- plain counted calls
+
+
+def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str, kind: str) -> Tensor:
+    """Split ``x`` in G parts along ``scatter_dim``, send part j to rank j, concatenate
+    the received parts along ``gather_dim`` in rank order. Not differentiable."""
+    G = _size(group)
+    if G == 1:
+        return x
+    if x.shape[scatter_dim] % G:
+        raise ValueError(f"x.shape[{scatter_dim}]={x.shape[scatter_dim]} must be divisible by the group size {G}")
+    # (G, ...) with the part for rank j at index j, contiguous for all_to_all_single.
+    send = torch.stack(x.chunk(G, dim=scatter_dim), dim=0).contiguous()
+    recv = torch.empty_like(send)
+    comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G)
+    dist.all_to_all_single(recv, send, group=group)
+    return torch.cat(recv.unbind(0), dim=gather_dim)
+
+
+def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in rank order. Not differentiable."""
+    G = _size(group)
+    if G == 1:
+        return x
+    x = x.contiguous()
+    out = torch.empty((G,) + tuple(x.shape), dtype=x.dtype, device=x.device)
+    comm.record(phase, kind, comm.nbytes(x) * (G - 1))
+    dist.all_gather_into_tensor(out, x, group=group)
+    return torch.cat(out.unbind(0), dim=dim)
+
+
+def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor:
+    """Sum ``x`` over ranks and keep this rank's part of ``dim``. Not differentiable."""
+    G = _size(group)
+    if G == 1:
+        return x
+    if x.shape[dim] % G:
+        raise ValueError(f"x.shape[{dim}]={x.shape[dim]} must be divisible by the group size {G}")
+    send = torch.stack(x.chunk(G, dim=dim), dim=0).contiguous()  # (G, ...) part j for rank j
+    out = torch.empty_like(send[0])
+    comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G)
+    dist.reduce_scatter_tensor(out, send, group=group)
+    return out
+
+
+def all_reduce_(x: Tensor, group, phase: str, kind: str) -> Tensor:
+    """Sum ``x`` over ranks (a new tensor). Not differentiable."""
+    G = _size(group)
+    if G == 1:
+        return x
+    out = x.contiguous().clone()
+    comm.record(phase, kind, 2 * comm.nbytes(out) * (G - 1) // G)
+    dist.all_reduce(out, group=group)
+    return out
+
+
+# ---------------------------------------------------------------- autograd wrappers
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scatter_dim, gather_dim, group, kind, grad_kind):
+        ctx.cfg = (scatter_dim, gather_dim, group, grad_kind)
+        return all_to_all_(x, scatter_dim, gather_dim, group, "forward", kind)
+
+    @staticmethod
+    def backward(ctx, g):
+        scatter_dim, gather_dim, group, grad_kind = ctx.cfg
+        # The transpose of an all-to-all is the all-to-all with the dims swapped.
+        return all_to_all_(g, gather_dim, scatter_dim, group, "backward", grad_kind), None, None, None, None, None
+
+
+def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group=None, *, kind: str,
+               grad_kind: str) -> Tensor:
+    return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind)
+
+
+class _AllGather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, kind, grad_kind):
+        ctx.cfg = (dim, group, grad_kind)
+        return all_gather_(x, dim, group, "forward", kind)
+
+    @staticmethod
+    def backward(ctx, g):
+        dim, group, grad_kind = ctx.cfg
+        return reduce_scatter_(g, dim, group, "backward", grad_kind), None, None, None, None
+
+
+def all_gather(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
+    """Differentiable all-gather; its backward is a counted reduce-scatter."""
+    return _AllGather.apply(x, dim, group, kind, grad_kind)
+
+
+class _ReduceScatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, kind, grad_kind):
+        ctx.cfg = (dim, group, grad_kind)
+        return reduce_scatter_(x, dim, group, "forward", kind)
+
+    @staticmethod
+    def backward(ctx, g):
+        dim, group, grad_kind = ctx.cfg
+        return all_gather_(g, dim, group, "backward", grad_kind), None, None, None, None
+
+
+def reduce_scatter(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
+    """Differentiable reduce-scatter; its backward is a counted all-gather."""
+    return _ReduceScatter.apply(x, dim, group, kind, grad_kind)
+
+
+class _ReduceFwd(torch.autograd.Function):
+    """Megatron's "g": all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, kind):
+        return all_reduce_(x, group, "forward", kind)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None, None
+
+
+class _ReduceBwd(torch.autograd.Function):
+    """Megatron's "f": identity forward, all-reduce backward."""
+
+    @staticmethod
+    def forward(ctx, x, group, grad_kind):
+        ctx.cfg = (group, grad_kind)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        group, grad_kind = ctx.cfg
+        return all_reduce_(g, group, "backward", grad_kind), None, None
+
+
+def all_reduce_forward(x: Tensor, group=None, *, kind: str) -> Tensor:
+    return _ReduceFwd.apply(x, group, kind)
+
+
+def all_reduce_backward(x: Tensor, group=None, *, grad_kind: str) -> Tensor:
+    return _ReduceBwd.apply(x, group, grad_kind)
