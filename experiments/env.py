@@ -1,0 +1,92 @@
+"""Where a result came from: git state, library versions, hardware."""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def git_info() -> dict:
+    commit = _git("rev-parse", "HEAD")
+    # Run outputs (results/, plots/) do not make the code dirty.
+    status = _git("status", "--porcelain", "--", ".", ":!results", ":!plots")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> dict:
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - NCCL missing from this build
+            nccl = None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "flash_attn": _pkg_version("flash-attn") or _pkg_version("flash_attn"),
+        "ring_flash_attn": _pkg_version("ring-flash-attn") or _pkg_version("ring_flash_attn"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.lru_cache(maxsize=1)
+def hardware(world_size: int = 1) -> dict:
+    gpu = torch.cuda.is_available()
+    nnodes = int(os.environ.get("SLURM_NNODES") or os.environ.get("GROUP_WORLD_SIZE")
+                 or os.environ.get("NNODES") or 1)
+    info = {
+        "host": socket.gethostname(),
+        "nodes": nnodes,
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu_name": torch.cuda.get_device_name(0) if gpu else None,
+        "gpu_count": torch.cuda.device_count() if gpu else 0,
+        "world_size": world_size,
+    }
+    info["summary"] = describe(info)
+    return info
+
+
+def describe(hw: dict) -> str:
+    """One line for figure titles, e.g. '8x NVIDIA A100 (1 node)' or '2-core Intel Xeon (CPU, gloo)'."""
+    if hw.get("gpu_name"):
+        nodes = hw.get("nodes") or 1
+        return f"{hw['gpu_name']} x{hw.get('gpu_count')}/node, {nodes} node{'s' if nodes > 1 else ''}"
+    return f"{hw.get('cpu_count')}-core {hw.get('cpu_model')} (CPU, gloo)"

@@ -1,0 +1,187 @@
+"""Local launches: one ``torchrun --standalone`` per batch of cases of one world size.
+
+Start-up (interpreter, torch import, rendezvous) costs seconds per launch on a
+small machine, so all pending cases of a (spec, world size) share one launch
+and still get one record each. The driver watches the launch:
+
+* progress: a record appearing in results.jsonl completes a case;
+* a case whose ``.started`` marker is older than its wall-clock budget (plus
+  grace) gets the whole launch killed (the worker's own watchdog should have
+  fired first; this is the backstop), and the launch as a whole has a deadline;
+* after the launch, a started case without a record is recorded as failed
+  (OOM if a rank said so), and the launch is repeated for the cases not yet
+  run. A launch that records nothing ends the batch: its cases are failed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import results as R
+from .spec import Case
+
+GRACE_S = 30.0
+STARTUP_S = 120.0
+POLL_S = 0.25
+
+
+@dataclass
+class Launch:
+    cmd: list[str]
+    env: dict[str, str]
+    log: Path
+
+
+def worker_cmd(cases_file: Path, results_root: Path, world_size: int, device: str,
+               python: str = sys.executable) -> list[str]:
+    """World size 1 runs as plain python; more ranks under torchrun --standalone."""
+    tail = ["-m", "experiments.worker", "--cases", str(cases_file), "--results", str(results_root),
+            "--device", device, "--force"]
+    if world_size == 1:
+        return [python, *tail]
+    return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world_size),
+            "--monitor-interval", "0.5", *tail]
+
+
+def worker_env(world_size: int, device: str, repo: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(repo), env.get("PYTHONPATH", "")) if x)
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // world_size))
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault("KINETO_LOG_LEVEL", "5")
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    return env
+
+
+class RecordWatcher:
+    """Follows results.jsonl files; yields records newer than ``since``."""
+
+    def __init__(self, results_root: Path, experiments: set[str]):
+        self.paths = {e: R.experiment_dir(results_root, e) / R.RESULTS_FILE for e in experiments}
+        self.offsets = {e: (p.stat().st_size if p.exists() else 0) for e, p in self.paths.items()}
+
+    def poll(self) -> list[dict]:
+        out = []
+        for e, p in self.paths.items():
+            if not p.exists():
+                continue
+            with open(p, encoding="utf-8") as f:
+                f.seek(self.offsets[e])
+                chunk = f.read()
+            end = chunk.rfind("\n")
+            if end < 0:
+                continue
+            self.offsets[e] += len(chunk[:end + 1].encode("utf-8"))
+            for line in chunk[:end + 1].splitlines():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return out
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln for ln in text.splitlines() if "USDT" not in ln and ln.strip()]
+    return "\n".join(lines)[-n:]
+
+
+def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
+              on_record: Callable[[dict], None], on_start: Callable[[Case], None],
+              max_launches: int | None = None) -> None:
+    """Run ``cases`` (one experiment, one world size) to a record each."""
+    if not cases:
+        return
+    exp, ws = cases[0].experiment, cases[0].world_size
+    assert all(c.experiment == exp and c.world_size == ws for c in cases), "one experiment, one world size"
+    work = R.work_dir(results_root, exp)
+    by_id = {c.case_id: c for c in cases}
+    pending = list(cases)
+    launches = 0
+    max_launches = max_launches or len(cases) + 1
+    watcher = RecordWatcher(results_root, {exp})
+    while pending and launches < max_launches:
+        launches += 1
+        cases_file = work / f"batch-G{ws}.json"
+        cases_file.write_text(json.dumps([c.to_dict() for c in pending]))
+        log = work / f"launch-G{ws}-{time.strftime('%Y%m%dT%H%M%S')}-{launches}.log"
+        cmd = worker_cmd(cases_file, results_root, ws, device)
+        deadline = time.monotonic() + STARTUP_S + sum(c.case_timeout_s for c in pending)
+        recorded: set[str] = set()
+        started_seen: set[str] = set()
+        killed_for = ""
+        with open(log, "w") as logf:
+            proc = subprocess.Popen(cmd, cwd=repo, env=worker_env(ws, device, repo), stdout=logf,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            while True:
+                rc = proc.poll()
+                for rec in watcher.poll():
+                    if rec.get("case_id") in by_id:
+                        recorded.add(rec["case_id"])
+                        on_record(rec)
+                for c in pending:
+                    m = R.marker_path(results_root, c)
+                    if c.case_id in recorded or not m.exists():
+                        continue
+                    if c.case_id not in started_seen:
+                        started_seen.add(c.case_id)
+                        on_start(c)
+                    try:
+                        age = time.time() - m.stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+                    if age > c.case_timeout_s + GRACE_S and not killed_for:
+                        killed_for = (f"timeout: no result after {age:.0f} s (budget {c.case_timeout_s:.0f} s); "
+                                      "launch killed by the driver")
+                        _kill(proc)
+                if rc is not None:
+                    break
+                if time.monotonic() > deadline and not killed_for:
+                    killed_for = "timeout: the launch exceeded its wall-clock deadline; killed by the driver"
+                    _kill(proc)
+                time.sleep(POLL_S)
+        for rec in watcher.poll():
+            if rec.get("case_id") in by_id:
+                recorded.add(rec["case_id"])
+                on_record(rec)
+        reason = killed_for or f"worker launch exited with code {rc} before the case finished: {_tail(log, 600)}"
+        for cid in R.finalize_unfinished(results_root, pending, reason):
+            recorded.add(cid)
+        for rec in watcher.poll():
+            if rec.get("case_id") in by_id:
+                on_record(rec)
+        before = len(pending)
+        pending = [c for c in pending if c.case_id not in recorded]
+        if pending and len(pending) == before:
+            # Nothing recorded at all: the launch itself is broken (import error, rendezvous...).
+            why = f"launch failed (exit code {rc}), no case ran: {_tail(log)}"
+            for c in pending:
+                rec = R.base_record(c, "failed", why)
+                R.append_record(results_root, rec)
+            for rec in watcher.poll():
+                if rec.get("case_id") in by_id:
+                    on_record(rec)
+            pending = []

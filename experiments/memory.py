@@ -1,0 +1,73 @@
+"""Peak memory of one step, measured (never a formula), per rank.
+
+GPU: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``.
+CPU: PyTorch has no CPU peak counter, so the step runs under
+``torch.profiler`` with ``profile_memory=True``; the CPU allocator then reports
+every allocation and free as a ``[memory]`` event with a signed byte count.
+Summing those events in time order gives the live tensor bytes over the step;
+its maximum is the peak. Profiling is slow, so this runs in a separate,
+untimed step and never distorts the timings.
+
+Both report the peak *increase* over what was live when the step began
+(inputs and anything allocated before), plus that starting level, so the
+numbers are comparable across devices: ``peak_bytes`` = activations, saved
+tensors, temporaries and communication buffers of the step.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    peak_bytes: int          # max live bytes during the step, above the starting level
+    start_bytes: int         # live bytes at the start (GPU: memory_allocated; CPU: given)
+    method: str              # how it was measured, for the record
+
+
+def _cpu_peak(fn: Callable[[], object]) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # silence kineto's start/stop chatter
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False,
+                 with_stack=False) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    events.sort(key=lambda e: e.start_ns())
+    live = peak = 0
+    for e in events:
+        live += e.nbytes()
+        peak = max(peak, live)
+    return int(peak)
+
+
+def measure_peak(fn: Callable[[], object], device: torch.device, *, start_bytes: int = 0) -> MemoryPeak:
+    """Run ``fn`` once and return its peak live-memory increase on this rank.
+
+    ``start_bytes`` is what the caller knows is live on CPU (e.g. the inputs);
+    on GPU the allocator's own count is used instead.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - start
+        return MemoryPeak(int(peak), int(start), "torch.cuda.max_memory_allocated")
+    return MemoryPeak(_cpu_peak(fn), int(start_bytes), "torch.profiler CPU allocator events (live-bytes peak)")
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for out-of-memory errors as the papers' tables report them (CUDA or host)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, (MemoryError, RuntimeError)) and (
+        "out of memory" in text.lower() or "CUDA error: out of memory" in text
+        or "DefaultCPUAllocator: can't allocate memory" in text)

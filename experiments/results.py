@@ -1,0 +1,199 @@
+"""Result records: one JSON line per case in ``results/<experiment>/results.jsonl``.
+
+Written by rank 0 of the worker (ok/failed/oom) or by the driver (cases that
+timed out, crashed, or were skipped). Readable by ``pandas.read_json(lines=True)``;
+``load_results`` keeps the newest record of each case.
+
+Run-time bookkeeping lives in ``results/<experiment>/.work/``: a ``<case>.started``
+marker while a case runs and ``<case>.rank<r>.err`` files written by ranks that
+failed, so whoever finalises an unfinished case can say why it failed.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from . import env
+from .spec import Case
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "oom", "skipped")
+# Cases with one of these statuses are not run again unless --force
+# (failed ones with --retry-failed); "skipped" is always re-evaluated, so a
+# method registered later is picked up by the next run.
+DONE_STATUSES = ("ok", "oom", "failed")
+RESULTS_FILE = "results.jsonl"
+
+# Keys every record has (tests check the schema against this list).
+REQUIRED_KEYS = (
+    "schema", "experiment", "case_id", "status", "reason", "timestamp",
+    "method", "level", "mode", "batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size",
+    "dtype", "causal", "layout", "warmup", "repeats", "seed",
+    "time_samples_s", "config", "git", "versions", "hardware",
+)
+
+
+def experiment_dir(results_root: Path | str, experiment: str) -> Path:
+    return Path(results_root) / experiment
+
+
+def work_dir(results_root: Path | str, experiment: str) -> Path:
+    d = experiment_dir(results_root, experiment) / ".work"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def base_record(case: Case, status: str, reason: str = "", *, world_size: int | None = None,
+                extra_config: dict | None = None) -> dict:
+    if status not in STATUSES:
+        raise ValueError(f"status={status!r} must be one of {STATUSES}")
+    cfg = case.to_dict()
+    cfg.update(extra_config or {})
+    rec = {
+        "schema": SCHEMA_VERSION,
+        "experiment": case.experiment,
+        "case_id": case.case_id,
+        "status": status,
+        "reason": reason,
+        "timestamp": now(),
+        **{k: cfg[k] for k in ("method", "level", "mode", "batch", "seqlen", "heads", "kv_heads",
+                               "head_dim", "world_size", "dtype", "causal", "layout", "warmup",
+                               "repeats", "seed")},
+        "time_samples_s": [],
+        "config": cfg,
+        "git": env.git_info(),
+        "versions": env.versions(),
+        "hardware": env.hardware(world_size or case.world_size),
+    }
+    return rec
+
+
+def append_record(results_root: Path | str, rec: dict) -> None:
+    missing = [k for k in REQUIRED_KEYS if k not in rec]
+    if missing:
+        raise ValueError(f"record for {rec.get('case_id')} lacks keys {missing}")
+    path = experiment_dir(results_root, rec["experiment"]) / RESULTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(rec, sort_keys=True, default=str) + "\n"
+    # One write of one line in append mode: concurrent readers see whole lines.
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_records(path: Path | str) -> list[dict]:
+    """Every record of a results.jsonl (a torn last line, from a killed writer, is ignored)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def latest_by_case(records: Iterable[dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for r in records:
+        out[r["case_id"]] = r  # file order is time order: the last one wins
+    return out
+
+
+def done_case_ids(results_root: Path | str, experiment: str, *, retry_failed: bool = False) -> set[str]:
+    done = DONE_STATUSES if not retry_failed else ("ok", "oom")
+    recs = latest_by_case(read_records(experiment_dir(results_root, experiment) / RESULTS_FILE))
+    return {cid for cid, r in recs.items() if r.get("status") in done}
+
+
+def load_results(results_root: Path | str, experiment: str | None = None):
+    """A pandas DataFrame of the newest record per case (all experiments, or one)."""
+    import pandas as pd
+
+    root = Path(results_root)
+    dirs = [root / experiment] if experiment else sorted(p for p in root.iterdir() if p.is_dir())
+    rows = []
+    for d in dirs:
+        rows.extend(latest_by_case(read_records(d / RESULTS_FILE)).values())
+    return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- unfinished cases
+
+
+def marker_path(results_root, case: Case) -> Path:
+    return work_dir(results_root, case.experiment) / f"{case.case_id}.started"
+
+
+def err_path(results_root, case: Case, rank: int) -> Path:
+    return work_dir(results_root, case.experiment) / f"{case.case_id}.rank{rank}.err"
+
+
+def write_rank_error(results_root, case: Case, rank: int, status: str, reason: str) -> None:
+    err_path(results_root, case, rank).write_text(json.dumps({"status": status, "reason": reason}))
+
+
+def rank_errors(results_root, case: Case) -> list[dict]:
+    d = work_dir(results_root, case.experiment)
+    out = []
+    for p in sorted(d.glob(f"{case.case_id}.rank*.err")):
+        try:
+            e = json.loads(p.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        e["rank"] = int(p.name.rsplit(".rank", 1)[1].split(".")[0])
+        out.append(e)
+    return out
+
+
+def clear_work(results_root, case: Case) -> None:
+    for p in [marker_path(results_root, case), *work_dir(results_root, case.experiment).glob(
+            f"{case.case_id}.rank*.err")]:
+        p.unlink(missing_ok=True)
+
+
+def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[str, str]:
+    """(status, reason) of a case that did not finish: OOM if any rank ran out of memory."""
+    errs = rank_errors(results_root, case)
+    ooms = [e for e in errs if e.get("status") == "oom"]
+    if ooms:
+        return "oom", f"rank {ooms[0]['rank']}: {ooms[0]['reason']}"
+    timeouts = [e for e in errs if "timeout" in e.get("reason", "").lower()]
+    pick = (errs[0] if errs and not timeouts else timeouts[0] if timeouts else None)
+    if pick is not None:
+        return "failed", f"rank {pick['rank']}: {pick['reason']}"
+    return "failed", default_reason
+
+
+def finalize_unfinished(results_root, cases: list[Case], default_reason: str) -> list[str]:
+    """Record every case that was started but has no record since; returns their ids."""
+    out: list[str] = []
+    by_exp: dict[str, dict] = {}
+    for case in cases:
+        marker = marker_path(results_root, case)
+        if not marker.exists():
+            continue
+        if case.experiment not in by_exp:
+            by_exp[case.experiment] = latest_by_case(
+                read_records(experiment_dir(results_root, case.experiment) / RESULTS_FILE))
+        rec = by_exp[case.experiment].get(case.case_id)
+        started = marker.stat().st_mtime
+        if rec is None or datetime.datetime.fromisoformat(rec["timestamp"]).timestamp() < started - 1:
+            status, reason = failure_from_errors(results_root, case, default_reason)
+            append_record(results_root, base_record(case, status, reason))
+            out.append(case.case_id)
+        clear_work(results_root, case)
+    return out

@@ -1,0 +1,144 @@
+"""What one step of a case does: inputs, and the callables the timing and
+memory modules run. Generic over the registry: op-level methods are called
+through ``Method.fn``; block-level measurements go through
+``baselines.block`` (attention block: projections + attention + output).
+
+Modes (PAPER.md, FLOP convention):
+* ``forward``: the forward under ``torch.no_grad`` (inference prefill);
+* ``backward``: the backward only; the forward runs untimed in ``setup``;
+* ``fwd_bwd``: forward then backward (a training step of the layer).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from baselines.registry import METHODS, AttnShape, Method
+
+from .spec import Case
+
+
+@dataclass
+class Step:
+    step: Callable[[], object]              # what is timed
+    setup: Callable[[], object] | None      # untimed, before each timed step
+    start_bytes: int                        # bytes of the inputs live before the step (CPU memory base)
+
+    def full(self) -> None:
+        """setup + step: the whole work of one measured step (memory and bytes are taken over it)."""
+        if self.setup is not None:
+            self.setup()
+        self.step()
+
+
+def method_call(method: Method, *args, **kwargs):
+    """``Method.call`` (fn with registered options) where the registry has it, else ``fn``."""
+    call = getattr(method, "call", None)
+    return call(*args, **kwargs) if call is not None else method.fn(*args, **kwargs)
+
+
+def method_bytes(method: Method, shape: AttnShape) -> dict:
+    f = getattr(method, "bytes", None)
+    return f(shape) if f is not None else method.comm_bytes(shape)
+
+
+def method_memory(method: Method, shape: AttnShape) -> int:
+    f = getattr(method, "memory", None)
+    return int(f(shape) if f is not None else method.memory_bytes(shape))
+
+
+def _randn(shape, gen, dtype, device):
+    return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def _generator(seed: int, rank: int) -> torch.Generator:
+    # Each rank draws its own shard directly (a global tensor would not fit at
+    # 1M tokens); values do not affect timing, only reproducibility does.
+    return torch.Generator().manual_seed(seed * 1_000_003 + rank)
+
+
+def _wrap_mode(mode: str, forward: Callable[[], torch.Tensor], params: list[torch.Tensor],
+               dout_like: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Callable, Callable | None]:
+    state: dict[str, torch.Tensor] = {}
+
+    def zero_grads():
+        for p in params:
+            p.grad = None
+
+    if mode == "forward":
+        def step():
+            with torch.no_grad():
+                return forward()
+        return step, None
+    if mode == "backward":
+        def setup():
+            zero_grads()
+            state["out"] = forward()
+            state["dout"] = dout_like(state["out"])
+
+        def step():
+            out = state.pop("out")
+            out.backward(state.pop("dout"))
+        return step, setup
+    if mode == "fwd_bwd":
+        def step():
+            zero_grads()
+            out = forward()
+            out.backward(dout_like(out))
+        return step, None
+    raise ValueError(f"mode={mode!r} is unknown")
+
+
+def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
+    """Local shards q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) of ``case.layout``; calls ``method.fn``."""
+    s = case.shape
+    gen = _generator(case.seed, rank)
+    dt = s.torch_dtype
+    grad = case.mode != "forward"
+    q = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    k = _randn((s.batch, s.local_seqlen, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    v = _randn((s.batch, s.local_seqlen, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
+
+    def forward():
+        return method_call(method, q, k, v, causal=s.causal, group=group, layout=s.layout)
+
+    step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
+    start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))
+    return Step(step=step, setup=setup, start_bytes=start)
+
+
+def build_block_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
+    """The attention block of ``method`` from ``baselines.block`` (projections + attention)."""
+    try:
+        from baselines import block
+    except ImportError as e:
+        raise RuntimeError("measure.level=block needs baselines/block.py (the attention-block wrapper), "
+                           f"which is not importable: {e}") from None
+    built = block.make_block(case.method, case.shape, group=group, device=device, seed=case.seed)
+    module, x = built.module, built.input
+    params = [x, *[p for p in getattr(module, "parameters", lambda: [])()]]
+    gen = _generator(case.seed + 1, rank)
+
+    def forward():
+        return module(x)
+
+    dout_cache: dict[str, torch.Tensor] = {}
+
+    def dout_like(out):
+        if "d" not in dout_cache or dout_cache["d"].shape != out.shape:
+            dout_cache["d"] = _randn(tuple(out.shape), gen, out.dtype, out.device)
+        return dout_cache["d"]
+
+    step, setup = _wrap_mode(case.mode, forward, params, dout_like)
+    start = sum(p.numel() * p.element_size() for p in params)
+    return Step(step=step, setup=setup, start_bytes=start)
+
+
+def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
+    method = METHODS[case.method]
+    if case.level == "block":
+        return build_block_step(case, method, rank=rank, group=group, device=device)
+    return build_op_step(case, method, rank=rank, group=group, device=device)
