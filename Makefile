@@ -37,5 +37,18 @@ endif
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# `make reproduce`: the CPU preset end to end (results/ and plots/). With PROFILE=<name>
+# (a100_8, a100_32, a800_32: experiments/presets/<name>.yaml) the cluster sweeps go through
+# the SLURM template instead; RUN_ARGS passes options (e.g. --dry-run, --force).
+PROFILE ?= cpu
+RUN_ARGS ?=
+
+reproduce: $(STAMP)
+	$(PY) -m experiments.run $(PROFILE) $(RUN_ARGS)
+
+# Redraw every figure from the results files; runs nothing.
+plots: $(STAMP)
+	$(PY) -m experiments.plots
+
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -128,7 +128,7 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     facets = _facets(df, x)
     if not facets:
         return None
-    fig, axes = plt.subplots(1, len(facets), figsize=(6.2 * len(facets), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(facets), figsize=(max(7.5, 6.2 * len(facets)), 5.0), squeeze=False)
     drew = False
     for ax, (label, part) in zip(axes[0], facets):
         for method in methods or sorted(part["method"].unique(), key=_method_order):
@@ -159,8 +159,8 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     if not drew and not (df["status"].isin(["oom", "failed"])).any():
         plt.close(fig)
         return None
-    ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    fig.suptitle(f"{df['experiment'].iloc[0]}{ref}: {title}\n{_hw_and_date(df)}", fontsize=10)
+    ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
+    fig.suptitle(f"{df['experiment'].iloc[0]}: {title}{ref}\n{_hw_and_date(df)}", fontsize=10)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -218,7 +218,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.legend(fontsize=8)
     r = sel.iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    ax.set_title(f"{df['experiment'].iloc[0]}{ref}: communication per layer, measured (solid) vs formula (hatched)\n"
+    ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, measured (solid) vs formula (hatched)\n"
                  f"N={_human(int(n))}, G={g}, B={r['batch']}, Z={r['heads']}/{r['kv_heads']}kv, d={r['head_dim']}, "
                  f"{r['dtype']}, {MODE_LABEL[mode]}\n{_hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
@@ -254,7 +254,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
                                   out / "tflops_vs_seqlen.png", logy=False))
         if "mem_peak_bytes" in df:
             dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
-            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", "peak memory per rank (MiB, measured)",
+            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", "peak memory per rank above inputs (MiB, measured)",
                                       "peak memory per rank vs sequence length", meta,
                                       out / "memory_vs_seqlen.png", logy=True))
     if df["world_size"].nunique() > 1:

@@ -62,7 +62,10 @@ def _progress():
     from rich.console import Console
     from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn)
 
-    console = Console(stderr=False)
+    import os
+
+    # Logs (make reproduce > log) are not terminals: keep one line per case readable there too.
+    console = Console(stderr=False, width=None if os.isatty(1) else 150)
     return console, Progress(TextColumn("[bold]{task.fields[pos]}"), TextColumn("{task.description}"),
                              BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                              console=console, transient=False, refresh_per_second=4)
@@ -88,7 +91,8 @@ def run_local(preset: Preset, batches, *, results_root: Path, device: str) -> di
             t = rec.get("time_median_s")
             detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else rec.get("reason", "")[:110]
             style = {"ok": "green", "oom": "yellow", "failed": "red", "skipped": "dim"}[rec["status"]]
-            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']} {rec['case_id']}  {detail}")
+            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']:<24} {rec['case_id']:<70} {detail}",
+                          overflow="ellipsis", no_wrap=True, highlight=False)
 
         def on_start(c: Case) -> None:
             progress.update(task, description=f"{c.experiment} G={c.world_size} {c.case_id}")

@@ -111,26 +111,34 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
 
 
 def build_block_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
-    """The attention block of ``method`` from ``baselines.block`` (projections + attention)."""
+    """The attention block of ``method`` from ``baselines.block``: hidden states (B, N/G or N, H) in,
+    QKV projection, attention, output projection, hidden states out."""
     try:
         from baselines import block
     except ImportError as e:
         raise RuntimeError("measure.level=block needs baselines/block.py (the attention-block wrapper), "
                            f"which is not importable: {e}") from None
-    built = block.make_block(case.method, case.shape, group=group, device=device, seed=case.seed)
-    module, x = built.module, built.input
-    params = [x, *[p for p in getattr(module, "parameters", lambda: [])()]]
-    gen = _generator(case.seed + 1, rank)
+    s = case.shape
+    blk = block.make_block(case.method, s, group=group, seed=case.seed)
+    # make_block builds CPU weights; move them (same Parameter objects) to the device.
+    for p in blk.params.values():
+        p.data = p.data.to(device)
+    tokens = s.seqlen if blk.input == "replicated" else s.local_seqlen
+    gen = _generator(case.seed, rank)
+    hidden = s.heads * s.head_dim
+    grad = case.mode != "forward"
+    x = _randn((s.batch, tokens, hidden), gen, s.torch_dtype, device).requires_grad_(grad)
+    params = [x, *blk.params.values()]
+    douts: dict[tuple, torch.Tensor] = {}
 
     def forward():
-        return module(x)
-
-    dout_cache: dict[str, torch.Tensor] = {}
+        return block.block_forward(blk, x)
 
     def dout_like(out):
-        if "d" not in dout_cache or dout_cache["d"].shape != out.shape:
-            dout_cache["d"] = _randn(tuple(out.shape), gen, out.dtype, out.device)
-        return dout_cache["d"]
+        key = tuple(out.shape)
+        if key not in douts:
+            douts[key] = _randn(key, gen, out.dtype, out.device)
+        return douts[key]
 
     step, setup = _wrap_mode(case.mode, forward, params, dout_like)
     start = sum(p.numel() * p.element_size() for p in params)
