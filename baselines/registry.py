@@ -84,6 +84,9 @@ class Method:
     check: Callable[..., None] = lambda shape, **_: None
     available: Callable[[], bool] = lambda: True  # external adapters: is the package importable?
     external: str | None = None                   # peer package it wraps or is checked against
+    # True for adapters whose sends happen inside another package: their counters
+    # record the formula at the points the sends happen, they do not measure.
+    bytes_by_formula: bool = False
     options: dict = field(default_factory=dict)   # fixed keyword arguments for fn
     # What the attention block of this method takes (baselines.block): "sequence" = the
     # layout shard (B, N/G, H) of the hidden states; "replicated" = all of (B, N, H).
@@ -277,7 +280,7 @@ register(Method(
 register(Method(
     name="ring_flash_attn", level="op", fn=external.ring_flash_attn_adapter,
     comm_bytes=external.ring_flash_attn_comm_bytes, memory_bytes=_burst_memory,
-    available=external.ring_flash_attn_available, external="ring-flash-attn",
+    available=external.ring_flash_attn_available, external="ring-flash-attn", bytes_by_formula=True,
     description="The ring-flash-attn package (CUDA); bytes recorded by formula, not instrumented",
     travels="fwd: K, V; bwd: K, V + dK, dV (fp32, G sends)",
 ))
@@ -285,6 +288,7 @@ register(Method(
     name="deepspeed_ulysses", level="op", fn=external.deepspeed_ulysses_adapter,
     comm_bytes=external.deepspeed_ulysses_comm_bytes, memory_bytes=lambda s, **_: ulysses_memory_bytes(s),
     available=external.deepspeed_available, external="deepspeed", layouts=("contiguous",),
+    bytes_by_formula=True,
     check=lambda s, **_: _deepspeed_check(s),
     description="DeepSpeed's DistributedAttention around our local kernel; bytes recorded by formula",
     travels="as ulysses",

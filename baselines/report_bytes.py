@@ -1,0 +1,160 @@
+"""Measured vs closed-form bytes per rank for every method, on gloo.
+
+    python -m baselines.report_bytes                     # B=1 Z=8 Zkv=8 N=8192 d=64 G=4, causal, bf16
+    python -m baselines.report_bytes --seqlen 1024 --methods ring ulysses --json out.json
+
+Spawns G local processes (gloo), runs one forward + backward of each method
+and prints, per (phase, kind), the bytes this rank's counters recorded next to
+the method's formula (``registry.get(name).bytes(shape)``). Sequence-parallel
+methods run as operators on (B, N/G, Z, d) shards; TP methods (``tp_v1``,
+``tp_v3``) as attention blocks (``baselines.block``), whose other methods would
+send exactly their operator's bytes. External adapters that cannot run here are
+listed with their formula only.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+DEFAULT_METHODS = ["burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "tp_v1", "tp_v3",
+                   "ring_flash_attn", "deepspeed_ulysses"]
+
+
+def _shape(a, G):
+    from baselines.registry import AttnShape
+
+    return AttnShape(a.batch, a.seqlen, a.heads, a.kv_heads, a.head_dim, G, dtype=a.dtype,
+                     causal=not a.non_causal, layout=a.layout)
+
+
+def _measure(name: str, shape, options: dict) -> dict:
+    from baselines.block import block_forward, block_input, make_block
+    from baselines.registry import get
+    from burst_impl import comm
+    from burst_impl.layout import shard
+
+    rank, G = dist.get_rank(), dist.get_world_size()
+    method = get(name)
+    g = torch.Generator().manual_seed(0)
+    dt = shape.torch_dtype
+    if method.level == "block":
+        blk = make_block(name, shape, seed=0, **options)
+        h = shape.heads * shape.head_dim
+        x_full = torch.randn(shape.batch, shape.seqlen, h, generator=g).to(dt)
+        x = block_input(blk, x_full).requires_grad_()
+        with comm.count_bytes() as counts:
+            y = block_forward(blk, x)
+            y.backward(torch.ones_like(y))
+        return dict(counts)
+    full = [torch.randn(shape.batch, shape.seqlen, z, shape.head_dim, generator=g).to(dt)
+            for z in (shape.heads, shape.kv_heads, shape.kv_heads)]
+    q, k, v = (shard(t, shape.layout, rank, G).requires_grad_() for t in full)
+    with comm.count_bytes() as counts:
+        out = method.call(q, k, v, causal=shape.causal, layout=shape.layout, **options)
+        out.backward(torch.ones_like(out))
+    return dict(counts)
+
+
+def _worker(rank, G, port, args, queue):
+    torch.set_num_threads(max(1, torch.get_num_threads() // G))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=G,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    from baselines.registry import get
+
+    shape = _shape(args, G)
+    out = {}
+    for name in args.methods:
+        m = get(name)
+        opts = {"ulysses_degree": args.ulysses_degree} if name == "usp" and args.ulysses_degree else {}
+        try:
+            m.validate(shape, **opts)
+        except ValueError as e:
+            out[name] = ("invalid", str(e))
+            continue
+        if not m.available():
+            out[name] = ("unavailable", None)
+            continue
+        out[name] = ("measured", _measure(name, shape, opts))
+    queue.put((rank, out))
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlen", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--layout", default="contiguous")
+    p.add_argument("--non-causal", action="store_true")
+    p.add_argument("--ulysses-degree", type=int, default=None, help="usp; default: registry policy")
+    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
+    p.add_argument("--timeout", type=int, default=600)
+    p.add_argument("--json", default=None, help="also write the results here")
+    a = p.parse_args(argv)
+    G = a.world_size
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, G, port, a, queue)) for r in range(G)]
+    for pr in procs:
+        pr.start()
+    per_rank = dict(queue.get(timeout=a.timeout + 60) for _ in range(G))
+    for pr in procs:
+        pr.join()
+
+    from baselines.registry import get
+
+    shape = _shape(a, G)
+    print(f"bytes sent per rank, one forward + backward: B={a.batch} Z={a.heads} Zkv={a.kv_heads} "
+          f"N={a.seqlen} d={a.head_dim} G={G} {a.dtype} {'causal' if shape.causal else 'non-causal'} "
+          f"layout={a.layout}")
+    record = {}
+    ok = True
+    for name in a.methods:
+        status, counts = per_rank[0][name]
+        opts = {"ulysses_degree": a.ulysses_degree} if name == "usp" and a.ulysses_degree else {}
+        if status == "measured" and get(name).bytes_by_formula:
+            status = "recorded by formula (its sends happen inside another package)"
+        print(f"\n{name}: {status}" + (f" ({counts})" if status == "invalid" else ""))
+        if status == "invalid":
+            continue
+        formula = get(name).bytes(shape, **opts)
+        keys = sorted(set(formula) | (set(counts) if counts else set()))
+        print(f"  {'phase/kind':<22}{'measured':>16}{'formula':>16}")
+        for key in keys:
+            meas = "-" if counts is None else f"{counts.get(key, 0):,}"
+            print(f"  {key[0] + '/' + key[1]:<22}{meas:>16}{formula.get(key, 0):>16,}")
+        tot_f = sum(formula.values())
+        tot_m = "-" if counts is None else f"{sum(counts.values()):,}"
+        print(f"  {'total':<22}{tot_m:>16}{tot_f:>16,}   ({tot_f / 2**20:.2f} MiB by formula)")
+        if counts is not None:
+            same = all(per_rank[r][name][1] == formula for r in range(G))
+            ok &= same
+            print("  every rank measured == formula" if same else "  MISMATCH on some rank")
+        record[name] = dict(status=status, formula={"/".join(k): v for k, v in formula.items()},
+                            measured=None if counts is None else
+                            [{"/".join(k): v for k, v in per_rank[r][name][1].items()} for r in range(G)])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(args=vars(a), methods=record), f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
