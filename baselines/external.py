@@ -80,6 +80,9 @@ def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
                             layout: str = "contiguous") -> Tensor:
     """ring-flash-attn under our signature; q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) on CUDA."""
     check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"q.dtype={q.dtype}: ring-flash-attn runs flash-attn kernels, which take "
+                         "float16 or bfloat16 only")
     if layout == "zigzag" and not causal:
         raise ValueError("layout='zigzag' with causal=False: ring-flash-attn's zigzag function requires "
                          "causal=True (zigzag only balances causal work)")

@@ -190,3 +190,39 @@ def test_usp_default_degree_and_registry_checks():
         get("usp").validate(AttnShape(1, 64, 4, 4, 8, 4), ulysses_degree=3)
     with pytest.raises(ValueError, match="heads=6"):
         get("ulysses").validate(AttnShape(1, 64, 6, 6, 8, 4))
+
+
+def test_ring_flash_attn_adapter_is_registered_and_validates_first():
+    """Not runnable without CUDA + flash-attn; its checks run before the package is imported."""
+    m = get("ring_flash_attn")
+    if not torch.cuda.is_available():
+        assert not m.available()
+    q, k, v, _ = make_inputs(1, 8, 2, 2, 8, torch.bfloat16)
+    with pytest.raises(ValueError, match="zigzag"):
+        m.call(q, k, v, causal=False, layout="zigzag")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        m.call(q.float(), k.float(), v.float(), causal=True)
+    # Formula: K, V hop G-1 times each way; dK, dV (fp32) are sent at all G backward steps.
+    s = AttnShape(1, 1024, 8, 2, 64, 4, dtype="bfloat16")
+    blk = 1 * 256 * 2 * 64
+    assert m.bytes(s) == {("forward", "k"): 3 * blk * 2, ("forward", "v"): 3 * blk * 2,
+                          ("backward", "k"): 3 * blk * 2, ("backward", "v"): 3 * blk * 2,
+                          ("backward", "dk"): 4 * blk * 4, ("backward", "dv"): 4 * blk * 4}
+
+
+def test_formulas_reproduce_the_papers_ratios():
+    """PAPER.md §1 table, MHA, with every tensor at 4 bytes (fp32 inputs and accumulators):
+    RingAttention (Li et al.) backward 6BZNd vs forward 2BZNd; blockwise ring backward
+    4BZNd; Burst backward 3BZNd + 2BZN; Ulysses 4 all-to-alls each way of N*H/G."""
+    s = AttnShape(1, 4096, 8, 8, 64, 4, dtype="float32")
+
+    def phase(name, p):
+        return sum(b for (ph, _), b in get(name).bytes(s).items() if ph == p)
+
+    fwd = phase("ring", "forward")
+    assert phase("ring_rsa", "forward") == fwd
+    assert phase("ring_rsa", "backward") == 3 * fwd
+    assert phase("ring", "backward") == 2 * fwd
+    rows = 1 * 4096 * 3 // 4 * 8          # c * B*N*Z
+    assert phase("burst_qring", "backward") == 3 * fwd // 2 + 2 * rows * 4
+    assert phase("ulysses", "forward") == phase("ulysses", "backward") == 4 * (4096 * 512 * 4 // 4) * 3 // 4
