@@ -35,6 +35,22 @@ from .timing import barrier, summarize, time_steps
 
 EXIT_CASE_FAILED = 3
 EXIT_TIMEOUT = 124
+# Fault injection for the harness's own tests: "<case_id substring>:<oom|error|hang>[:<rank>]".
+INJECT_ENV = "EXPERIMENTS_INJECT_FAULT"
+
+
+def _inject(case: Case, rank: int) -> None:
+    spec = os.environ.get(INJECT_ENV, "")
+    for item in filter(None, spec.split(";")):
+        parts = item.split(":")
+        what, kind = parts[0], parts[1]
+        only = int(parts[2]) if len(parts) > 2 else None
+        if what in case.case_id and (only is None or only == rank):
+            if kind == "oom":
+                raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 1 GiB")
+            if kind == "hang":
+                time.sleep(3600)
+            raise RuntimeError("injected failure")
 
 
 def _rank_world() -> tuple[int, int, int]:
@@ -88,6 +104,7 @@ def _gather(obj, world: int):
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
     """Measure one case on every rank; the full record on rank 0, None elsewhere."""
     t_start = time.perf_counter()
+    _inject(case, rank)
     group = dist.group.WORLD if dist.is_initialized() else None
     torch.manual_seed(case.seed)
     step = build_step(case, rank=rank, group=group, device=device)

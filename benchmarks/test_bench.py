@@ -1,0 +1,75 @@
+"""One pytest-benchmark per case of ``--spec`` (see conftest.py).
+
+The timed callable and the inputs are those of the harness (experiments.steps),
+so numbers are comparable with ``python -m experiments.run``; differences: here
+each rank's own time is reported (the harness records the maximum over ranks),
+and pytest-benchmark does the statistics. ``benchmark.extra_info`` carries the
+method, shape, world size, measured bytes next to the formula, measured peak
+memory and the FLOPs of the suite's convention.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from burst_impl import comm
+from experiments.flops import attention_flops
+from experiments.memory import measure_peak
+from experiments.spec import case_problem
+from experiments.steps import build_step, method_bytes, method_memory
+from experiments.timing import barrier
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    kind = request.config.getoption("--bench-device")
+    if kind == "cuda" or (kind == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def test_case(benchmark, case, device):
+    why = case_problem(case)
+    if why:
+        pytest.skip(why)
+    from baselines.registry import METHODS
+
+    on = dist.is_initialized()
+    group = dist.group.WORLD if on else None
+    rank = dist.get_rank() if on else 0
+    torch.manual_seed(case.seed)
+    step = build_step(case, rank=rank, group=group, device=device)
+
+    def setup():
+        if step.setup is not None:
+            step.setup()
+        barrier(group, device)  # ranks start each round together
+
+    benchmark.pedantic(step.step, setup=setup, rounds=case.repeats, warmup_rounds=case.warmup, iterations=1)
+    # Untimed, after the timing (profiling leaves background work that would skew it):
+    # bytes and peak memory of one full step.
+    with comm.count_bytes() as counts:
+        mem = measure_peak(step.full, device, start_bytes=step.start_bytes)
+    method = METHODS[case.method]
+    formula = method_bytes(method, case.shape)
+    benchmark.extra_info.update({
+        "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
+        "mode": case.mode, "world_size": case.world_size, "rank": rank,
+        "shape": {k: getattr(case, k) for k in ("batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype",
+                                                "causal", "layout")},
+        "comm_fwd_bytes": counts.phase_total("forward"), "comm_bwd_bytes": counts.phase_total("backward"),
+        "comm_fwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "forward"),
+        "comm_bwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "backward"),
+        "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
+        "mem_model_bytes": method_memory(method, case.shape),
+        "flops": attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
+                                 mode=case.mode),
+    })
+
+    med = benchmark.stats.stats.median if benchmark.stats else None
+    if med:
+        benchmark.extra_info["tflops_per_rank"] = benchmark.extra_info["flops"] / med / 1e12 / case.world_size
+        benchmark.extra_info["tokens_per_s"] = case.batch * case.seqlen / med

@@ -1,0 +1,263 @@
+"""Experiment harness, no processes launched: specs, FLOPs, timing/memory helpers, records, SLURM."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from experiments import flops, results as R
+from experiments.memory import is_oom, measure_peak
+from experiments.profiles import load_profile
+from experiments.slurm import render_sbatch
+from experiments.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
+from experiments.timing import quantile, summarize, time_steps
+
+GOOD = {
+    "name": "t_good",
+    "methods": ["burst", "burst_qring"],
+    "sweep": {"seqlen": [64, 128], "world_size": 2, "heads": 2, "head_dim": 16, "layout": "zigzag"},
+    "measure": {"modes": ["fwd_bwd"], "level": "op"},
+    "warmup": 0,
+    "repeats": 2,
+    "target": "cpu",
+}
+
+
+def _write(tmp_path: Path, raw: dict, name: str = "s.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+# ---------------------------------------------------------------- loading
+
+
+@pytest.mark.parametrize("path", sorted((EXPERIMENTS_DIR / "specs").glob("*.yaml"))
+                         + sorted((EXPERIMENTS_DIR / "cpu").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_specs_load(path):
+    spec = load_spec(path)
+    assert spec.cases(), path
+    assert len({c.case_id for c in spec.cases()}) == len(spec.cases())
+
+
+@pytest.mark.parametrize("preset", ["cpu", "a100_8", "a100_32", "a800_32", "paper"])
+def test_presets_load(preset):
+    p = load_any(preset)
+    assert p.specs
+
+
+def test_cpu_preset_lists_every_baseline():
+    names = {m for s in load_any("cpu").specs for m in s.methods}
+    assert {"burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "tp_v1", "tp_v3"} <= names
+
+
+def test_good_spec_expands(tmp_path):
+    spec = load_spec(_write(tmp_path, GOOD))
+    cases = spec.cases()
+    assert len(cases) == 4
+    c = cases[0]
+    assert (c.kv_heads, c.dtype, c.causal, c.batch) == (2, "bfloat16", True, 1)
+    assert c.case_id == "burst.op.fwd_bwd.N64.G2.B1.Z2.kv2.d16.bfloat16.causal.zigzag"
+    assert spec.resolved()["n_cases"] == 4
+
+
+def _bad(tmp_path, patch: dict, drop: tuple = ()) -> str:
+    raw = json.loads(json.dumps(GOOD))
+    for k in drop:
+        raw.pop(k)
+    for k, v in patch.items():
+        if "." in k:
+            a, b = k.split(".")
+            raw[a][b] = v
+        else:
+            raw[k] = v
+    p = _write(tmp_path, raw, "bad.yaml")
+    with pytest.raises(ValueError) as e:
+        load_spec(p)
+    msg = str(e.value)
+    assert str(p) in msg, msg
+    return msg
+
+
+@pytest.mark.parametrize("patch,key,rule", [
+    ({"repeatz": 3}, "repeatz", "unknown key"),
+    ({"sweep.seq_len": 4}, "sweep.seq_len", "unknown key"),
+    ({"measure.pass": "fwd"}, "measure.pass", "unknown key"),
+    ({"methods": ["burst", "nonsense"]}, "methods", "neither registered"),
+    ({"baseline": "ring"}, "baseline", "must be one of methods"),
+    ({"sweep.seqlen": [98]}, "sweep", "multiple of 4"),               # zigzag at G=2: 2G chunks
+    ({"sweep.world_size": 16, "target": "a100_8"}, "sweep.world_size", "exceeds"),
+    ({"sweep.world_size": 12, "target": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
+    ({"measure.modes": ["sideways"]}, "measure.modes", "unknown"),
+    ({"measure.level": "model"}, "measure.level", "must be one of"),
+    ({"repeats": 0}, "repeats", ">= 1"),
+    ({"sweep.heads": 3, "sweep.kv_heads": 2}, "sweep", "multiple of kv_heads"),
+    ({"target": "nowhere"}, "target", "no such profile"),
+    ({"sweep.dtype": "float8"}, "sweep.dtype", "unknown"),
+    ({"sweep.causal": "yes"}, "sweep.causal", "true or false"),
+])
+def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
+    msg = _bad(tmp_path, patch)
+    assert f"key {key!r}" in msg and rule in msg, msg
+
+
+def test_missing_required_key(tmp_path):
+    msg = _bad(tmp_path, {}, drop=("sweep",))
+    assert "key 'sweep'" in msg and "required" in msg
+
+
+def test_block_only_method_at_op_level_is_an_error(tmp_path):
+    msg = _bad(tmp_path, {"methods": ["burst", "tp_v1"]})
+    assert "key 'measure.level'" in msg and "block-only" in msg
+
+
+def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):
+    raw = dict(GOOD, methods=["burst", "ulysses"])
+    raw["sweep"] = dict(GOOD["sweep"], heads=3, kv_heads=3, world_size=[2, 1], seqlen=[64])
+    with pytest.raises(ValueError, match="impossible for method 'ulysses'"):
+        parse_spec(raw, "mem.yaml")
+    raw["exclude"] = [{"method": "ulysses", "world_size": 2}]
+    spec = parse_spec(raw, "mem.yaml")
+    assert {(c.method, c.world_size) for c in spec.cases()} == {("burst", 2), ("burst", 1), ("ulysses", 1)}
+
+
+def test_not_yet_registered_baseline_is_kept_for_later(tmp_path, monkeypatch):
+    from baselines import registry
+    from experiments.spec import case_problem
+
+    monkeypatch.delitem(registry.METHODS, "ring")
+    spec = parse_spec(dict(GOOD, methods=["burst", "ring"]), "mem.yaml")
+    ring = [c for c in spec.cases() if c.method == "ring"]
+    assert ring and "not registered" in case_problem(ring[0])
+
+
+# ---------------------------------------------------------------- FLOPs
+
+
+def test_flop_formula():
+    b, n, z, d = 2, 1024, 8, 64
+    fwd = 4 * b * n * n * z * d
+    assert flops.attention_flops(b, n, z, d, causal=False) == fwd
+    assert flops.attention_flops(b, n, z, d, causal=True) == fwd / 2
+    assert flops.attention_flops(b, n, z, d, causal=False, mode="backward") == 2.5 * fwd
+    assert flops.attention_flops(b, n, z, d, causal=True, mode="fwd_bwd") == 3.5 * fwd / 2
+    assert flops.tflops_per_s(2e12, 0.5) == pytest.approx(4.0)
+    assert flops.tokens_per_s(2, 1000, 0.5) == 4000
+    with pytest.raises(ValueError):
+        flops.attention_flops(1, 1, 1, 1, causal=False, mode="nope")
+
+
+def test_flops_at_paper_scale():
+    # BurstEngine attention-only benchmark: 1M tokens, 40 x 128, causal, fwd+bwd.
+    f = flops.attention_flops(1, 1 << 20, 40, 128, causal=True, mode="fwd_bwd")
+    assert f == pytest.approx(3.5 * 4 * (1 << 40) * 40 * 128 / 2)
+
+
+# ---------------------------------------------------------------- timing and memory
+
+
+def test_timing_summary_and_samples():
+    s = summarize([3.0, 1.0, 2.0, 4.0])
+    assert s["time_median_s"] == 2.5 and s["time_min_s"] == 1.0 and s["time_max_s"] == 4.0
+    assert quantile([0.0, 10.0], 0.1) == pytest.approx(1.0)
+    calls = []
+    samples = time_steps(lambda: calls.append("s"), setup=lambda: calls.append("u"), warmup=2, repeats=3,
+                         device=torch.device("cpu"))
+    assert len(samples) == 3 and all(t >= 0 for t in samples)
+    assert calls == ["u", "s"] * 5
+
+
+def test_cpu_peak_memory_is_measured():
+    def step():
+        a = torch.empty(1 << 20, dtype=torch.float32)       # 4 MiB
+        b = torch.empty(2 << 20, dtype=torch.float32)       # 8 MiB, both live: 12 MiB
+        del a, b
+        c = torch.empty(1 << 20, dtype=torch.float32)       # 4 MiB after the frees
+        return c.sum()
+
+    peak = measure_peak(step, torch.device("cpu"), start_bytes=7)
+    assert 12 << 20 <= peak.peak_bytes < (12 << 20) + (1 << 16)
+    assert peak.start_bytes == 7 and "profiler" in peak.method
+
+
+def test_oom_classification():
+    assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
+    assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"))
+    assert not is_oom(RuntimeError("shape mismatch"))
+
+
+# ---------------------------------------------------------------- records
+
+
+def test_record_schema_and_resume_bookkeeping(tmp_path):
+    spec = load_spec(_write(tmp_path, GOOD))
+    c1, c2, c3, _ = spec.cases()
+    root = tmp_path / "results"
+    for c, st in ((c1, "ok"), (c2, "skipped"), (c3, "failed")):
+        R.append_record(root, R.base_record(c, st, "why" if st != "ok" else ""))
+    recs = R.read_records(root / "t_good" / "results.jsonl")
+    assert len(recs) == 3
+    for r in recs:
+        assert set(R.REQUIRED_KEYS) <= set(r)
+        assert r["git"]["commit"] and isinstance(r["git"]["dirty"], bool)
+        assert r["versions"]["torch"] == torch.__version__
+        assert r["hardware"]["cpu_count"] >= 1
+    assert R.done_case_ids(root, "t_good") == {c1.case_id, c3.case_id}
+    assert R.done_case_ids(root, "t_good", retry_failed=True) == {c1.case_id}
+    # pandas reads it; newest record per case wins
+    R.append_record(root, R.base_record(c3, "ok"))
+    df = R.load_results(root, "t_good")
+    assert len(df) == 3 and df.set_index("case_id").loc[c3.case_id, "status"] == "ok"
+    with pytest.raises(ValueError):
+        R.append_record(root, {"case_id": "x"})
+
+
+def test_unfinished_case_is_finalised_with_the_ranks_reason(tmp_path):
+    spec = load_spec(_write(tmp_path, GOOD))
+    c = spec.cases()[0]
+    root = tmp_path / "results"
+    R.marker_path(root, c).write_text("now")
+    R.write_rank_error(root, c, 1, "oom", "CUDA out of memory")
+    R.write_rank_error(root, c, 0, "failed", "gloo connection closed")
+    assert R.finalize_unfinished(root, spec.cases(), "killed") == [c.case_id]
+    rec = R.read_records(root / "t_good" / "results.jsonl")[-1]
+    assert rec["status"] == "oom" and "rank 1" in rec["reason"]
+    assert not R.marker_path(root, c).exists()
+
+
+# ---------------------------------------------------------------- SLURM
+
+
+def test_slurm_script_for_a_4_node_profile(tmp_path):
+    prof = load_profile("a100_32")
+    assert (prof.nodes, prof.gpus_per_node) == (4, 8)
+    text = render_sbatch(spec_name="fig3", profile=prof, world_size=32, n_cases=5, cases_file="/x/cases.json",
+                         results_root="/x/results", repo="/x/repo", log_dir="/x/logs", launch_timeout_s=999)
+    for needle in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+                   "#SBATCH --partition=", "#SBATCH --account=", "#SBATCH --time=08:00:00",
+                   'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
+                   '--nnodes "$SLURM_NNODES"', '--node-rank "$SLURM_NODEID"', "--nproc-per-node 8",
+                   '--master-addr "$MASTER_ADDR"', "-m experiments.worker", "--finalize-only", "timeout 999"):
+        assert needle in text, needle
+    p = tmp_path / "job.sbatch"
+    p.write_text(text)
+    assert subprocess.run(["bash", "-n", str(p)]).returncode == 0
+    one = render_sbatch(spec_name="fig4a", profile=prof, world_size=4, n_cases=1, cases_file="c", results_root="r",
+                        repo="/x", log_dir="l", launch_timeout_s=10)
+    assert "#SBATCH --nodes=1" in one and "--nproc-per-node 4" in one
+
+
+def test_dry_run_prints_commands(tmp_path, capsys):
+    from experiments.run import main
+
+    assert main([str(_write(tmp_path, GOOD)), "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "torch.distributed.run --standalone --nproc-per-node 2" in out and "experiments.worker" in out
+    assert not (tmp_path / "r" / "t_good" / "results.jsonl").exists()
+    assert main(["a100_32", "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=4" in out and "sbatch --parsable" in out
