@@ -132,9 +132,9 @@ def _saved_bytes(cfg: dict) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("method", ["ring", "ring_rsa"])
+@pytest.mark.parametrize("method", ["ring", "ring_rsa", "ulysses", "burst"])
 def test_saved_activations_match_memory_model(pools, method):
-    """ring_rsa really keeps the (B, Z, N/G, N) probabilities; ring keeps O(N/G) rows."""
+    """ring_rsa really keeps the (B, Z, N/G, N) probabilities; the others keep O(N/G) rows."""
     G, n = 2, 64
     cfg = dict(method=method, seqlen=n, heads=4, kv_heads=2)
     saved = pools.run(G, _saved_bytes, cfg)
@@ -226,3 +226,21 @@ def test_formulas_reproduce_the_papers_ratios():
     rows = 1 * 4096 * 3 // 4 * 8          # c * B*N*Z
     assert phase("burst_qring", "backward") == 3 * fwd // 2 + 2 * rows * 4
     assert phase("ulysses", "forward") == phase("ulysses", "backward") == 4 * (4096 * 512 * 4 // 4) * 3 // 4
+
+
+def _usp_twice():
+    from baselines import usp
+
+    q, k, v, _ = make_inputs(1, 16, 4, 4, 8)
+    rank, G = dist.get_rank(), dist.get_world_size()
+    q, k, v = (shard(t, "contiguous", rank, G) for t in (q, k, v))
+    first = usp.subgroups(None, 2)
+    for _ in range(2):
+        get("usp").call(q, k, v, causal=True, ulysses_degree=2)
+    again = usp.subgroups(None, 2)
+    n_keys = sum(1 for key in usp._GROUPS if key == ((0, 1, 2, 3), 2))
+    return n_keys, first[0] is again[0] and first[1] is again[1]
+
+
+def test_usp_subgroups_are_created_once(pools):
+    assert pools.run(4, _usp_twice) == [(1, True)] * 4
