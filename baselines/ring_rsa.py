@@ -122,8 +122,15 @@ class _RingSelfAttn(torch.autograd.Function):
 
 def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                        softmax_scale: float | None = None, group=None, layout: str = "contiguous",
-                       grad_comm_dtype: torch.dtype = torch.float32) -> Tensor:
-    """Ring self-attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d)."""
+                       grad_comm_dtype: torch.dtype = torch.float32, backend: str | None = None) -> Tensor:
+    """Ring self-attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d).
+
+    ``backend`` is accepted for a uniform signature and must be None or
+    "reference": this method materialises the scores by design (no flash kernel).
+    """
+    if backend not in (None, "reference"):
+        raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
+                         "pass None or 'reference'")
     check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
     return _RingSelfAttn.apply(q, k, v, causal, default_scale(q.shape[-1], softmax_scale), group, layout,
                                grad_comm_dtype)
