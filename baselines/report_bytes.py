@@ -143,6 +143,7 @@ def main(argv=None) -> int:
         tot_f = sum(formula.values())
         tot_m = "-" if counts is None else f"{sum(counts.values()):,}"
         print(f"  {'total':<22}{tot_m:>16}{tot_f:>16,}   ({tot_f / 2**20:.2f} MiB by formula)")
+        print(f"  activation memory model: {get(name).memory(shape, **opts) / 2**20:.2f} MiB per rank")
         if counts is not None:
             same = all(per_rank[r][name][1] == formula for r in range(G))
             ok &= same
