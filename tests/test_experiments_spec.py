@@ -261,3 +261,17 @@ def test_dry_run_prints_commands(tmp_path, capsys):
     assert main(["a100_32", "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=4" in out and "sbatch --parsable" in out
+
+
+def test_skipped_cases_are_rechecked_in_a_fresh_interpreter(tmp_path):
+    """A case skipped because its method was not registered runs once the method exists."""
+    from experiments.run import recheck_skipped
+    from experiments.spec import Preset
+
+    spec = load_spec(_write(tmp_path, GOOD))
+    c = spec.cases()[0]
+    root = tmp_path / "results"
+    R.append_record(root, R.base_record(c, "skipped", "method 'burst' is not registered in baselines.registry yet"))
+    R.append_record(root, R.base_record(spec.cases()[1], "skipped", "some other reason"))
+    again = recheck_skipped(Preset(name="p", path="p", specs=(spec,)), root)
+    assert [x.case_id for x in again] == [c.case_id]
