@@ -71,7 +71,7 @@ def _progress():
                              console=console, transient=False, refresh_per_second=4)
 
 
-def run_local(preset: Preset, batches, *, results_root: Path, device: str) -> dict[str, int]:
+def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
     console, progress = _progress()
     total_cases = sum(len(v) for v in batches.values())
     counts = {s: 0 for s in R.STATUSES}
@@ -108,6 +108,7 @@ def run_local(preset: Preset, batches, *, results_root: Path, device: str) -> di
                 else:
                     runnable.append(c)
             progress.update(task, description=f"{spec_name} G={ws}: launching {len(runnable)} case(s)")
+            device = next(s for s in preset.specs if s.name == spec_name).profile.device
             run_batch(runnable, results_root=results_root, device=device, repo=REPO,
                       on_record=on_record, on_start=on_start)
     return counts
@@ -201,15 +202,14 @@ def main(argv: list[str] | None = None) -> int:
             print("$ " + shlex.join(cmd))
         return 0
     t0 = time.monotonic()
-    device = {s.profile.device for s in preset.specs}.pop()
-    counts = run_local(preset, batches, results_root=results_root, device=device)
+    counts = run_local(preset, batches, results_root=results_root)
     again = recheck_skipped(preset, results_root)
     if again:
         print(f"{len(again)} skipped case(s) can run now (methods registered meanwhile): running them")
         regroup: OrderedDict[tuple[str, int], list[Case]] = OrderedDict()
         for c in again:
             regroup.setdefault((c.experiment, c.world_size), []).append(c)
-        more = run_local(preset, regroup, results_root=results_root, device=device)
+        more = run_local(preset, regroup, results_root=results_root)
         for k, v in more.items():
             counts[k] = counts.get(k, 0) + v
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
