@@ -100,7 +100,7 @@ def test_deepspeed_uneven_heads_ignores_the_group_it_is_given(pools):
     refuses such shapes with a ValueError before communicating."""
     res = pools.run(2, _deepspeed_uneven_heads, 3)
     assert [r["rank_in_group"] for r in res] == [0, 1]
-    assert [r["deepspeed_rank"] for r in res] == [0, 0], "defect fixed upstream? update NOTES.md and this test"
+    assert [r["deepspeed_rank"] for r in res] == [0, 0], "defect fixed upstream? update the README and this test"
     assert all(r["outcome"] != "ok" for r in res), res
 
 
