@@ -74,8 +74,10 @@ def full_weights(shape: AttnShape, seed: int = 0) -> dict[str, Tensor]:
     return {k: (v * std).to(shape.torch_dtype) for k, v in w.items()}
 
 
-def make_block(method_name: str, shape: AttnShape, group=None, seed: int = 0, **options) -> AttnBlock:
-    """This rank's block for ``method_name``; ValueError (before any communication) if it cannot run."""
+def make_block(method_name: str, shape: AttnShape, group=None, seed: int = 0,
+               device: torch.device | str = "cpu", **options) -> AttnBlock:
+    """This rank's block for ``method_name`` with weights on ``device``;
+    ValueError (before any communication) if it cannot run."""
     method = get(method_name)
     method.validate(shape, **options)
     rank, G = comm.world(group)
@@ -91,7 +93,7 @@ def make_block(method_name: str, shape: AttnShape, group=None, seed: int = 0, **
     else:
         index = {n: None for n in WEIGHTS}
         local = full
-    params = {n: torch.nn.Parameter(t.contiguous()) for n, t in local.items()}
+    params = {n: torch.nn.Parameter(t.to(device).contiguous()) for n, t in local.items()}
     return AttnBlock(method, shape, group, rank, params, index, options)
 
 

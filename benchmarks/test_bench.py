@@ -19,7 +19,7 @@ from burst_impl import comm
 from experiments.flops import attention_flops
 from experiments.memory import measure_peak
 from experiments.spec import case_problem
-from experiments.steps import build_step, method_bytes, method_memory
+from experiments.steps import build_step
 from experiments.timing import barrier
 
 
@@ -54,7 +54,7 @@ def test_case(benchmark, case, device):
     with comm.count_bytes() as counts:
         mem = measure_peak(step.full, device, start_bytes=step.start_bytes)
     method = METHODS[case.method]
-    formula = method_bytes(method, case.shape)
+    formula = method.bytes(case.shape)
     benchmark.extra_info.update({
         "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
         "mode": case.mode, "world_size": case.world_size, "rank": rank,
@@ -64,7 +64,7 @@ def test_case(benchmark, case, device):
         "comm_fwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "forward"),
         "comm_bwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "backward"),
         "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
-        "mem_model_bytes": method_memory(method, case.shape),
+        "mem_model_bytes": int(method.memory(case.shape)),
         "flops": attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                                  mode=case.mode),
     })

@@ -7,7 +7,7 @@ through the SLURM template (``experiments/slurm.py``).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml

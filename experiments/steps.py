@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from baselines.registry import METHODS, AttnShape, Method
+from baselines import block
+from baselines.registry import METHODS, Method
 
 from .spec import Case
 
@@ -31,22 +32,6 @@ class Step:
         if self.setup is not None:
             self.setup()
         self.step()
-
-
-def method_call(method: Method, *args, **kwargs):
-    """``Method.call`` (fn with registered options) where the registry has it, else ``fn``."""
-    call = getattr(method, "call", None)
-    return call(*args, **kwargs) if call is not None else method.fn(*args, **kwargs)
-
-
-def method_bytes(method: Method, shape: AttnShape) -> dict:
-    f = getattr(method, "bytes", None)
-    return f(shape) if f is not None else method.comm_bytes(shape)
-
-
-def method_memory(method: Method, shape: AttnShape) -> int:
-    f = getattr(method, "memory", None)
-    return int(f(shape) if f is not None else method.memory_bytes(shape))
 
 
 def _randn(shape, gen, dtype, device):
@@ -103,7 +88,7 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
     dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
 
     def forward():
-        return method_call(method, q, k, v, causal=s.causal, group=group, layout=s.layout)
+        return method.call(q, k, v, causal=s.causal, group=group, layout=s.layout)
 
     step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
     start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))
@@ -113,16 +98,8 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
 def build_block_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
     """The attention block of ``method`` from ``baselines.block``: hidden states (B, N/G or N, H) in,
     QKV projection, attention, output projection, hidden states out."""
-    try:
-        from baselines import block
-    except ImportError as e:
-        raise RuntimeError("measure.level=block needs baselines/block.py (the attention-block wrapper), "
-                           f"which is not importable: {e}") from None
     s = case.shape
-    blk = block.make_block(case.method, s, group=group, seed=case.seed)
-    # make_block builds CPU weights; move them (same Parameter objects) to the device.
-    for p in blk.params.values():
-        p.data = p.data.to(device)
+    blk = block.make_block(case.method, s, group=group, seed=case.seed, device=device)
     tokens = s.seqlen if blk.input == "replicated" else s.local_seqlen
     gen = _generator(case.seed, rank)
     hidden = s.heads * s.head_dim

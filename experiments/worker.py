@@ -30,7 +30,7 @@ from . import results as R
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
-from .steps import build_step, method_bytes, method_memory
+from .steps import build_step
 from .timing import barrier, summarize, time_steps
 
 EXIT_CASE_FAILED = 3
@@ -160,12 +160,12 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
             "mem_measured_over": "forward (no grad)" if case.mode == "forward" else "forward + backward",
         })
     try:
-        rec["mem_model_bytes"] = method_memory(method, shape)
+        rec["mem_model_bytes"] = int(method.memory(shape))
     except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
         rec["mem_model_bytes"] = None
         rec["mem_model_error"] = str(e)
     if case.measure_comm:
-        formula = method_bytes(method, shape)
+        formula = method.bytes(shape)
         f_fwd = sum(v for (p, _), v in formula.items() if p == "forward")
         f_bwd = sum(v for (p, _), v in formula.items() if p == "backward")
         has_bwd = case.mode != "forward"
