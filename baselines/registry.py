@@ -31,6 +31,9 @@ import torch
 from burst_impl import burst_attn_func, volume
 from burst_impl.layout import LAYOUTS, check_seqlen
 
+# Methods support these unless they list more ("striped" needs position-generic masks).
+CHUNKED_LAYOUTS = ("contiguous", "zigzag")
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -80,7 +83,7 @@ class Method:
     memory_bytes: Callable[[AttnShape], int]
     description: str
     travels: str                                 # what moves, for the README table
-    layouts: tuple[str, ...] = LAYOUTS
+    layouts: tuple[str, ...] = CHUNKED_LAYOUTS
     check: Callable[..., None] = lambda shape, **_: None
     available: Callable[[], bool] = lambda: True  # external adapters: is the package importable?
     external: str | None = None                   # peer package it wraps or is checked against
@@ -160,13 +163,13 @@ def _burst_fn(backward: str):
 
 
 register(Method(
-    name="burst", level="op", fn=_burst_fn("auto"), comm_bytes=_burst_bytes("auto"),
+    name="burst", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"), comm_bytes=_burst_bytes("auto"),
     memory_bytes=_burst_memory,
     description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
     travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
 ))
 register(Method(
-    name="burst_qring", level="op", fn=_burst_fn("burst"), comm_bytes=_burst_bytes("burst"),
+    name="burst_qring", layouts=LAYOUTS, level="op", fn=_burst_fn("burst"), comm_bytes=_burst_bytes("burst"),
     memory_bytes=_burst_memory,
     description="BurstAttention with the query-circulating backward forced",
     travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring",
@@ -226,21 +229,21 @@ def _usp_check(s: AttnShape, ulysses_degree=None, **_) -> None:
 
 
 register(Method(
-    name="ring", level="op", fn=ring_attn_func, comm_bytes=lambda s, **_: ring_comm_bytes(s),
+    name="ring", layouts=LAYOUTS, level="op", fn=ring_attn_func, comm_bytes=lambda s, **_: ring_comm_bytes(s),
     memory_bytes=_burst_memory,
     description="Blockwise ring attention (ring-flash-attn / Megatron CP style), written independently of Burst",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",
     external="PyTorch context parallel (_templated_ring_attention), forward",
 ))
 register(Method(
-    name="ring_rsa", level="op", fn=ring_rsa_attn_func, comm_bytes=lambda s, **_: ring_rsa_comm_bytes(s),
+    name="ring_rsa", layouts=LAYOUTS, level="op", fn=ring_rsa_attn_func, comm_bytes=lambda s, **_: ring_rsa_comm_bytes(s),
     memory_bytes=lambda s, **_: ring_rsa_memory_bytes(s),
     description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
                 "materialises the (B, Z, N/G, N) scores",
     travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
 ))
 register(Method(
-    name="ulysses", level="op", fn=ulysses_attn_func, comm_bytes=lambda s, **_: ulysses_comm_bytes(s),
+    name="ulysses", layouts=LAYOUTS, level="op", fn=ulysses_attn_func, comm_bytes=lambda s, **_: ulysses_comm_bytes(s),
     memory_bytes=lambda s, **_: ulysses_memory_bytes(s),
     check=lambda s, **_: _ulysses_check(s),
     description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
@@ -263,13 +266,13 @@ def _tp_check(s: AttnShape, **_) -> None:
 
 
 register(Method(
-    name="tp_v1", level="block", fn=tp_v1_forward, comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"),
+    name="tp_v1", layouts=LAYOUTS, level="block", fn=tp_v1_forward, comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"),
     memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"), check=_tp_check, block_input="replicated",
     description="Megatron TP V1 attention block: column-parallel QKV, row-parallel output, all-reduce",
     travels="fwd: all-reduce of the block output (B, N, H); bwd: all-reduce of dX",
 ))
 register(Method(
-    name="tp_v3", level="block", fn=tp_v3_forward, comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"),
+    name="tp_v3", layouts=LAYOUTS, level="block", fn=tp_v3_forward, comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"),
     memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"), check=_tp_check,
     description="Megatron TP V3 (sequence parallel) attention block: all-gather before, reduce-scatter after",
     travels="fwd: all-gather of X, reduce-scatter of the output; bwd: reduce-scatter of dX, all-gather of dY",

@@ -4,6 +4,8 @@
   the work is unbalanced: rank G-1 attends to everything, rank 0 to one block.
 * ``zigzag``: the sequence is cut into 2G chunks; rank r holds chunks r and
   2G-1-r (in that order), so every rank has the same causal work.
+* ``striped``: token t lives on rank t mod G (BurstEngine's striped layout);
+  every block pair is (almost) a triangle, so causal work is balanced too.
 
 ``block_plan`` says, for a query shard owned by rank ``a`` and a key/value
 shard owned by rank ``b``, which rows and columns interact under a causal
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-LAYOUTS = ("contiguous", "zigzag")
+LAYOUTS = ("contiguous", "zigzag", "striped")
 
 
 def check_layout(layout: str) -> None:
@@ -39,35 +41,40 @@ def check_seqlen(seqlen: int, layout: str, world_size: int, *, name: str = "seql
 
 
 def chunk_ids(layout: str, rank: int, world_size: int) -> list[int]:
-    """Global chunk indices held by ``rank`` in local order."""
+    """Global chunk indices held by ``rank`` in local order (chunked layouts only)."""
     check_layout(layout)
+    if layout == "striped":
+        raise ValueError("layout='striped' is not made of chunks; use positions()")
     if layout == "contiguous":
         return [rank]
     return [rank, 2 * world_size - 1 - rank]
 
 
+def positions(layout: str, rank: int, world_size: int, seqlen: int) -> torch.Tensor:
+    """Global token positions of ``rank``'s shard in local order, shape (seqlen/G,)."""
+    check_seqlen(seqlen, layout, world_size)
+    if layout == "striped":
+        return torch.arange(rank, seqlen, world_size)
+    c = seqlen // (chunks_per_rank(layout) * world_size)
+    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(layout, rank, world_size)])
+
+
 def shard(x: torch.Tensor, layout: str, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
     """The local shard of the full-sequence tensor ``x`` held by ``rank`` (a copy)."""
-    check_seqlen(x.shape[dim], layout, world_size)
-    n_chunks = chunks_per_rank(layout) * world_size
-    parts = x.chunk(n_chunks, dim=dim)
-    return torch.cat([parts[i] for i in chunk_ids(layout, rank, world_size)], dim=dim).contiguous()
+    idx = positions(layout, rank, world_size, x.shape[dim]).to(x.device)
+    return x.index_select(dim, idx).contiguous()
 
 
 def unshard(shards: list[torch.Tensor], layout: str, dim: int = 1) -> torch.Tensor:
     """Reassemble the full sequence from the list of all ranks' shards (rank order)."""
     world_size = len(shards)
-    per = chunks_per_rank(layout)
-    chunks: dict[int, torch.Tensor] = {}
+    seqlen = sum(s.shape[dim] for s in shards)
+    shape = list(shards[0].shape)
+    shape[dim] = seqlen
+    out = shards[0].new_empty(shape)
     for r, s in enumerate(shards):
-        for cid, part in zip(chunk_ids(layout, r, world_size), s.chunk(per, dim=dim)):
-            chunks[cid] = part
-    return torch.cat([chunks[i] for i in range(per * world_size)], dim=dim)
-
-
-def positions(layout: str, rank: int, world_size: int, seqlen: int) -> torch.Tensor:
-    """Global token positions of the local shard, shape (seqlen/G,)."""
-    return shard(torch.arange(seqlen).view(1, -1), layout, rank, world_size).view(-1)
+        out.index_copy_(dim, positions(layout, r, world_size, seqlen).to(s.device), s)
+    return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +109,15 @@ def block_plan(layout: str, causal: bool, a: int, b: int, local_len: int) -> Blo
         return BlockPlan(_ALL, _ALL, True)
     if layout == "contiguous":
         return BlockPlan(_ALL, _ALL, False) if b < a else BlockPlan(None, _ALL, False)
+    if layout == "striped":
+        # q token i*G+a sees k token j*G+b iff j*G+b <= i*G+a: for b < a iff
+        # j <= i (top-left causal, diagonal included); for b > a iff j < i,
+        # i.e. q rows 1.. against k columns ..S-2 with a top-left causal mask.
+        if b < a:
+            return BlockPlan(_ALL, _ALL, True)
+        if local_len == 1:
+            return BlockPlan(None, _ALL, False)
+        return BlockPlan(slice(1, local_len), slice(0, local_len - 1), True)
     half = local_len // 2
     if b < a:
         # kv chunk b precedes both q chunks; kv chunk 2G-1-b follows both.

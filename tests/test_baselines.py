@@ -71,7 +71,7 @@ def check_case(pools, method, world_size, causal, layout, heads, dtype=torch.flo
 # ---------------------------------------------------------------- correctness and bytes, fp32
 
 RING_CASES = [(g, c, lay, h) for g in (1, 2, 3, 4) for c in (False, True) for lay in ("contiguous", "zigzag")
-              for h in ("mha", "gqa")]
+              for h in ("mha", "gqa")] + [(3, True, "striped", "gqa"), (4, True, "striped", "mha")]
 
 
 @pytest.mark.parametrize("world_size,causal,layout,heads", RING_CASES)
@@ -81,7 +81,7 @@ def test_ring(pools, world_size, causal, layout, heads):
 
 @pytest.mark.parametrize("world_size,causal,layout,heads",
                          [(g, c, "contiguous", h) for g in (1, 2, 3, 4) for c in (False, True) for h in ("mha", "gqa")]
-                         + [(3, True, "zigzag", "gqa"), (4, True, "zigzag", "mha")])
+                         + [(3, True, "zigzag", "gqa"), (4, True, "zigzag", "mha"), (3, True, "striped", "mha")])
 def test_ring_rsa(pools, world_size, causal, layout, heads):
     check_case(pools, "ring_rsa", world_size, causal, layout, heads)
 
@@ -89,7 +89,8 @@ def test_ring_rsa(pools, world_size, causal, layout, heads):
 @pytest.mark.parametrize("world_size,causal,layout,heads",
                          [(g, c, "contiguous", h) for g in (1, 2, 3, 4) for c in (False, True) for h in ("mha", "gqa")]
                          + [(2, True, "zigzag", "gqa"), (4, True, "zigzag", "mha"), (3, True, "zigzag", "mha"),
-                            (4, True, "contiguous", "mqa"), (2, False, "zigzag", "mqa")])
+                            (4, True, "contiguous", "mqa"), (2, False, "zigzag", "mqa"),
+                            (3, True, "striped", "mha")])
 def test_ulysses(pools, world_size, causal, layout, heads):
     # gqa at G=4 (Zkv=2) and mqa replicate kv heads before the all-to-all.
     check_case(pools, "ulysses", world_size, causal, layout, heads)
@@ -244,3 +245,12 @@ def _usp_twice():
 
 def test_usp_subgroups_are_created_once(pools):
     assert pools.run(4, _usp_twice) == [(1, True)] * 4
+
+
+def test_layout_support_is_declared_and_enforced():
+    """striped needs position-generic masks: USP's 2-D split cannot form it and says so up front."""
+    from baselines.registry import AttnShape
+
+    assert "striped" in get("burst").layouts and "striped" not in get("usp").layouts
+    with pytest.raises(ValueError, match="layout='striped' is not supported by method 'usp'"):
+        get("usp").validate(AttnShape(1, 64, 4, 4, 16, 4, layout="striped"))

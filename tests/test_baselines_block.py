@@ -103,7 +103,8 @@ def test_tp_blocks(pools, method, world_size, causal, heads):
     ("burst", 4, "zigzag", "gqa", {}), ("burst_qring", 3, "contiguous", "mha", {}),
     ("ring", 4, "zigzag", "mha", {}), ("ring_rsa", 2, "contiguous", "gqa", {}),
     ("ulysses", 4, "zigzag", "gqa", {}), ("usp", 4, "zigzag", "mha", {"ulysses_degree": 2}),
-    ("usp", 4, "contiguous", "gqa", {}),
+    ("usp", 4, "contiguous", "gqa", {}), ("tp_v3", 3, "striped", "mha", {}),
+    ("burst", 3, "striped", "gqa", {}),
 ])
 def test_every_method_as_a_block(pools, method, world_size, layout, heads, options):
     check_block(pools, method, world_size, True, layout, heads, **options)

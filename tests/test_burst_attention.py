@@ -67,6 +67,9 @@ def _check_counts(results, cfg, elem_size):
 
 FP32_CASES = list(itertools.product([1, 2, 3, 4], [False, True], ["contiguous", "zigzag"],
                                     ["burst", "ring"], ["mha", "gqa"]))
+# striped only changes causal block masks: causal cases, both schemes, GQA for the odd world size
+FP32_CASES += [(g, True, "striped", bw, h) for g in (2, 3, 4) for bw in ("burst", "ring")
+               for h in (["mha", "gqa"] if g == 3 else ["mha"])]
 
 
 @pytest.mark.parametrize("world_size,causal,layout,backward,heads", FP32_CASES)
@@ -88,6 +91,7 @@ def test_fp32_matches_fp64_reference(pools, world_size, causal, layout, backward
     (3, False, "contiguous", "burst", "mqa"),
     (4, True, "contiguous", "auto", "gqa"),
     (4, True, "zigzag", "auto", "mha"),
+    (3, True, "striped", "burst", "gqa"),
 ])
 def test_bf16_error_budget(pools, world_size, causal, layout, backward, heads):
     z, zkv = HEADS[heads]

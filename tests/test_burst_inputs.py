@@ -22,7 +22,7 @@ BAD = [
     ("heads", lambda q, k, v: dict(q=q[:, :, :3], k=k, v=v), "multiple of key/value heads"),
     ("dtype", lambda q, k, v: dict(q=q, k=k.double(), v=v), "dtypes"),
     ("3-D", lambda q, k, v: dict(q=q[0], k=k, v=v), "4-D"),
-    ("layout", lambda q, k, v: dict(q=q, k=k, v=v, layout="striped"), "layout='striped'"),
+    ("layout", lambda q, k, v: dict(q=q, k=k, v=v, layout="diagonal"), "layout='diagonal'"),
     ("backward", lambda q, k, v: dict(q=q, k=k, v=v, backward="fast"), "backward='fast'"),
     ("backend", lambda q, k, v: dict(q=q, k=k, v=v, backend="triton"), "backend='triton'"),
     ("scale", lambda q, k, v: dict(q=q, k=k, v=v, softmax_scale=-1.0), "softmax_scale"),
@@ -91,7 +91,7 @@ def test_stuck_rank_fails_within_bounded_time(pools):
 # ---------------------------------------------------------------- layouts
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "striped"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_shard_unshard_roundtrip(layout, world_size):
     x = torch.arange(2 * world_size * 3 * 2).view(2, -1)  # (2, N) with N = 6G
@@ -104,6 +104,7 @@ def test_shard_unshard_roundtrip(layout, world_size):
 def test_zigzag_positions():
     assert positions("zigzag", 0, 2, 8).tolist() == [0, 1, 6, 7]
     assert positions("zigzag", 1, 2, 8).tolist() == [2, 3, 4, 5]
+    assert positions("striped", 1, 3, 9).tolist() == [1, 4, 7]
 
 
 def test_shard_rejects_indivisible():
