@@ -162,6 +162,9 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
     fig.suptitle(f"{df['experiment'].iloc[0]}: {title}{ref}\n{_hw_and_date(df)}", fontsize=10)
     fig.tight_layout()
+    if meta.get("skipped_note"):
+        fig.subplots_adjust(bottom=0.16)
+        fig.text(0.5, 0.01, meta["skipped_note"], ha="center", va="bottom", fontsize=8, color="dimgray")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -232,10 +235,15 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     df = R.load_results(results_root, exp)
     if df.empty:
         return []
+    skipped = df[df["status"] == "skipped"]
     df = df[df["status"] != "skipped"]
     if df.empty:
         return []
-    meta = _spec_meta(results_root, exp)
+    meta = dict(_spec_meta(results_root, exp))
+    if len(skipped):
+        # methods that could not run on this machine are named, not silently absent
+        reasons = skipped.drop_duplicates("method").set_index("method")["reason"].fillna("")
+        meta["skipped_note"] = "not run: " + "; ".join(str(r) or m for m, r in reasons.items())
     out = plots_root / exp
     files: list[Path] = []
     methods = sorted(df["method"].unique(), key=_method_order)
