@@ -72,7 +72,7 @@ class _RingSelfAttn(torch.autograd.Function):
         if causal:
             scores.masked_fill_(_mask(layout, ring.rank, G, s, q.device), float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)  # (B, Z, N/G, N), kept for backward
-        del scores
+        scores = None  # free the fp32 scores before the V ring (the closure above no longer runs)
         out = torch.zeros(b, s, z, d, dtype=torch.float32, device=q.device)
 
         def pv(step, owner, blk):
@@ -104,7 +104,7 @@ class _RingSelfAttn(torch.autograd.Function):
         circulate(ring, [v], "backward", ("v",), with_v)
         p = probs.float()
         ds = p * (dp - (dp * p).sum(-1, keepdim=True))  # softmax backward, (B, Z, N/G, N)
-        del dp, p
+        dp = p = None  # free before the K ring
         qf = q.float()
         dq = torch.zeros(b, s, z, d, dtype=torch.float32, device=q.device)
 
