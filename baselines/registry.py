@@ -231,7 +231,7 @@ def _usp_check(s: AttnShape, ulysses_degree=None, **_) -> None:
 register(Method(
     name="ring", layouts=LAYOUTS, level="op", fn=ring_attn_func, comm_bytes=lambda s, **_: ring_comm_bytes(s),
     memory_bytes=_burst_memory,
-    description="Blockwise ring attention (ring-flash-attn / Megatron CP style), written independently of Burst",
+    description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",
     external="PyTorch context parallel (_templated_ring_attention), forward",
 ))
