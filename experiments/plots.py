@@ -27,7 +27,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from . import results as R  # noqa: E402
-from .spec import PLANNED_METHODS  # noqa: E402
+from baselines.registry import METHODS  # noqa: E402
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
@@ -35,9 +35,8 @@ _PALETTE = plt.get_cmap("tab10").colors
 
 
 def color(method: str) -> tuple:
-    order = list(PLANNED_METHODS)
-    i = order.index(method) if method in order else len(order) + (hash(method) % 3)
-    return _PALETTE[i % len(_PALETTE)]
+    # registry order: a method keeps its colour in every figure and every run
+    return _PALETTE[_method_order(method) % len(_PALETTE)]
 
 
 def _spec_meta(results_root: Path, exp: str) -> dict:
@@ -172,7 +171,8 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
 
 
 def _method_order(m: str) -> int:
-    return PLANNED_METHODS.index(m) if m in PLANNED_METHODS else 99
+    order = list(METHODS)
+    return order.index(m) if m in order else len(order)
 
 
 def _speedup(baseline: str):

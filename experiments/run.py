@@ -6,9 +6,9 @@
     python -m experiments.run a100_32                   # cluster preset: SLURM jobs, one per world size
 
 Cases that already have a result are skipped (``--force`` re-runs them,
-``--retry-failed`` re-runs failed ones). Cases that cannot run yet (method not
-registered, no block wrapper) are recorded as skipped and re-checked at the end
-of the run in a fresh interpreter, so baselines registered meanwhile are included.
+``--retry-failed`` re-runs failed ones). Cases that cannot run on this machine
+(an adapter whose package is missing) are recorded as skipped with the reason
+and re-evaluated by every run.
 """
 from __future__ import annotations
 
@@ -29,8 +29,6 @@ from .env import REPO
 from .launch import run_batch, worker_cmd
 from .slurm import render_sbatch, write_sbatch
 from .spec import Case, Preset, Spec, case_problem, load_any
-
-MISSING_REASONS = ("not registered", "baselines/block.py", "unavailable here")
 
 
 def _cost(c: Case) -> float:
@@ -114,29 +112,6 @@ def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
     return counts
 
 
-def recheck_skipped(preset: Preset, results_root: Path) -> list[Case]:
-    """Skipped cases whose reason is gone *now*, checked in a fresh interpreter
-    (this process imported the registry at start and would not see new methods)."""
-    cands = []
-    for spec in preset.specs:
-        latest = R.latest_by_case(R.read_records(R.experiment_dir(results_root, spec.name) / R.RESULTS_FILE))
-        for c in spec.cases():
-            r = latest.get(c.case_id)
-            if r and r["status"] == "skipped" and any(m in r.get("reason", "") for m in MISSING_REASONS):
-                cands.append(c)
-    if not cands:
-        return []
-    code = ("import json,sys\nfrom experiments.spec import Case, case_problem\n"
-            "cs=[Case.from_dict(d) for d in json.load(sys.stdin)]\n"
-            "print(json.dumps([c.case_id for c in cs if case_problem(c) is None]))")
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps([c.to_dict() for c in cands]),
-                         capture_output=True, text=True, cwd=REPO, timeout=300)
-    if out.returncode != 0:
-        return []
-    ok = set(json.loads(out.stdout.strip().splitlines()[-1]))
-    return [c for c in cands if c.case_id in ok]
-
-
 def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wait: bool) -> None:
     for (spec_name, ws), cases in batches.items():
         spec = next(s for s in preset.specs if s.name == spec_name)
@@ -203,15 +178,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.monotonic()
     counts = run_local(preset, batches, results_root=results_root)
-    again = recheck_skipped(preset, results_root)
-    if again:
-        print(f"{len(again)} skipped case(s) can run now (methods registered meanwhile): running them")
-        regroup: OrderedDict[tuple[str, int], list[Case]] = OrderedDict()
-        for c in again:
-            regroup.setdefault((c.experiment, c.world_size), []).append(c)
-        more = run_local(preset, regroup, results_root=results_root)
-        for k, v in more.items():
-            counts[k] = counts.get(k, 0) + v
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
     if not args.no_plots:
         from .plots import draw_all

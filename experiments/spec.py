@@ -20,15 +20,14 @@ the key and the rule, and is a ``ValueError``.
     timeouts: {case_s: 900, pg_s: 300}
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
-(minus ``exclude``). A method name must be registered in ``baselines.METHODS``
-or be one of ``PLANNED_METHODS`` (baselines still being written): cases of a
-planned-but-unregistered method are kept and recorded as skipped at run time,
-so the same spec picks the method up once it is registered.
+(minus ``exclude``). A method name must be registered in ``baselines.METHODS``.
+A registered method that cannot run on this machine (an adapter whose package
+is missing) has its cases recorded as skipped with the reason; skipped cases
+are re-evaluated by every run.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +42,6 @@ from .flops import MODES
 from .profiles import Profile, load_profile
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent
-# The baselines this project registers (see baselines/registry.py). A spec may
-# name them before they are registered; their cases are skipped with a reason.
-PLANNED_METHODS = ("burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "tp_v1", "tp_v3")
 LEVELS = ("op", "block")
 AXES = ("seqlen", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
 _AXIS_TYPES = {"seqlen": int, "world_size": int, "batch": int, "heads": int, "kv_heads": int,
@@ -54,11 +50,6 @@ _TOP_KEYS = {"name", "description", "paper_ref", "methods", "baseline", "sweep",
              "warmup", "repeats", "seed", "target", "timeouts"}
 _MEASURE_KEYS = {"modes", "level", "memory", "comm"}
 _TIMEOUT_KEYS = {"case_s", "pg_s"}
-
-
-def block_level_available() -> bool:
-    """The attention-block wrapper (baselines/block.py) exists."""
-    return importlib.util.find_spec("baselines.block") is not None
 
 
 @dataclass(frozen=True)
@@ -225,9 +216,8 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, target: str | None = 
 
     methods = _typed(err, "methods", _as_tuple(raw["methods"]), str)
     for m in methods:
-        if m not in METHODS and m not in PLANNED_METHODS:
-            raise err("methods", f"{m!r} is neither registered ({sorted(METHODS)}) nor a planned "
-                                 f"baseline ({list(PLANNED_METHODS)})")
+        if m not in METHODS:
+            raise err("methods", f"{m!r} is not registered; registered: {sorted(METHODS)}")
     if len(set(methods)) != len(methods):
         raise err("methods", "lists a method twice")
     baseline = raw.get("baseline")
@@ -347,19 +337,15 @@ def expand(spec: Spec) -> list[Case]:
 
 
 def case_problem(case: Case) -> str | None:
-    """Why ``case`` cannot run *now* (method not registered yet, no block wrapper), else None.
+    """Why ``case`` cannot run on this machine (e.g. an adapter's package is missing), else None.
 
     Impossible shapes are load errors (``validate_cases``); this covers what
-    may change while a spec sits on disk, so those cases are skipped with a
-    recorded reason and picked up on a later run.
+    depends on the machine, so those cases are skipped with a recorded reason
+    and re-evaluated by the next run.
     """
-    if case.method not in METHODS:
-        return f"method {case.method!r} is not registered in baselines.registry yet"
     method = METHODS[case.method]
     if not method.available():
         return f"method {case.method!r} is unavailable here (needs {method.external or 'an optional package'})"
-    if case.level == "block" and not block_level_available():
-        return "measure.level=block needs baselines/block.py (the attention-block wrapper), not present yet"
     if case.level == "op" and method.level == "block":
         return f"method {case.method!r} is block-only (tensor parallelism); use measure.level: block"
     try:
@@ -386,8 +372,6 @@ def validate_cases(spec: Spec) -> None:
             case.shape.validate()
         except ValueError as e:
             raise err("sweep", f"combination ({where}) is impossible: {e}") from None
-        if case.method not in METHODS:
-            continue  # planned baseline: checked when it exists (case_problem)
         method = METHODS[case.method]
         if case.level == "op" and method.level == "block":
             raise err("measure.level", f"method {case.method!r} is block-only (tensor parallelism): "
