@@ -24,9 +24,6 @@ from burst_impl import comm
 Tensor = torch.Tensor
 
 
-# Flat 1-D buffers: the single-tensor collectives concatenate along dim 0.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _size(group) -> int:
@@ -60,7 +57,7 @@ def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor:
     x = x.contiguous()
     out = torch.empty(G * x.numel(), dtype=x.dtype, device=x.device)  # flat: rank j's x at block j
     comm.record(phase, kind, comm.nbytes(x) * (G - 1))
-    _ALL_GATHER(out, x.view(-1), group=group)
+    dist.all_gather_into_tensor(out, x.view(-1), group=group)
     return torch.cat(out.view((G,) + tuple(x.shape)).unbind(0), dim=dim)
 
 
@@ -74,7 +71,7 @@ def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor
     send = torch.stack(x.chunk(G, dim=dim), dim=0).contiguous()  # (G, ...) part j for rank j
     out = torch.empty_like(send[0])
     comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G)
-    _REDUCE_SCATTER(out.view(-1), send.view(-1), group=group)
+    dist.reduce_scatter_tensor(out.view(-1), send.view(-1), group=group)
     return out
 
 

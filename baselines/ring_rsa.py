@@ -21,7 +21,7 @@ Backward (as Li et al. / ColossalAI's RingQK, RingAV):
      each rank keeps its own rows.
 Per rank: forward K, V (G-1)/G*B*N*Zkv*d each; backward K, V the same plus two
 all-reduces of B*N*Zkv*d (2(G-1)/G of it each): 6 (G-1)/G BNZd elements for
-MHA, the paper's 6BZNd summed over ranks.
+MHA, (G-1)/G times the paper's 6BZNd.
 """
 from __future__ import annotations
 

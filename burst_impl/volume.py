@@ -19,9 +19,9 @@ Ring backward (key/value side circulates; Q, dO, lse, delta, dQ stay):
     k, v:   (G-1)/G * B*N*Zkv*d       elements each, e bytes
     dk, dv: (G-1)/G * B*N*Zkv*d       elements each, f bytes (same hop pattern as dq)
 
-Summed over the G ranks these are the paper's figures (up to the (G-1)/G
-factor the paper rounds away): forward 2BZNd; Burst backward 3BZNd + 2BZN;
-blockwise ring backward 4BZNd (for MHA).
+Per rank, over the whole ring, these are (G-1)/G times the paper's figures
+(a factor the paper rounds away): forward 2BZNd; Burst backward 3BZNd + 2BZN
+(with f = e); blockwise ring backward 4BZNd (MHA, f = e).
 """
 from __future__ import annotations
 

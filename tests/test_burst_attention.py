@@ -136,12 +136,16 @@ def test_auto_picks_fewer_bytes(heads, expect):
     assert volume.cheaper_backward(1, 4096, 8, 8, 64, 4, 2) == "burst"
 
 
-def test_closed_form_matches_paper_totals():
-    """Summed over ranks and with (G-1)/G -> 1, the formulas are PAPER.md's table."""
-    b, n, z, d, G = 1, 4096, 8, 64, 4096  # G = N: (G-1)/G*G = G-1 ~ G
+@pytest.mark.parametrize("G", [2, 3, 4, 8])
+def test_closed_form_matches_paper_table(G):
+    """Per rank, the formulas are (G-1)/G times PAPER.md's table (MHA, elements)."""
+    b, n, z, d = 2, 4096 * 3, 8, 64
+    c = (G - 1) / G
+    # 1-byte elements and 1-byte accumulators: bytes = elements for the d-wide tensors;
+    # lse and delta are always fp32, so the paper's 2BZN scalars count 4 bytes each.
     fwd = volume.forward_bytes(b, n, z, z, d, G, 1)
-    bwd = volume.burst_backward_bytes(b, n, z, z, d, G, 1, grad_elem_size=1)
-    per_rank_scale = n // G * (G - 1)   # rows one rank sends, per tensor
-    assert sum(fwd.values()) == 2 * z * d * per_rank_scale               # 2BZNd / G per rank
-    # 3BZNd + 2BZN with lse/delta at 4 bytes: q, dout, dq d-wide + 2 fp32 scalars
-    assert sum(bwd.values()) == (3 * z * d + 2 * z * 4) * per_rank_scale
+    burst = volume.burst_backward_bytes(b, n, z, z, d, G, 1, grad_elem_size=1)
+    ring = volume.ring_backward_bytes(b, n, z, z, d, G, 1, grad_elem_size=1)
+    assert sum(fwd.values()) == c * 2 * b * z * n * d                            # 2BZNd
+    assert sum(burst.values()) == c * (3 * b * z * n * d + 2 * b * z * n * 4)    # 3BZNd + 2BZN
+    assert sum(ring.values()) == c * 4 * b * z * n * d                           # 4BZNd
