@@ -157,20 +157,22 @@ def ring_forward(q, k, v, *, causal, scale, group, layout, backend):
 
 
 def _block_grads(plan, dout, q, k, v, lse, delta, scale, backend):
-    """Gradients of one (q block, kv block) pair in fp32, sized as the full local shards."""
-    dq_b, dk_b, dv_b = attn_backward(
+    """(dq, dk, dv) of the live part of one (q block, kv block) pair: rows ``plan.q_rows``
+    of the query side, columns ``plan.kv_cols`` of the key/value side."""
+    return attn_backward(
         dout[:, plan.q_rows], q[:, plan.q_rows], k[:, plan.kv_cols], v[:, plan.kv_cols],
         lse[:, :, plan.q_rows], delta[:, :, plan.q_rows],
         causal=plan.causal, scale=scale, backend=backend)
 
-    def place(full_like, part, sl):
-        if sl == slice(None):
-            return part.float()
-        full = torch.zeros_like(full_like, dtype=torch.float32)
-        full[:, sl] = part
-        return full
 
-    return place(q, dq_b, plan.q_rows), place(k, dk_b, plan.kv_cols), place(v, dv_b, plan.kv_cols)
+def _full_size(like: Tensor, part: Tensor, sl: slice) -> Tensor:
+    """``part`` in fp32, zero-padded along the sequence to ``like``'s shape: only a
+    travelling accumulator needs the full shard; home accumulators add the slice."""
+    if sl == slice(None):
+        return part.float()
+    full = torch.zeros_like(like, dtype=torch.float32)
+    full[:, sl] = part
+    return full
 
 
 def burst_backward(dout, q, k, v, out, lse, *, causal, scale, group, layout, backend, grad_dtype):
@@ -187,9 +189,9 @@ def burst_backward(dout, q, k, v, out, lse, *, causal, scale, group, layout, bac
             dq_ring.push(step, None)
             return
         dq_b, dk_b, dv_b = _block_grads(plan, do_j, q_j, k, v, lse_j, delta_j, scale, backend)
-        dk.add_(dk_b)
-        dv.add_(dv_b)
-        dq_ring.push(step, [dq_b])
+        dk[:, plan.kv_cols] += dk_b
+        dv[:, plan.kv_cols] += dv_b
+        dq_ring.push(step, [_full_size(q, dq_b, plan.q_rows)])
 
     circulate(ring, [q, dout.contiguous(), lse, delta], "backward", ("q", "dout", "lse", "delta"), on_block)
     (dq,) = dq_ring.finish()
@@ -209,8 +211,8 @@ def kv_ring_backward(dout, q, k, v, out, lse, *, causal, scale, group, layout, b
             dkv_ring.push(step, None)
             return
         dq_b, dk_b, dv_b = _block_grads(plan, dout, q, kv[0], kv[1], lse, delta, scale, backend)
-        dq.add_(dq_b)
-        dkv_ring.push(step, [dk_b, dv_b])
+        dq[:, plan.q_rows] += dq_b
+        dkv_ring.push(step, [_full_size(k, dk_b, plan.kv_cols), _full_size(v, dv_b, plan.kv_cols)])
 
     circulate(ring, [k, v], "backward", ("k", "v"), on_block)
     dk, dv = dkv_ring.finish()
