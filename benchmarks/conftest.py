@@ -54,7 +54,7 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("case", [pytest.param(None, marks=pytest.mark.skip(
             reason="pass --spec <spec or preset> to generate the benchmarks"))])
         return
-    from experiments.spec import load_any
+    from experiments.harness.spec import load_any
 
     preset = load_any(name, target=metafunc.config.getoption("--spec-target"))
     _, world = _world()

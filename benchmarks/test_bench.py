@@ -1,6 +1,6 @@
 """One pytest-benchmark per case of ``--spec`` (see conftest.py).
 
-The timed callable and the inputs are those of the harness (experiments.steps),
+The timed callable and the inputs are those of the harness (experiments.harness.steps),
 so numbers are comparable with ``python -m experiments.run``; differences: here
 each rank's own time is reported (the harness records the maximum over ranks),
 and pytest-benchmark does the statistics. ``benchmark.extra_info`` carries the
@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
-from experiments.flops import attention_flops
-from experiments.memory import measure_peak
-from experiments.spec import case_problem
-from experiments.steps import build_step
-from experiments.timing import barrier
+from experiments.harness.flops import attention_flops
+from experiments.harness.memory import measure_peak
+from experiments.harness.spec import case_problem
+from experiments.harness.steps import build_step
+from experiments.harness.timing import barrier
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from . import results as R  # noqa: E402
+from .harness import results as R  # noqa: E402
 from baselines.registry import METHODS  # noqa: E402
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
@@ -289,7 +289,7 @@ def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .env import REPO
+    from .harness.env import REPO
 
     ap = argparse.ArgumentParser(prog="python -m experiments.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from . import results as R
-from .env import REPO
-from .launch import run_batch, worker_cmd
-from .slurm import render_sbatch, write_sbatch
-from .spec import Case, Preset, Spec, case_problem, load_any
+from .cluster.slurm import render_sbatch, write_sbatch
+from .harness import results as R
+from .harness.env import REPO
+from .harness.launch import run_batch, worker_cmd
+from .harness.spec import Case, Preset, Spec, case_problem, load_any
 
 
 def _cost(c: Case) -> float:

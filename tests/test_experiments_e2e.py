@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from experiments import results as R
-from experiments.env import REPO
+from experiments.harness import results as R
+from experiments.harness.env import REPO
 from experiments.run import main as run_main
 
 SPEC = {

@@ -9,12 +9,12 @@ import pytest
 import torch
 import yaml
 
-from experiments import flops, results as R
-from experiments.memory import is_oom, measure_peak
-from experiments.profiles import load_profile
-from experiments.slurm import render_sbatch
-from experiments.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
-from experiments.timing import quantile, summarize, time_steps
+from experiments.harness import flops, results as R
+from experiments.harness.memory import is_oom, measure_peak
+from experiments.cluster.profile import load_profile
+from experiments.cluster.slurm import render_sbatch
+from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
+from experiments.harness.timing import quantile, summarize, time_steps
 
 GOOD = {
     "name": "t_good",
@@ -127,7 +127,7 @@ def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):
 
 def test_method_unavailable_here_is_skipped_with_its_reason():
     """ring_flash_attn needs CUDA and flash-attn: on this machine its cases are skipped, with why."""
-    from experiments.spec import case_problem
+    from experiments.harness.spec import case_problem
 
     spec = parse_spec(dict(GOOD, methods=["burst", "ring_flash_attn"]), "mem.yaml")
     rfa = [c for c in spec.cases() if c.method == "ring_flash_attn"]
@@ -241,7 +241,7 @@ def test_slurm_script_for_a_4_node_profile(tmp_path):
                    "#SBATCH --partition=", "#SBATCH --account=", "#SBATCH --time=08:00:00",
                    'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
                    '--nnodes "$SLURM_NNODES"', '--node-rank "$SLURM_NODEID"', "--nproc-per-node 8",
-                   '--master-addr "$MASTER_ADDR"', "-m experiments.worker", "--finalize-only", "timeout 999"):
+                   '--master-addr "$MASTER_ADDR"', "-m experiments.harness.worker", "--finalize-only", "timeout 999"):
         assert needle in text, needle
     p = tmp_path / "job.sbatch"
     p.write_text(text)
@@ -256,7 +256,7 @@ def test_dry_run_prints_commands(tmp_path, capsys):
 
     assert main([str(_write(tmp_path, GOOD)), "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
-    assert "torch.distributed.run --standalone --nproc-per-node 2" in out and "experiments.worker" in out
+    assert "torch.distributed.run --standalone --nproc-per-node 2" in out and "experiments.harness.worker" in out
     assert not (tmp_path / "r" / "t_good" / "results.jsonl").exists()
     assert main(["a100_32", "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out

@@ -1,7 +1,7 @@
 """Per-rank entry point: runs a list of cases in one process group.
 
-    torchrun --standalone --nproc-per-node G -m experiments.worker --cases cases.json --results results
-    python -m experiments.worker --cases cases.json            # world size 1, no torchrun
+    torchrun --standalone --nproc-per-node G -m experiments.harness.worker --cases cases.json --results results
+    python -m experiments.harness.worker --cases cases.json            # world size 1, no torchrun
 
 Rank 0 writes one record per case. A case that raises is recorded by the
 rank that saw it (``.work/<case>.rank<r>.err``) and the process exits: after a
@@ -187,7 +187,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cases", required=True, help="JSON list of cases (experiments.spec.Case dicts)")
+    ap.add_argument("--cases", required=True, help="JSON list of cases (experiments.harness.spec.Case dicts)")
     ap.add_argument("--results", default="results", help="results root directory")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--force", action="store_true", help="run cases that already have results")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .profiles import Profile
+from .profile import Profile
 
 MAX_ATTEMPTS = 3
 
@@ -44,14 +44,14 @@ for attempt in $(seq 1 {max_attempts}); do
   srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c 'timeout {launch_timeout} {python} -m torch.distributed.run \\
       --nnodes "$SLURM_NNODES" --nproc-per-node {procs_per_node} --node-rank "$SLURM_NODEID" \\
       --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" \\
-      -m experiments.worker --cases "$CASES" --results "$RESULTS" --device cuda'
+      -m experiments.harness.worker --cases "$CASES" --results "$RESULTS" --device cuda'
   rc=$?
   [ $rc -eq 0 ] && break
   echo "launch ended with code $rc; resuming after the recorded cases" >&2
   MASTER_PORT=$((MASTER_PORT + 1))
 done
 # Anything still started but unrecorded (time limit, crash) becomes a failed record.
-{python} -m experiments.worker --finalize-only --cases "$CASES" --results "$RESULTS"
+{python} -m experiments.harness.worker --finalize-only --cases "$CASES" --results "$RESULTS"
 """
 
 

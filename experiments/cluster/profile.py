@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parents[1] / "clusters"
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,9 @@ from baselines.registry import DTYPES, METHODS, AttnShape
 from burst_impl.layout import LAYOUTS
 
 from .flops import MODES
-from .profiles import Profile, load_profile
+from ..cluster.profile import Profile, load_profile
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parent
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
 LEVELS = ("op", "block")
 AXES = ("seqlen", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
 _AXIS_TYPES = {"seqlen": int, "world_size": int, "batch": int, "heads": int, "kv_heads": int,

@@ -42,7 +42,7 @@ class Launch:
 def worker_cmd(cases_file: Path, results_root: Path, world_size: int, device: str,
                python: str = sys.executable) -> list[str]:
     """World size 1 runs as plain python; more ranks under torchrun --standalone."""
-    tail = ["-m", "experiments.worker", "--cases", str(cases_file), "--results", str(results_root),
+    tail = ["-m", "experiments.harness.worker", "--cases", str(cases_file), "--results", str(results_root),
             "--device", device, "--force"]
     if world_size == 1:
         return [python, *tail]
