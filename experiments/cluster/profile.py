@@ -32,6 +32,7 @@ class Profile:
     python: str = ".venv/bin/python"
     sbatch_extra: tuple[str, ...] = ()  # extra "#SBATCH ..." options, e.g. "--qos=high"
     master_port: int = 29500
+    hardware: str | None = None      # the hardware profile it is made of (experiments/hardware/<name>.yaml)
     path: str = "<builtin>"
 
     @property
@@ -94,6 +95,13 @@ def load_profile(name_or_path: str) -> Profile:
         raise ValueError(f"{p}: key 'scheduler'={prof.scheduler!r} must be 'local' or 'slurm'")
     if prof.device not in ("cpu", "cuda", "auto"):
         raise ValueError(f"{p}: key 'device'={prof.device!r} must be 'cpu', 'cuda' or 'auto'")
+    if prof.hardware is not None:
+        from .hardware import load_hardware
+
+        hw = load_hardware(prof.hardware)   # ValueError naming the file and key if it is wrong
+        if prof.scheduler == "slurm" and (hw.nodes, hw.devices_per_node) != (prof.nodes, prof.gpus_per_node):
+            raise ValueError(f"{p}: nodes={prof.nodes} x gpus_per_node={prof.gpus_per_node} disagree with "
+                             f"hardware {prof.hardware!r} ({hw.nodes} x {hw.devices_per_node})")
     for key in ("nodes", "gpus_per_node"):
         if prof.scheduler == "slurm" and getattr(prof, key) < 1:
             raise ValueError(f"{p}: key {key!r}={getattr(prof, key)} must be at least 1 for SLURM")
