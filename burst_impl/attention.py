@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from . import comm, volume
 from .kernels import attn_backward, attn_forward, compute_delta, default_scale, resolve_backend
 from .layout import block_plan, check_layout, chunks_per_rank
+from .shape import AttnShape
 
 Tensor = torch.Tensor
 BACKWARDS = ("burst", "ring", "auto")
@@ -225,8 +226,7 @@ BACKWARD_FNS = {"burst": burst_backward, "ring": kv_ring_backward}
 def resolve_backward(backward: str, q: Tensor, k: Tensor, world_size: int, grad_dtype) -> str:
     if backward != "auto":
         return backward
-    b, s, z, d = q.shape
-    return volume.cheaper_backward(b, s * world_size, z, k.shape[2], d, world_size, q.element_size(),
+    return volume.cheaper_backward(AttnShape.from_tensors(q, k, world_size),
                                    torch.empty((), dtype=grad_dtype).element_size())
 
 

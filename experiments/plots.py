@@ -26,11 +26,11 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from .harness import results as R  # noqa: E402
+from .harness import axes, results as R  # noqa: E402
 from baselines.registry import METHODS  # noqa: E402
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
-FACET_AXES = ("mode", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
+FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
 _PALETTE = plt.get_cmap("tab10").colors
 
 
@@ -66,17 +66,11 @@ def _facets(df: pd.DataFrame, x: str) -> list[tuple[str, pd.DataFrame]]:
 
 
 def _fixed_label(df: pd.DataFrame, x: str) -> str:
+    """What every line of a panel shares: mode, level and the case-name label of each fixed axis."""
     r = df.iloc[0]
     bits = [MODE_LABEL.get(r["mode"], r["mode"]), f"{r['level']}-level"]
-    if x != "world_size":
-        bits.append(f"G={r['world_size']}")
-    if x != "batch":
-        bits.append(f"B={r['batch']}")
-    bits.append(f"Z={r['heads']}" + (f"/{r['kv_heads']}kv" if r["kv_heads"] != r["heads"] else "") + f" d={r['head_dim']}")
-    bits.append(f"{r['dtype']}, {'causal' if r['causal'] else 'full'}, {r['layout']}")
-    if x != "seqlen" and df["seqlen"].nunique() == 1:
-        bits.append(f"N={r['seqlen']}")
-    return ", ".join(bits)
+    bits += [axes.label(a, r[a]) for a in axes.ID_ORDER if a != x and a in df and df[a].nunique() == 1]
+    return ", ".join(b for b in bits if b)
 
 
 def _mark_bad(ax, part: pd.DataFrame, x: str, method: str) -> None:
@@ -219,11 +213,11 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         ax.set_yscale("log")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    r = sel.iloc[0]
+    r = sel.reset_index().iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
     ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, measured (solid) vs formula (hatched)\n"
-                 f"N={_human(int(n))}, G={g}, B={r['batch']}, Z={r['heads']}/{r['kv_heads']}kv, d={r['head_dim']}, "
-                 f"{r['dtype']}, {MODE_LABEL[mode]}\n{_hw_and_date(df)}", fontsize=9)
+                 f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
+                 f"{_hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)

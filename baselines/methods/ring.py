@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 
 from burst_impl import burst_attn_func, volume
+from burst_impl.layout import LAYOUTS
 
+from ..method import Method
+from .burst import ring_family_memory
+
+ORDER = 10
 Tensor = torch.Tensor
 
 
@@ -30,6 +35,14 @@ def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                            backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype)
 
 
-def ring_comm_bytes(s) -> dict[tuple[str, str], int]:
-    return volume.expected_bytes(s.batch, s.seqlen, s.heads, s.kv_heads, s.head_dim, s.world_size,
-                                 s.elem_size, backward="ring")
+def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
+    return volume.expected_bytes(s, backward="ring")
+
+
+METHODS = (Method(
+    name="ring", layouts=LAYOUTS, level="op", fn=ring_attn_func, comm_bytes=ring_comm_bytes,
+    memory_bytes=ring_family_memory,
+    description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
+    travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",
+    external="PyTorch context parallel (_templated_ring_attention), forward",
+),)

@@ -1,4 +1,4 @@
-"""Megatron-LM tensor parallelism for the attention block (PAPER.md §3, "TP V1 / V3").
+"""Megatron-LM tensor parallelism for the attention layer (PAPER.md §3, "TP V1 / V3").
 
 TP splits weights, not the sequence: rank r owns query heads
 [r*Z/G, (r+1)*Z/G) (columns of W_q), the kv heads they use (columns of W_k,
@@ -30,11 +30,15 @@ from __future__ import annotations
 import torch
 
 from burst_impl import comm
-from burst_impl.layout import check_layout, check_seqlen
+from burst_impl.layout import LAYOUTS, check_layout, check_seqlen
+from burst_impl.shape import AttnShape
 
-from . import reorder
-from .collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
-from .local import local_attn
+from .. import reorder
+from ..collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
+from ..local import local_attn
+from ..method import Method
+
+ORDER = 50
 
 Tensor = torch.Tensor
 
@@ -74,7 +78,7 @@ def _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend):
 def tp_v1_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
                   layout: str = "contiguous", backend: str | None = None) -> Tensor:
-    """Megatron V1 attention block: x (B, N, H) replicated -> y (B, N, H) replicated.
+    """Megatron V1 attention layer: x (B, N, H) replicated -> y (B, N, H) replicated.
 
     ``wq`` (H, Z/G*d), ``wk``/``wv`` (H, Zkv'/G*d), ``wo`` (Z/G*d, H): this rank's slices.
     ``layout`` is accepted for a uniform signature; the sequence is not split.
@@ -88,7 +92,7 @@ def tp_v1_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, 
 def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
                   layout: str = "contiguous", backend: str | None = None) -> Tensor:
-    """Megatron V3 (sequence-parallel) block: x (B, N/G, H) ``layout`` shard -> y (B, N/G, H)."""
+    """Megatron V3 (sequence-parallel) attention layer: x (B, N/G, H) ``layout`` shard -> y (B, N/G, H)."""
     _, G = comm.world(group)
     n = x.shape[1] * G
     check_seqlen(n, layout, G, name="global seqlen (x.shape[1]*G)")
@@ -102,7 +106,7 @@ def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, 
 # ---------------------------------------------------------------- closed forms
 
 
-def tp_comm_bytes(s, version: str) -> dict[tuple[str, str], int]:
+def tp_comm_bytes(s: AttnShape, version: str) -> dict[tuple[str, str], int]:
     G = s.world_size
     full = s.batch * s.seqlen * s.heads * s.head_dim * s.elem_size   # B*N*H*e, H = Z*d
     if G == 1:
@@ -115,8 +119,8 @@ def tp_comm_bytes(s, version: str) -> dict[tuple[str, str], int]:
             ("backward", "dout"): part}
 
 
-def tp_memory_bytes(s, version: str) -> int:
-    """Activation bytes per rank kept for backward by one attention block (a model).
+def tp_memory_bytes(s: AttnShape, version: str) -> int:
+    """Activation bytes per rank kept for backward by one attention layer (a model).
 
     The (gathered) input X (B, N, H) kept for the weight gradients, this
     rank's q, k, v, attention output (before and after reshaping, counted
@@ -127,3 +131,26 @@ def tp_memory_bytes(s, version: str) -> int:
     zq = s.heads // s.world_size
     n = s.batch * s.seqlen
     return n * (s.heads * s.head_dim + (2 * zq + 2 * len(kv)) * s.head_dim) * s.elem_size + n * zq * 4
+
+
+def _check(s: AttnShape, **_) -> None:
+    tp_heads(s.heads, s.kv_heads, s.world_size, 0)
+
+
+METHODS = (
+    Method(
+        name="tp_v1", layouts=LAYOUTS, level="layer", fn=tp_v1_forward,
+        comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"),
+        check=_check, layer_input="replicated",
+        description="Megatron TP V1 attention layer: column-parallel QKV, row-parallel output, all-reduce",
+        travels="fwd: all-reduce of the layer output (B, N, H); bwd: all-reduce of dX",
+    ),
+    Method(
+        name="tp_v3", layouts=LAYOUTS, level="layer", fn=tp_v3_forward,
+        comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"),
+        check=_check,
+        description="Megatron TP V3 (sequence parallel) attention layer: all-gather before, reduce-scatter after",
+        travels="fwd: all-gather of X, reduce-scatter of the output; bwd: reduce-scatter of dX, all-gather of dY",
+    ),
+)
+

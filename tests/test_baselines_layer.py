@@ -1,6 +1,6 @@
-"""Attention blocks (baselines.block): every method, incl. Megatron TP V1/V3, against an fp64 block.
+"""Attention layers (baselines.layer): every method, incl. Megatron TP V1/V3, against an fp64 layer.
 
-Checked per rank: the block output, the input gradient, and the full weight
+Checked per rank: the layer output, the input gradient, and the full weight
 gradients (every rank's slices scattered into the full weights and summed),
 plus bytes == the method's formula.
 """
@@ -11,14 +11,14 @@ import torch
 import torch.distributed as dist
 
 from baselines import AttnShape, get
-from baselines.block import block_forward, block_input, full_grads, full_weights, local_grads, make_block
+from baselines.layer import full_grads, full_weights, layer_forward, layer_input, local_grads, make_layer
 from burst_impl import comm
 from burst_impl.kernels import _reference_forward, default_scale
 from burst_impl.layout import shard
 
 B, D, CHUNK = 2, 16, 4
 # fp32, relative to the largest reference magnitude. On top of the attention
-# error (<= ~5e-6, see test_baselines.py) the block adds three projections
+# error (<= ~5e-6, see test_baselines.py) the layer adds three projections
 # whose fp32 dot products run over H = Z*d <= 96 features, and weight
 # gradients summed over B*N <= 64 tokens: ~ (96 + 64) * 1.2e-7 = 2e-5 in the
 # worst case. 1e-4 leaves a factor 5 and is far below a real mistake (a wrong
@@ -39,19 +39,19 @@ def _inputs(shape: AttnShape, seed: int = 1):
     return x, dy
 
 
-def _run_block(method: str, shape: AttnShape, options: dict) -> dict:
-    blk = make_block(method, shape, group=None, seed=0, **options)
+def _run_layer(method: str, shape: AttnShape, options: dict) -> dict:
+    lay = make_layer(method, shape, group=None, seed=0, **options)
     x_full, dy_full = _inputs(shape)
-    x = block_input(blk, x_full).clone().requires_grad_()
-    dy = block_input(blk, dy_full)
+    x = layer_input(lay, x_full).clone().requires_grad_()
+    dy = layer_input(lay, dy_full)
     with comm.count_bytes() as counts:
-        y = block_forward(blk, x)
+        y = layer_forward(lay, x)
         y.backward(dy)
-    return dict(y=y.detach(), dx=x.grad, grads=local_grads(blk), counts=dict(counts), input=blk.input)
+    return dict(y=y.detach(), dx=x.grad, grads=local_grads(lay), counts=dict(counts), input=lay.input)
 
 
-def block_reference(shape: AttnShape) -> dict:
-    """fp64 single-process block: output, dX and full weight gradients."""
+def layer_reference(shape: AttnShape) -> dict:
+    """fp64 single-process layer: output, dX and full weight gradients."""
     x, dy = (t.double() for t in _inputs(shape))
     x.requires_grad_()
     w = {n: t.double().requires_grad_() for n, t in full_weights(shape, seed=0).items()}
@@ -65,12 +65,12 @@ def block_reference(shape: AttnShape) -> dict:
     return dict(y=y.detach(), dx=x.grad, grads={k_: t.grad for k_, t in w.items()})
 
 
-def check_block(pools, method, world_size, causal, layout, heads, **options):
+def check_layer(pools, method, world_size, causal, layout, heads, **options):
     z, zkv = heads_for(world_size, heads)
     shape = AttnShape(B, 2 * world_size * CHUNK, z, zkv, D, world_size, dtype="float32", causal=causal,
                       layout=layout)
-    results = pools.run(world_size, _run_block, method, shape, options)
-    ref = block_reference(shape)
+    results = pools.run(world_size, _run_layer, method, shape, options)
+    ref = layer_reference(shape)
     tol = {k: FP32_RTOL * max(t.abs().max().item(), 1.0) for k, t in [("y", ref["y"]), ("dx", ref["dx"])]}
 
     def local(t, rank):
@@ -93,9 +93,9 @@ def check_block(pools, method, world_size, causal, layout, heads, **options):
 @pytest.mark.parametrize("method", ["tp_v1", "tp_v3"])
 @pytest.mark.parametrize("world_size,causal,heads", [(g, c, h) for g in (1, 2, 3, 4) for c in (False, True)
                                                      for h in ("mha", "gqa")])
-def test_tp_blocks(pools, method, world_size, causal, heads):
+def test_tp_layers(pools, method, world_size, causal, heads):
     # gqa at G=4 (Zkv=2 < G) replicates each kv head's W_k, W_v columns on 2 ranks.
-    check_block(pools, method, world_size, causal, "contiguous", heads)
+    check_layer(pools, method, world_size, causal, "contiguous", heads)
 
 
 @pytest.mark.parametrize("method,world_size,layout,heads,options", [
@@ -106,14 +106,14 @@ def test_tp_blocks(pools, method, world_size, causal, heads):
     ("usp", 4, "contiguous", "gqa", {}), ("tp_v3", 3, "striped", "mha", {}),
     ("burst", 3, "striped", "gqa", {}),
 ])
-def test_every_method_as_a_block(pools, method, world_size, layout, heads, options):
-    check_block(pools, method, world_size, True, layout, heads, **options)
+def test_every_method_as_a_layer(pools, method, world_size, layout, heads, options):
+    check_layer(pools, method, world_size, True, layout, heads, **options)
 
 
-def _bad_block(method, shape):
+def _bad_layer(method, shape):
     with comm.count_bytes() as counts:
         try:
-            make_block(method, shape)
+            make_layer(method, shape)
         except ValueError as e:
             msg = str(e)
         else:
@@ -128,7 +128,7 @@ def _bad_block(method, shape):
 @pytest.mark.parametrize("method,heads,kv_heads,needle", [
     ("tp_v1", 6, 6, "heads=6"), ("tp_v3", 12, 3, "kv_heads=3"), ("ulysses", 6, 6, "heads=6"),
 ])
-def test_bad_block_raises_before_communication(pools, method, heads, kv_heads, needle):
+def test_bad_layer_raises_before_communication(pools, method, heads, kv_heads, needle):
     shape = AttnShape(1, 16, heads, kv_heads, 8, 4, dtype="float32")
-    for m in pools.run(4, _bad_block, method, shape):
+    for m in pools.run(4, _bad_layer, method, shape):
         assert needle in m, m

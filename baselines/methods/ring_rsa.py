@@ -29,23 +29,20 @@ import torch
 
 from burst_impl import comm
 from burst_impl.attention import check_inputs, circulate
+from burst_impl.heads import expand_kv, fold_kv
+from burst_impl.layout import LAYOUTS, positions
 from burst_impl.kernels import default_scale
-from burst_impl.layout import positions
 
-from .collectives import all_reduce_
+from ..collectives import all_reduce_
+from ..method import Method
 
+ORDER = 20
 Tensor = torch.Tensor
 
 
 def _heads(x: Tensor, z: int) -> Tensor:
     """(B, S, Zkv, d) -> (B, S, Z, d) fp32, repeating each kv head for its query heads."""
-    return x.float().repeat_interleave(z // x.shape[2], dim=2)
-
-
-def _fold(x: Tensor, zkv: int) -> Tensor:
-    """(B, S, Z, d) -> (B, S, Zkv, d): sum the query heads sharing one kv head."""
-    b, s, z, d = x.shape
-    return x.view(b, s, zkv, z // zkv, d).sum(3)
+    return expand_kv(x.float(), z)
 
 
 def _mask(layout, rank, G, s, device) -> Tensor:
@@ -99,7 +96,7 @@ class _RingSelfAttn(torch.autograd.Function):
         def with_v(step, owner, blk):
             cols = slice(owner * s, (owner + 1) * s)
             dp[..., cols] = torch.einsum("bqhd,bkhd->bhqk", do, _heads(blk[0], z))
-            dv_all[:, cols] = _fold(torch.einsum("bhqk,bqhd->bkhd", probs[..., cols].float(), do), zkv).to(grad_dtype)
+            dv_all[:, cols] = fold_kv(torch.einsum("bhqk,bqhd->bkhd", probs[..., cols].float(), do), zkv).to(grad_dtype)
 
         circulate(ring, [v], "backward", ("v",), with_v)
         p = probs.float()
@@ -111,7 +108,7 @@ class _RingSelfAttn(torch.autograd.Function):
         def with_k(step, owner, blk):
             cols = slice(owner * s, (owner + 1) * s)
             dq.add_(torch.einsum("bhqk,bkhd->bqhd", ds[..., cols], _heads(blk[0], z)) * scale)
-            dk_all[:, cols] = _fold(torch.einsum("bhqk,bqhd->bkhd", ds[..., cols], qf) * scale, zkv).to(grad_dtype)
+            dk_all[:, cols] = fold_kv(torch.einsum("bhqk,bqhd->bkhd", ds[..., cols], qf) * scale, zkv).to(grad_dtype)
 
         circulate(ring, [k], "backward", ("k",), with_k)
         own = slice(ring.rank * s, (ring.rank + 1) * s)
@@ -139,7 +136,7 @@ def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 # ---------------------------------------------------------------- closed forms
 
 
-def ring_rsa_comm_bytes(s, grad_elem_size: int = 4) -> dict[tuple[str, str], int]:
+def ring_rsa_comm_bytes(s, grad_elem_size: int = 4, **_) -> dict[tuple[str, str], int]:
     G = s.world_size
     kv = s.batch * s.seqlen * s.kv_heads * s.head_dim          # one full-length K (elements)
     hop = kv // G * (G - 1) * s.elem_size                      # G-1 blocks of N/G rows
@@ -149,7 +146,16 @@ def ring_rsa_comm_bytes(s, grad_elem_size: int = 4) -> dict[tuple[str, str], int
     return {k: v for k, v in out.items() if v}
 
 
-def ring_rsa_memory_bytes(s) -> int:
+def ring_rsa_memory_bytes(s, **_) -> int:
     # Kept for backward: P (B, Z, N/G, N) in the input dtype plus the inputs q, k, v.
     rows = s.batch * s.local_seqlen
     return rows * (s.heads * s.seqlen + (s.heads + 2 * s.kv_heads) * s.head_dim) * s.elem_size
+
+
+METHODS = (Method(
+    name="ring_rsa", layouts=LAYOUTS, level="op", fn=ring_rsa_attn_func, comm_bytes=ring_rsa_comm_bytes,
+    memory_bytes=ring_rsa_memory_bytes,
+    description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
+                "materialises the (B, Z, N/G, N) scores",
+    travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
+),)

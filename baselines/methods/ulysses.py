@@ -30,14 +30,17 @@ from typing import Callable
 
 import torch
 
-from burst_impl import comm
+from burst_impl import comm, volume
 from burst_impl.attention import check_inputs
-from burst_impl.layout import check_seqlen
+from burst_impl.layout import LAYOUTS, check_seqlen
+from burst_impl.shape import AttnShape
 
-from . import reorder
-from .collectives import all_to_all
-from .local import local_attn
+from .. import reorder
+from ..collectives import all_to_all
+from ..local import local_attn
+from ..method import Method
 
+ORDER = 30
 Tensor = torch.Tensor
 
 
@@ -107,8 +110,7 @@ def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 # ---------------------------------------------------------------- closed forms
 
 
-def a2a_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, degree, elem_size,
-              prefix: str = "") -> dict[tuple[str, str], int]:
+def a2a_bytes(s: AttnShape, degree: int, prefix: str = "") -> dict[tuple[str, str], int]:
     """Bytes one rank sends in the four forward and four backward all-to-alls over ``degree`` ranks.
 
     Each all-to-all sends (degree-1)/degree of the local buffer, B*(N/G)*z*d
@@ -116,10 +118,9 @@ def a2a_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, degree, elem
     """
     if degree == 1:
         return {}
-    rows = batch * (seqlen // world_size)
-    zkv = kv_heads * kv_replication(heads, kv_heads, degree)
-    qb = rows * heads * head_dim * elem_size * (degree - 1) // degree
-    kb = rows * zkv * head_dim * elem_size * (degree - 1) // degree
+    zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, degree)
+    qb = s.rows * s.heads * s.head_dim * s.elem_size * (degree - 1) // degree
+    kb = s.rows * zkv * s.head_dim * s.elem_size * (degree - 1) // degree
     out = {}
     for phase, names in (("forward", ("q", "k", "v", "out")), ("backward", ("dq", "dk", "dv", "dout"))):
         for n in names:
@@ -127,15 +128,24 @@ def a2a_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, degree, elem
     return out
 
 
-def ulysses_comm_bytes(s) -> dict[tuple[str, str], int]:
-    return a2a_bytes(s.batch, s.seqlen, s.heads, s.kv_heads, s.head_dim, s.world_size, s.world_size,
-                     s.elem_size)
+def ulysses_comm_bytes(s: AttnShape, **_) -> dict[tuple[str, str], int]:
+    return a2a_bytes(s, s.world_size)
 
 
-def ulysses_memory_bytes(s) -> int:
+def ulysses_memory_bytes(s: AttnShape, **_) -> int:
     # Saved for backward per rank: head-sharded q, out (Z/G heads) and k, v
-    # (Zkv*rep/G heads) over all N tokens, in the input dtype, and lse (fp32):
-    # the same element count as B*N/G rows of (2Z + 2Zkv*rep) d + 4Z bytes.
-    rows = s.batch * s.local_seqlen
-    zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, s.world_size)
-    return rows * ((2 * s.heads + 2 * zkv) * s.head_dim * s.elem_size + 4 * s.heads)
+    # (Zkv*rep/G heads) over all N tokens: the ring family's count with Zkv*rep kv heads.
+    return volume.saved_bytes(s, s.kv_heads * kv_replication(s.heads, s.kv_heads, s.world_size))
+
+
+def _check(s: AttnShape, **_) -> None:
+    kv_replication(s.heads, s.kv_heads, s.world_size)
+
+
+METHODS = (Method(
+    name="ulysses", layouts=LAYOUTS, level="op", fn=ulysses_attn_func, comm_bytes=ulysses_comm_bytes,
+    memory_bytes=ulysses_memory_bytes, check=_check,
+    description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
+    travels="fwd: all-to-all of Q, K, V, O; bwd: all-to-all of dO, dQ, dK, dV",
+    external="DeepSpeed DistributedAttention (deepspeed.sequence.layer)",
+),)

@@ -27,10 +27,13 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import burst_attn_func, comm, volume
+from burst_impl.shape import AttnShape
 
-from .local import local_attn
+from ..local import local_attn
+from ..method import Method
 from .ulysses import a2a_bytes, check_ulysses, kv_replication, ulysses_core
 
+ORDER = 40
 Tensor = torch.Tensor
 
 _GROUPS: dict[tuple, tuple] = {}
@@ -108,24 +111,65 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 # ---------------------------------------------------------------- closed forms
 
 
-def usp_comm_bytes(s, ulysses_degree: int, backward: str = "auto") -> dict[tuple[str, str], int]:
+def usp_comm_bytes(s: AttnShape, ulysses_degree: int, backward: str = "auto") -> dict[tuple[str, str], int]:
     """All-to-all bytes within the Ulysses group plus Burst ring bytes at the ring level."""
     u, r = check_degrees(s.world_size, ulysses_degree)
-    out = a2a_bytes(s.batch, s.seqlen, s.heads, s.kv_heads, s.head_dim, s.world_size, u, s.elem_size,
-                    prefix="a2a_")
+    out = a2a_bytes(s, u, prefix="a2a_")
     if r > 1:
         # Ring level: r ranks, N/r tokens each, Z/u query heads, Zkv*rep/u kv heads.
-        z, zkv = s.heads // u, s.kv_heads * kv_replication(s.heads, s.kv_heads, u) // u
-        args = (s.batch, s.seqlen, z, zkv, s.head_dim, r, s.elem_size)
-        chosen = volume.cheaper_backward(*args) if backward == "auto" else backward
-        for key, b in volume.expected_bytes(*args, backward=chosen).items():
+        ring = s.replace(heads=s.heads // u, kv_heads=s.kv_heads * kv_replication(s.heads, s.kv_heads, u) // u,
+                         world_size=r)
+        chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
+        for key, b in volume.expected_bytes(ring, backward=chosen).items():
             out[key] = out.get(key, 0) + b
     return {k: v for k, v in out.items() if v}
 
 
-def usp_memory_bytes(s, ulysses_degree: int) -> int:
+def usp_memory_bytes(s: AttnShape, ulysses_degree: int) -> int:
     # As Burst/Ulysses: head-sharded q, out, k, v and lse of B*N/G rows' worth of elements.
     u, _ = check_degrees(s.world_size, ulysses_degree)
-    rows = s.batch * s.local_seqlen
-    zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, u)
-    return rows * ((2 * s.heads + 2 * zkv) * s.head_dim * s.elem_size + 4 * s.heads)
+    return volume.saved_bytes(s, s.kv_heads * kv_replication(s.heads, s.kv_heads, u))
+
+
+# ---------------------------------------------------------------- registry entry
+
+
+def default_ulysses_degree(world_size: int, heads: int, kv_heads: int) -> int:
+    """USP's Ulysses degree when none is given: the largest divisor u of G with
+    u <= min(8, G/2) (at most one 8-GPU node of all-to-all, at least a 2-way
+    ring) for which the heads split (``kv_replication``); 1 if none."""
+    best = 1
+    for u in range(1, min(8, world_size // 2) + 1):
+        if world_size % u == 0:
+            try:
+                kv_replication(heads, kv_heads, u)
+            except ValueError:
+                continue
+            best = u
+    return best
+
+
+def _degree(s: AttnShape, ulysses_degree=None) -> int:
+    return default_ulysses_degree(s.world_size, s.heads, s.kv_heads) if ulysses_degree is None else ulysses_degree
+
+
+def _usp_fn(q, k, v, *, group=None, ulysses_degree=None, **kw):
+    if ulysses_degree is None:
+        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2])
+    return usp_attn_func(q, k, v, group=group, ulysses_degree=ulysses_degree, **kw)
+
+
+def _check(s: AttnShape, ulysses_degree=None, **_) -> None:
+    u, _r = check_degrees(s.world_size, _degree(s, ulysses_degree))
+    kv_replication(s.heads, s.kv_heads, u)
+
+
+METHODS = (Method(
+    name="usp", level="op", fn=_usp_fn,
+    comm_bytes=lambda s, ulysses_degree=None, backward="auto", **_: usp_comm_bytes(
+        s, _degree(s, ulysses_degree), backward),
+    memory_bytes=lambda s, ulysses_degree=None, **_: usp_memory_bytes(s, _degree(s, ulysses_degree)),
+    check=_check,
+    description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks, Burst ring across them",
+    travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",
+),)
