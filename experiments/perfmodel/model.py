@@ -36,7 +36,9 @@ ASSUMPTIONS = (
     "transfers: latency + bytes / rate; ranks of a node crossing nodes at once share its NICs; one FIFO "
     "send channel per rank and link class; no interference between compute and communication",
     "ring steps double-buffered (the next block's transfer overlaps this block's compute); a step waits "
-    "for its send and its receive; collectives use the ring algorithm over the group in rank order",
+    "for its send and its receive; collectives use the ring algorithm over the group in rank order "
+    "(one ring: NCCL's extra channels, which spread node crossings over several GPUs, are not modelled, "
+    "so collectives across nodes are pessimistic where one GPU cannot fill the node's NICs)",
     "kernel launch and Python overheads not modelled",
     "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
     "when over the accelerator's HBM",

@@ -61,7 +61,10 @@ def hardware_record(hw: Hardware, world_size: int) -> dict:
     place = Placement.of(hw, world_size)
     link = (lambda lk: None if lk is None else dataclasses.asdict(lk))
     return {
-        "summary": f"MODELLED on hardware profile {hw.name} ({hw.description})",
+        # short: figure titles print it whole
+        "summary": f"MODELLED: {hw.name}, {place.nodes} node{'s' if place.nodes > 1 else ''} x "
+                   f"{min(world_size, hw.devices_per_node)} {hw.accelerator.name}",
+        "description": hw.description,
         "profile": hw.name,
         "path": hw.path,
         "nodes": place.nodes,
