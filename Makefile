@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce plots clean
+.PHONY: venv test reproduce plots model clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,14 @@ reproduce: $(STAMP)
 # Redraw every figure from the results files; runs nothing.
 plots: $(STAMP)
 	$(PY) -m experiments.plots
+
+# `make model`: the performance model (experiments/perfmodel) predicts every paper-size spec on the
+# hardware profile its target names: results/modelled/ and plots/modelled/ (figures and tables, all
+# labelled "modelled"). Runs nothing on any device. MODEL_ARGS passes options (e.g. --hardware NAME).
+MODEL_ARGS ?=
+
+model: $(STAMP)
+	$(PY) -m experiments.perfmodel paper $(MODEL_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
