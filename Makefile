@@ -58,7 +58,7 @@ plots: $(STAMP)
 	$(PY) -m experiments.plots
 
 # `make model`: the performance model (experiments/perfmodel) predicts every paper-size spec on the
-# hardware profile its target names: results/modelled/ and plots/modelled/ (figures and tables, all
+# hardware profile its cluster profile names: results/modelled/ and plots/modelled/ (figures and tables, all
 # labelled "modelled"). Runs nothing on any device. MODEL_ARGS passes options (e.g. --hardware NAME).
 MODEL_ARGS ?=
 
