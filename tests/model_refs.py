@@ -92,3 +92,52 @@ def sp_run(cfg_name: str, method: str, layouts: list[str], positions_bug: bool =
                            step_bytes=dict(step_bytes), prefill_bytes=dict(prefill_bytes),
                            sync_bytes=grad_sync_bytes(model))
     return out
+
+
+def tp_run(cfg_name: str, version: str, layouts: list[str], fused: bool) -> dict:
+    """On every rank: one TP step and one prefill per layout; loss, this rank's gradient slices
+    ``{name: (index or None, grad)}``, next ids, counted bytes."""
+    from burst_impl.model.tensor_parallel import tensor_parallel
+
+    tokens, labels = global_batch(cfg_name)
+    out = {}
+    for layout in layouts:
+        model = tensor_parallel(build_model(get_config(cfg_name)), version, layout=layout, fused=fused)
+        with comm.count_bytes() as step_bytes:
+            loss = loss_and_grads(model, tokens, labels).item()
+        with comm.count_bytes() as prefill_bytes:
+            ids = prefill_step(model, tokens)
+        out[layout] = dict(loss=loss, ids=ids, step_bytes=dict(step_bytes), prefill_bytes=dict(prefill_bytes),
+                           sync_bytes=grad_sync_bytes(model),
+                           grads={n: (model.tp_index.get(n), p.grad) for n, p in model.named_parameters()})
+    return out
+
+
+def fsdp_run(cfg_name: str, method: str, layout: str, steps: int) -> dict:
+    """On every rank: the same training with replicated weights and with FSDP2-sharded weights;
+    the losses of ``steps`` AdamW steps and the (full) gradients of the first step for both."""
+    from burst_impl.model.fsdp import full_grads, shard_weights
+
+    out = {}
+    for weights in ("replicated", "fsdp2"):
+        model = sequence_parallel(build_model(get_config(cfg_name)), method, layout=layout)
+        if weights == "fsdp2":
+            shard_weights(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        losses, grads = [], None
+        for s in range(steps):
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss_and_grads(model, *global_batch(cfg_name, s)).item())
+            if s == 0:
+                grads = {n: g.clone() for n, g in full_grads(model).items()}
+            opt.step()
+        out[weights] = dict(losses=losses, grads=grads,
+                            sharded=[type(p).__name__ for p in model.parameters()][:1])
+    return out
+
+
+def curve_run(cfg_name: str, method: str, layout: str, steps: int) -> list[float]:
+    """On every rank: the losses of ``steps`` AdamW steps of the sequence-parallel model."""
+    model = sequence_parallel(build_model(get_config(cfg_name)), method, layout=layout)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    return [train_step(model, opt, *global_batch(cfg_name, s)).item() for s in range(steps)]

@@ -33,7 +33,10 @@ from tests.model_refs import BATCH, SEQLEN, grad_errors, reference, sp_run
 GRAD_RTOL = 2e-5
 LOSS_RTOL = 2e-6
 WORLD_SIZES = (1, 2, 3, 4)
-SP_METHODS = sorted(n for n, m in METHODS.items() if m.level == "op" and m.available())
+# Every op-level method we implement. Adapters around peer packages (bytes recorded by formula:
+# deepspeed_ulysses, ring_flash_attn) are checked against our methods in test_baselines_peers;
+# here they would add DeepSpeed's per-process JIT build of its CPU comm op to every worker.
+SP_METHODS = sorted(n for n, m in METHODS.items() if m.level == "op" and not m.bytes_by_formula and m.available())
 
 
 def _expected_bytes(cfg_name, method, G, layout, phase=None) -> dict:

@@ -13,8 +13,12 @@ be a SUM: the gradient divide factor is set to 1 (FSDP2 averages by default).
 
 Found on torch 2.13 (CPU, gloo): ``fully_shard`` works with a DeviceMesh made
 from the process group (``DeviceMesh.from_group(group, "cpu")``); parameters
-become DTensors sharded on dim 0; ``set_gradient_divide_factor(1.0)`` gives
-summed gradients; the registry methods' point-to-point rings and the
+become DTensors sharded on dim 0 (padded when G does not divide it). FSDP2
+averages gradients by default; a divide factor of 1 must be set on EVERY unit
+(the root's setter does not reach the blocks), and alone it selects
+``ReduceOp.PREMUL_SUM``, which gloo rejects ("Cannot use ReduceOp.PREMUL_SUM
+with Gloo"): ``set_force_sum_reduction_for_comms(True)`` makes it a plain SUM
+(NCCL would accept either). The registry methods' point-to-point rings and the
 all-to-alls run on the same gloo group between FSDP2's collectives, in the
 same order on every rank. The tests check losses and gradients against the
 replicated model.
@@ -56,7 +60,12 @@ def shard_weights(model, *, reshard_after_forward: bool = True, mp_policy=None):
     for block in model.layers:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
-    model.set_gradient_divide_factor(1.0)   # gradients are already shares of the global mean: sum them
+    # Gradients are already shares of the global mean: SUM them. The divide factor is per FSDP unit
+    # (the root's setter does not reach the blocks); a factor other than G makes FSDP2 use
+    # ReduceOp.PREMUL_SUM, which gloo rejects, unless sum-only reductions are forced.
+    for unit in (*model.layers, model):
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
     plan.weights = "fsdp2"
     return model
 
