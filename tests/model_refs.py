@@ -131,7 +131,7 @@ def fsdp_run(cfg_name: str, method: str, layout: str, steps: int) -> dict:
             if s == 0:
                 grads = {n: g.clone() for n, g in full_grads(model).items()}
             opt.step()
-        out[weights] = dict(losses=losses, grads=grads,
+        out[weights] = dict(losses=losses, grads=grads, ids=prefill_step(model, global_batch(cfg_name, 0)[0]),
                             sharded=[type(p).__name__ for p in model.parameters()][:1])
     return out
 

@@ -19,6 +19,7 @@ fp64 within the parity test's GRAD_RTOL.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from baselines.registry import METHODS
 from tests.model_refs import fsdp_run, curve_run, grad_errors, reference, reference_curve
@@ -56,6 +57,7 @@ def test_fsdp2_matches_replicated(pools, method, world_size, layout):
     for rank, res in enumerate(pools.run(world_size, fsdp_run, "tiny", method, layout, 3)):
         rep, fs = res["replicated"], res["fsdp2"]
         assert fs["sharded"] == ["DTensor"], f"rank {rank}: FSDP2 did not shard the weights"
+        assert torch.equal(fs["ids"], rep["ids"]), f"rank {rank}: prefill after 3 steps differs"
         for s, (a, b) in enumerate(zip(rep["losses"], fs["losses"])):
             assert abs(a - b) <= FSDP_RTOL * abs(a), f"rank {rank} step {s}: replicated {a} vs fsdp2 {b}"
         errs = grad_errors(fs["grads"], rep["grads"])

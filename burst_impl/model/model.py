@@ -64,7 +64,9 @@ class Transformer(nn.Module):
         tokens' ``labels`` (B, S) through ``loss_fn`` if given; else the logits (B, V) of local
         token ``logits_at`` if given; else the hidden states (B, S, H) after the final norm."""
         h = self.tok_embeddings(tokens)
-        rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, dtype=h.dtype)
+        # Tables in at least fp32: cos/sin rounded to bf16 would misplace positions (HF keeps fp32 too).
+        rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta,
+                           dtype=torch.promote_types(h.dtype, torch.float32))
         for block in self.layers:
             h = block(h, rope)
         h = self.norm(h)

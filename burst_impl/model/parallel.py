@@ -104,27 +104,42 @@ def global_mean(model, loss_sum: Tensor, count: Tensor) -> Tensor:
     return (loss_sum + others) / total_count.to(loss_sum.dtype)
 
 
-def sync_grads(model) -> None:
-    """Sum the partial gradients of ``plan.reduce_grads`` over the group: one flat counted
-    all-reduce (phase "backward", kind "grads"). No-op on one rank and under FSDP2."""
+BUCKET_BYTES = 64 << 20   # gradients are all-reduced in flat buckets of at most this size (or one tensor)
+
+
+def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
+    out, cur, size = [], [], 0
+    for t in tensors:
+        n = comm.nbytes(t)
+        if cur and size + n > BUCKET_BYTES:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(t)
+        size += n
+    return out + ([cur] if cur else [])
+
+
+def _reduced(model) -> list[Tensor]:
     plan = plan_of(model)
     if plan.world_size == 1 or plan.weights == "fsdp2" or not plan.reduce_grads:
-        return
+        return []
     named = dict(model.named_parameters())
-    grads = [named[n].grad for n in plan.reduce_grads if named[n].grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    flat = all_reduce_(flat, plan.group, "backward", "grads")
-    for g, part in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(part.view_as(g))
+    return [named[n] for n in plan.reduce_grads]
+
+
+def sync_grads(model) -> None:
+    """Sum the partial gradients of ``plan.reduce_grads`` over the group: counted all-reduces
+    (phase "backward", kind "grads") of flat buckets. No-op on one rank and under FSDP2."""
+    plan = plan_of(model)
+    grads = [p.grad for p in _reduced(model) if p.grad is not None]
+    for bucket in _buckets(grads):
+        flat = all_reduce_(torch.cat([g.reshape(-1) for g in bucket]), plan.group, "backward", "grads")
+        for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
+            g.copy_(part.view_as(g))
 
 
 def grad_sync_bytes(model) -> dict[tuple[str, str], int]:
-    """Bytes one rank sends in ``sync_grads`` (all-reduce: 2 (G-1)/G x the gradient bytes)."""
-    plan = plan_of(model)
-    if plan.world_size == 1 or plan.weights == "fsdp2" or not plan.reduce_grads:
-        return {}
-    named = dict(model.named_parameters())
-    n = sum(comm.nbytes(named[p]) for p in plan.reduce_grads)
-    return {("backward", "grads"): 2 * n * (plan.world_size - 1) // plan.world_size}
+    """Bytes one rank sends in ``sync_grads`` (per bucket of n bytes: 2 n (G-1)/G)."""
+    G = plan_of(model).world_size
+    n = sum(2 * sum(comm.nbytes(p) for p in b) * (G - 1) // G for b in _buckets(_reduced(model)))
+    return {("backward", "grads"): n} if n else {}
