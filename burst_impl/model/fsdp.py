@@ -53,6 +53,8 @@ def shard_weights(model, *, reshard_after_forward: bool = True, mp_policy=None):
                          f"(FSDP2 over the sequence group)")
     if plan.weights == "fsdp2":
         raise ValueError("model weights are already sharded with FSDP2")
+    if not dist.is_initialized():
+        return model   # plain python, one process: ZeRO-3 over one rank keeps every weight whole
     device_type = next(model.parameters()).device.type
     mesh = _mesh(plan.group, device_type)
     kw = dict(mesh=mesh, reshard_after_forward=reshard_after_forward,
