@@ -14,11 +14,15 @@ One concept per file:
 * ``flops``: the model FLOP convention, ``model_flops``.
 """
 from .config import CONFIGS, ModelConfig, get_config, matmul_params, num_params
+from .flops import model_flops
+from .fsdp import shard_weights
 from .model import Transformer, build_model, cross_entropy_sum, wrap_blocks
 from .parallel import ParallelPlan, sync_grads
 from .sequence_parallel import sequence_parallel
 from .step import forward_loss, loss_and_grads, prefill_step, train_step
+from .tensor_parallel import tensor_parallel
 
 __all__ = ["CONFIGS", "ModelConfig", "ParallelPlan", "Transformer", "build_model", "cross_entropy_sum",
-           "forward_loss", "get_config", "loss_and_grads", "matmul_params", "num_params", "prefill_step",
-           "sequence_parallel", "sync_grads", "train_step", "wrap_blocks"]
+           "forward_loss", "get_config", "loss_and_grads", "matmul_params", "model_flops", "num_params",
+           "prefill_step", "sequence_parallel", "shard_weights", "sync_grads", "tensor_parallel", "train_step",
+           "wrap_blocks"]
