@@ -214,8 +214,9 @@ def _deepspeed_check(s: AttnShape) -> None:
 def _usp_fn(q, k, v, *, group=None, ulysses_degree=None, **kw):
     from burst_impl import comm
 
-    if ulysses_degree is None:
-        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2])
+    if ulysses_degree is None:  # q, k that are not 4-D tensors are left to usp_attn_func's checks
+        four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2]) if four_d else 1
     return usp_attn_func(q, k, v, group=group, ulysses_degree=ulysses_degree, **kw)
 
 

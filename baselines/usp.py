@@ -89,7 +89,7 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     """
     g, G = comm.world(group)
     u, r = check_degrees(G, ulysses_degree, ring_degree)
-    rep = check_ulysses(q, k, v, layout, u, G, softmax_scale)
+    rep = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group)
     uly_group, ring_group = subgroups(group, u)
     i, j = divmod(g, u)
 

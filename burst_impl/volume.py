@@ -11,7 +11,7 @@ Forward (K, V circulate), both schemes:
     k, v:   (G-1)/G * B*N*Zkv*d       elements each, e bytes
 Burst backward (query side circulates; K, V, dK, dV stay):
     q, dout:(G-1)/G * B*N*Z*d         elements each, e bytes
-    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32)
+    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32; 8 for fp64 inputs)
     dq:     (G-1)/G * B*N*Z*d         elements, f bytes. The accumulator starts on
             the rank after the owner (the owner's own block stays home), makes
             G-2 hops and one final hop home: G-1 sends per rank in all.
@@ -26,6 +26,11 @@ Per rank, over the whole ring, these are (G-1)/G times the paper's figures
 from __future__ import annotations
 
 FP32 = 4
+
+
+def stats_size(elem_size: int) -> int:
+    """Bytes per lse/delta element: fp64 (8) for fp64 inputs, fp32 (4) otherwise."""
+    return 8 if elem_size == 8 else FP32
 
 
 def _blocks(batch: int, seqlen: int, world_size: int) -> int:
@@ -48,8 +53,8 @@ def burst_backward_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, e
     return {
         "q": qd * elem_size,
         "dout": qd * elem_size,
-        "lse": rows * heads * FP32,
-        "delta": rows * heads * FP32,
+        "lse": rows * heads * stats_size(elem_size),
+        "delta": rows * heads * stats_size(elem_size),
         "dq": qd * grad_elem_size,
     }
 
@@ -86,6 +91,6 @@ def cheaper_backward(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_
     b = sum(burst_backward_bytes(*args, grad_elem_size=grad_elem_size).values())
     r = sum(ring_backward_bytes(*args, grad_elem_size=grad_elem_size).values())
     if b == r == 0:  # G == 1: decide by the per-token cost so the choice is stable
-        b = heads * (head_dim * (2 * elem_size + grad_elem_size) + 2 * FP32)
+        b = heads * (head_dim * (2 * elem_size + grad_elem_size) + 2 * stats_size(elem_size))
         r = kv_heads * head_dim * (2 * elem_size + 2 * grad_elem_size)
     return "burst" if b <= r else "ring"
