@@ -37,6 +37,10 @@ FP32_RTOL = 2e-5
 # fp64: the same sums in fp64 (eps 2.2e-16) err by ~N*eps = 5e-15; 1e-12 leaves a factor 200, and any
 # fp32 step left in the path (an fp32 lse, delta or accumulator) shows up as ~1e-7, 1e5 times more.
 FP64_RTOL = 1e-12
+# gradcheck (fp64, central differences with eps=1e-6): truncation error ~eps^2 = 1e-12 and rounding
+# ~1e-16/eps = 1e-10 relative, so rtol 1e-5 / atol 1e-7 still leave a factor 100; gradcheck's own
+# defaults (1e-3 / 1e-5) would let a gradient that is 0.1% off pass.
+GRADCHECK_TOL = dict(rtol=1e-5, atol=1e-7)
 
 
 def heads_for(world_size: int) -> tuple[int, int]:
@@ -213,7 +217,7 @@ def test_gradcheck_world_size_one(backward, causal, view):
         q, k, v = (VIEWS[view](t) for t in (q, k, v))
     args = tuple(t.detach().requires_grad_() for t in (q, k, v))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: burst_attn_func(q, k, v, causal=causal, backward=backward), args)
+        lambda q, k, v: burst_attn_func(q, k, v, causal=causal, backward=backward), args, **GRADCHECK_TOL)
 
 
 class _Replicated(torch.autograd.Function):
@@ -261,7 +265,7 @@ def _gradcheck_ring(layout: str) -> list[bool]:
 
         args = tuple(t.detach().requires_grad_() for t in (q, k, v))
         torch.manual_seed(0)  # fast mode's random projections: the same on every rank
-        passed.append(torch.autograd.gradcheck(full_attention, args, fast_mode=True))
+        passed.append(torch.autograd.gradcheck(full_attention, args, fast_mode=True, **GRADCHECK_TOL))
     return passed
 
 
