@@ -311,9 +311,10 @@ def circulate(ring: Ring, bundle: list[Tensor], phase: str, kinds: Sequence[str]
     peers are never left waiting on it; then the original exception is raised
     here. The peers complete the ring and are not told (their results lack
     this rank's contribution): the caller, e.g. the experiment harness, learns
-    of the failure from the failing rank. If communication itself fails, the
-    transfers in flight are waited for (errors ignored) before the error is
-    raised, so no posted operation is left behind.
+    of the failure from the failing rank. If communication itself fails (or
+    an interrupt arrives), the transfers in flight are waited for (errors
+    ignored) before the error is raised, so no posted operation is left
+    behind; the peers then fail or time out in their next transfer.
     """
     error: Exception | None = None
     pending: Pending | None = None
