@@ -8,10 +8,18 @@ all baselines:
 * ``attn_backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)``
 
 Shapes follow ``flash_attn_func``: q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) with
-Z a multiple of Zkv (GQA/MQA); out (B, Sq, Z, d) in q's dtype; lse (B, Z, Sq)
-in fp32, natural log; delta (B, Z, Sq) fp32 = rowsum(dout * out).
+Z a multiple of Zkv (GQA/MQA); out (B, Sq, Z, d) in q's dtype; lse (B, Z, Sq),
+natural log, and delta (B, Z, Sq) = rowsum(dout * out), both in the
+statistics dtype ``stats_dtype(q.dtype)``: fp64 for fp64 inputs (so that
+``torch.autograd.gradcheck`` works end to end), fp32 otherwise.
 ``causal`` on a block means the top-left aligned mask k_pos <= q_pos, used
 only on diagonal blocks where Sq == Sk.
+
+Inputs of any strides are accepted: the fused kernels index every dimension
+through its stride except the last, which must be unit-stride (a view with a
+strided head dim, e.g. ``x.transpose(2, 3).contiguous().transpose(2, 3)``,
+would be read as garbage), so the entry points copy exactly those tensors and
+pass every other view through untouched (``unit_last``).
 
 Backends (``backend=`` name, or ``None`` for automatic):
 
@@ -20,6 +28,10 @@ Backends (``backend=`` name, or ``None`` for automatic):
 * ``"flash_attn"``: the flash-attn package on CUDA.
 * ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
 * ``"reference"``: plain math in fp64, for tests; materialises the scores.
+
+What each backend runs on is in ``BACKEND_SUPPORT``; ``check_backend`` turns a
+mismatch (a CUDA backend on CPU tensors, flash-attn with fp32 or fp64, a
+package that is not installed) into a ValueError before any communication.
 
 Feeding ``delta`` to stock kernels
 ----------------------------------
@@ -48,25 +60,42 @@ Tensor = torch.Tensor
 # ---------------------------------------------------------------- helpers
 
 
+# Input dtypes every backend path accepts (the fused kernels of each backend accept a subset,
+# ``BACKEND_SUPPORT``).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def default_scale(head_dim: int, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of lse, delta and the running accumulators: fp64 for fp64 inputs, else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def unit_last(x: Tensor) -> Tensor:
+    """``x`` with a unit-stride last dimension, what the fused kernels need; no copy when it has one."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def surrogate_out(dout: Tensor, delta: Tensor) -> Tensor:
     """An ``out`` for stock backward kernels with rowsum(dout * out) == delta.
 
-    dout (B, S, Z, d); delta (B, Z, S) fp32 -> (B, S, Z, d) in dout's dtype.
+    dout (B, S, Z, d); delta (B, Z, S) in the statistics dtype -> (B, S, Z, d) in dout's dtype.
     """
-    do32 = dout.float()
-    n2 = do32.square().sum(-1, keepdim=True)  # (B, S, Z, 1)
-    d = delta.transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
-    coef = torch.where(n2 > 0, d / n2.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(n2))
-    return (do32 * coef).to(dout.dtype)
+    acc = stats_dtype(dout.dtype)
+    do_a = dout.to(acc)
+    n2 = do_a.square().sum(-1, keepdim=True)  # (B, S, Z, 1)
+    d = delta.to(acc).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
+    coef = torch.where(n2 > 0, d / n2.clamp_min(torch.finfo(acc).tiny), torch.zeros_like(n2))
+    return (do_a * coef).to(dout.dtype)
 
 
 def compute_delta(dout: Tensor, out: Tensor) -> Tensor:
-    """delta = rowsum(dout * out) in fp32: (B, S, Z, d) x2 -> (B, Z, S)."""
-    return (dout.float() * out.float()).sum(-1).transpose(1, 2).contiguous()
+    """delta = rowsum(dout * out) in the statistics dtype: (B, S, Z, d) x2 -> (B, Z, S)."""
+    acc = stats_dtype(dout.dtype)
+    return (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()
 
 
 # ---------------------------------------------------------------- reference (fp64)
@@ -92,7 +121,7 @@ def _reference_forward(q, k, v, causal, scale):
     p = torch.exp(s - lse.unsqueeze(-1))
     vh = v.double().transpose(1, 2).repeat_interleave(z // zkv, dim=1)
     out = (p @ vh).transpose(1, 2)
-    return out.to(q.dtype), lse.float()
+    return out.to(q.dtype), lse
 
 
 def _reference_backward(dout, q, k, v, lse, delta, causal, scale):
@@ -233,19 +262,54 @@ BACKENDS: dict[str, tuple[Callable, Callable]] = {
     "cuda_sdpa": (_cuda_sdpa_forward, _cuda_sdpa_backward),
 }
 
+# backend -> (device types it runs on, None = any; input dtypes its kernels take)
+BACKEND_SUPPORT: dict[str, tuple[tuple[str, ...] | None, tuple[torch.dtype, ...]]] = {
+    "reference": (None, FLOAT_DTYPES),
+    "cpu_flash": (("cpu",), FLOAT_DTYPES),
+    "flash_attn": (("cuda",), (torch.float16, torch.bfloat16)),
+    "cuda_sdpa": (("cuda",), (torch.float16, torch.bfloat16, torch.float32)),  # no fp64 kernels
+}
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_backend(name: str, device: torch.device, dtype: torch.dtype | None = None,
+                  head_dim: int | None = None) -> None:
+    """ValueError (parameter, value, rule) unless backend ``name`` can run on ``device`` with ``dtype``."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is unknown; choose one of {sorted(BACKENDS)}")
+    devices, dtypes = BACKEND_SUPPORT[name]
+    if devices is not None and device.type not in devices:
+        raise ValueError(f"backend={name!r} runs on {'/'.join(devices)} tensors, but the inputs are on "
+                         f"{device}; pass backend=None to choose automatically")
+    if dtype is not None and dtype not in dtypes:
+        raise ValueError(f"backend={name!r} does not take dtype {dtype}; it takes {_names(dtypes)}"
+                         + ("; use backend='reference' (fp64 math) or None" if dtype == torch.float64 else ""))
+    if name == "flash_attn":
+        if not _flash_attn_available():
+            raise ValueError("backend='flash_attn' needs the flash-attn package, which is not importable here "
+                             "(pip install flash-attn, or pass backend=None)")
+        if head_dim is not None and (head_dim % 8 or head_dim > 256):
+            raise ValueError(f"backend='flash_attn' needs head_dim a multiple of 8 up to 256, got {head_dim}")
+
 
 def resolve_backend(device: torch.device, backend: str | None = None,
                     dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
-    """The backend name for tensors on ``device``: ``backend`` if given, else automatic.
+    """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
 
     On CUDA, flash-attn when importable and the inputs suit it (fp16/bf16,
-    head_dim a multiple of 8 up to 256), else PyTorch's efficient-attention kernels.
+    head_dim a multiple of 8 up to 256), PyTorch's efficient-attention kernels
+    for other fp16/bf16/fp32 inputs, and the fp64 ``reference`` math for fp64
+    (no fused CUDA kernel takes fp64). On CPU, PyTorch's fused flash kernels.
     """
     if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} is unknown; choose one of {sorted(BACKENDS)}")
+        check_backend(backend, device, dtype, head_dim)
         return backend
     if device.type == "cuda":
+        if dtype == torch.float64:
+            return "reference"
         suits = dtype in (torch.float16, torch.bfloat16) and head_dim is not None \
             and head_dim % 8 == 0 and head_dim <= 256
         return "flash_attn" if suits and _flash_attn_available() else "cuda_sdpa"
@@ -254,10 +318,13 @@ def resolve_backend(device: torch.device, backend: str | None = None,
 
 def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
                  backend: str | None = None) -> tuple[Tensor, Tensor]:
-    """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq) fp32)."""
+    """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq)).
+
+    Any strides; lse in ``stats_dtype(q.dtype)``.
+    """
     name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
-    out, lse = BACKENDS[name][0](q, k, v, causal, scale)
-    return out, lse.float()
+    out, lse = BACKENDS[name][0](unit_last(q), unit_last(k), unit_last(v), causal, scale)
+    return out, lse.to(stats_dtype(q.dtype))
 
 
 def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, *,
@@ -267,6 +334,9 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, de
 
     Because lse and delta are the *global* row statistics, P = exp(S - lse) is
     the exact probability block and the block gradients sum to the full ones.
+    Any strides; lse and delta are used in ``stats_dtype(q.dtype)``.
     """
     name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
-    return BACKENDS[name][1](dout, q, k, v, lse.contiguous(), delta.contiguous(), causal, scale)
+    acc = stats_dtype(q.dtype)
+    return BACKENDS[name][1](unit_last(dout), unit_last(q), unit_last(k), unit_last(v),
+                             lse.to(acc).contiguous(), delta.to(acc).contiguous(), causal, scale)

@@ -13,7 +13,7 @@ Forward (K, V circulate), both schemes:
     k, v:   (G-1)/G * B*N*Zkv*d       elements each, e bytes
 Burst backward (query side circulates; K, V, dK, dV stay):
     q, dout:(G-1)/G * B*N*Z*d         elements each, e bytes
-    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32)
+    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32; 8 for fp64 inputs)
     dq:     (G-1)/G * B*N*Z*d         elements, f bytes. The accumulator starts on
             the rank after the owner (the owner's own block stays home), makes
             G-2 hops and one final hop home: G-1 sends per rank in all.
@@ -30,6 +30,11 @@ from __future__ import annotations
 from .shape import AttnShape
 
 FP32 = 4
+
+
+def stats_size(elem_size: int) -> int:
+    """Bytes per lse/delta element: fp64 (8) for fp64 inputs, fp32 (4) otherwise."""
+    return 8 if elem_size == 8 else FP32
 
 
 def _blocks(s: AttnShape) -> int:
@@ -50,8 +55,8 @@ def burst_backward_bytes(s: AttnShape, grad_elem_size: int = FP32) -> dict[str, 
     return {
         "q": qd * s.elem_size,
         "dout": qd * s.elem_size,
-        "lse": rows * s.heads * FP32,
-        "delta": rows * s.heads * FP32,
+        "lse": rows * s.heads * stats_size(s.elem_size),
+        "delta": rows * s.heads * stats_size(s.elem_size),
         "dq": qd * grad_elem_size,
     }
 
@@ -79,7 +84,7 @@ def cheaper_backward(s: AttnShape, grad_elem_size: int = FP32) -> str:
     For MHA burst always wins; with GQA (Z >= about 2*Zkv) ring wins.
     """
     e = s.elem_size
-    b = s.heads * (s.head_dim * (2 * e + grad_elem_size) + 2 * FP32)
+    b = s.heads * (s.head_dim * (2 * e + grad_elem_size) + 2 * stats_size(e))
     r = s.kv_heads * s.head_dim * (2 * e + 2 * grad_elem_size)
     return "burst" if b <= r else "ring"
 

@@ -64,12 +64,17 @@ def _progress():
 
     # Logs (make reproduce > log) are not terminals: keep one line per case readable there too.
     console = Console(stderr=False, width=None if os.isatty(1) else 150)
-    return console, Progress(TextColumn("[bold]{task.fields[pos]}"), TextColumn("{task.description}"),
+    # Everything shown comes from outside rich's markup language (spec names, case ids, exception
+    # texts such as gloo's "[/__w/pytorch/.../pair.cc:537]"): print it literally (markup=False, Text).
+    return console, Progress(TextColumn("{task.fields[pos]}", style="bold", markup=False),
+                             TextColumn("{task.description}", markup=False),
                              BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                              console=console, transient=False, refresh_per_second=4)
 
 
 def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
+    from rich.text import Text
+
     console, progress = _progress()
     total_cases = sum(len(v) for v in batches.values())
     counts = {s: 0 for s in R.STATUSES}
@@ -87,9 +92,11 @@ def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
             counts[rec["status"]] = counts.get(rec["status"], 0) + 1
             progress.update(task, advance=cost[key], pos=f"{len(seen)}/{total_cases}")
             t = rec.get("time_median_s")
-            detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else rec.get("reason", "")[:110]
+            reason = " ".join(str(rec.get("reason") or "").split())  # one line per case in logs
+            detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else reason[:110]
             style = {"ok": "green", "oom": "yellow", "failed": "red", "skipped": "dim"}[rec["status"]]
-            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']:<24} {rec['case_id']:<70} {detail}",
+            console.print(Text.assemble((f"{rec['status']:>7}", style),
+                                        f" {rec['experiment']:<24} {rec['case_id']:<70} {detail}"),
                           overflow="ellipsis", no_wrap=True, highlight=False)
 
         def on_start(c: Case) -> None:

@@ -29,7 +29,7 @@ Tensor = torch.Tensor
 
 def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                    softmax_scale: float | None = None, group=None, layout: str = "contiguous",
-                   backend: str | None = None, grad_comm_dtype: torch.dtype = torch.float32) -> Tensor:
+                   backend: str | None = None, grad_comm_dtype: torch.dtype | None = None) -> Tensor:
     """Blockwise ring attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d)."""
     return burst_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, layout=layout,
                            backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype)

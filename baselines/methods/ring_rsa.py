@@ -128,7 +128,7 @@ def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     if backend not in (None, "reference"):
         raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
                          "pass None or 'reference'")
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, grad_comm_dtype=grad_comm_dtype, group=group)
     return _RingSelfAttn.apply(q, k, v, causal, default_scale(q.shape[-1], softmax_scale), group, layout,
                                grad_comm_dtype)
 

@@ -61,9 +61,9 @@ def kv_replication(heads: int, kv_heads: int, degree: int) -> int:
 
 
 def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout: str, degree: int, world_size: int,
-                  softmax_scale) -> int:
+                  softmax_scale, backend: str | None = None, group=None) -> int:
     """All checks before any communication; returns the kv replication factor."""
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, backend=backend, group=group)
     check_seqlen(q.shape[1] * world_size, layout, world_size, name="global seqlen (seq_local*G)")
     return kv_replication(q.shape[2], k.shape[2], degree)
 
@@ -98,7 +98,7 @@ def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                       backend: str | None = None) -> Tensor:
     """DeepSpeed-Ulysses on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d)."""
     rank, G = comm.world(group)
-    rep = check_ulysses(q, k, v, layout, G, G, softmax_scale)
+    rep = check_ulysses(q, k, v, layout, G, G, softmax_scale, backend, group)
 
     def inner(qh, kh, vh):
         return local_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, backend=backend)

@@ -92,7 +92,7 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     """
     g, G = comm.world(group)
     u, r = check_degrees(G, ulysses_degree, ring_degree)
-    rep = check_ulysses(q, k, v, layout, u, G, softmax_scale)
+    rep = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group)
     uly_group, ring_group = subgroups(group, u)
     i, j = divmod(g, u)
 
@@ -154,8 +154,9 @@ def _degree(s: AttnShape, ulysses_degree=None) -> int:
 
 
 def _usp_fn(q, k, v, *, group=None, ulysses_degree=None, **kw):
-    if ulysses_degree is None:
-        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2])
+    if ulysses_degree is None:  # q, k that are not 4-D tensors are left to usp_attn_func's checks
+        four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2]) if four_d else 1
     return usp_attn_func(q, k, v, group=group, ulysses_degree=ulysses_degree, **kw)
 
 
