@@ -104,14 +104,14 @@ def layer_input(layer: AttnLayer, x_full: Tensor) -> Tensor:
     """This rank's input from the full hidden states (B, N, H)."""
     if layer.input == "replicated":
         return x_full
-    return shard(x_full, layer.shape.layout, layer.rank, layer.shape.world_size)
+    return shard(x_full, layer.shape.resolved_layout, layer.rank, layer.shape.world_size)
 
 
 def layer_output(layer: AttnLayer, outputs: list[Tensor]) -> Tensor:
     """The full (B, N, H) output from every rank's ``layer_forward`` result (rank order)."""
     if layer.input == "replicated":
         return outputs[0]
-    return unshard(outputs, layer.shape.layout)
+    return unshard(outputs, layer.shape.resolved_layout)
 
 
 def layer_forward(layer: AttnLayer, x: Tensor, softmax_scale: float | None = None) -> Tensor:
@@ -119,13 +119,13 @@ def layer_forward(layer: AttnLayer, x: Tensor, softmax_scale: float | None = Non
     s, p = layer.shape, layer.params
     if layer.method.level == "layer":
         return layer.method.call(x, p["wq"], p["wk"], p["wv"], p["wo"], head_dim=s.head_dim, causal=s.causal,
-                                 softmax_scale=softmax_scale, group=layer.group, layout=s.layout,
+                                 mask=s.mask, softmax_scale=softmax_scale, group=layer.group, layout=s.layout,
                                  **layer.options)
     b, n, _ = x.shape
     q = (x @ p["wq"]).view(b, n, s.heads, s.head_dim)       # (B, N/G, Z, d)
     k = (x @ p["wk"]).view(b, n, s.kv_heads, s.head_dim)    # (B, N/G, Zkv, d)
     v = (x @ p["wv"]).view(b, n, s.kv_heads, s.head_dim)
-    o = layer.method.call(q, k, v, causal=s.causal, softmax_scale=softmax_scale, group=layer.group,
+    o = layer.method.call(q, k, v, causal=s.causal, mask=s.mask, softmax_scale=softmax_scale, group=layer.group,
                           layout=s.layout, **layer.options)
     return o.reshape(b, n, s.heads * s.head_dim) @ p["wo"]   # (B, N/G, H)
 

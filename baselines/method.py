@@ -15,7 +15,10 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
 * ``check(shape, **options)``: ``ValueError`` if the method cannot run that shape;
 * ``available()``: whether it can run on this machine at all (adapters need
   their package, some need CUDA);
-* ``layouts``: the sequence layouts it accepts.
+* ``layouts``: the sequence layouts it accepts (``"balanced"``: the balanced chunk
+  layout of the case's mask, any ``"balanced:K"``);
+* ``masks``: whether it takes ``mask=`` (sliding window, documents, block-sparse,
+  ``burst_impl.masks``); without it only ``causal`` true/false.
 
 ``options`` are the method's keyword arguments (e.g. ``ulysses_degree`` for
 ``usp``); ``method.bytes(shape, **options)``, ``method.memory(shape, **options)``,
@@ -27,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from burst_impl.layout import LAYOUTS
+from burst_impl.layout import BALANCED, LAYOUT_NAMES, is_balanced_name
 from burst_impl.shape import AttnShape
 
 # Methods accept these unless they list more ("striped" needs position-generic masks).
@@ -59,6 +62,7 @@ class Method:
     # True for adapters whose sends happen inside another package: their counters
     # record the formula at the points the sends happen, they do not measure.
     bytes_by_formula: bool = False
+    masks: bool = False                           # takes mask= (burst_impl.masks)
     options: dict = field(default_factory=dict)   # fixed keyword arguments for fn
     # What the attention layer of this method takes (baselines.layer): "sequence" = the
     # layout shard (B, N/G, H) of the hidden states; "replicated" = all of (B, N, H).
@@ -67,7 +71,7 @@ class Method:
     def __post_init__(self):
         if self.level not in LEVELS:
             raise ValueError(f"level={self.level!r} of method {self.name!r} must be one of {LEVELS}")
-        bad = set(self.layouts) - set(LAYOUTS)
+        bad = set(self.layouts) - set(LAYOUT_NAMES)
         if bad:
             raise ValueError(f"layouts={self.layouts} of method {self.name!r}: unknown {sorted(bad)}")
 
@@ -75,10 +79,13 @@ class Method:
         return {**self.options, **options}
 
     def validate(self, shape: AttnShape, **options) -> None:
-        shape.validate()
-        if shape.layout not in self.layouts:
+        layout = BALANCED if is_balanced_name(shape.layout) else shape.layout
+        if layout not in self.layouts:
             raise ValueError(f"layout={shape.layout!r} is not supported by method {self.name!r}; "
                              f"it supports {self.layouts}")
+        if shape.mask and not self.masks:
+            raise ValueError(f"mask={shape.mask!r}: method {self.name!r} takes only causal true/false, not masks")
+        shape.validate()
         self.check(shape, **self._opts(options))
 
     def problem(self, shape: AttnShape, level: str, **options) -> str | None:
@@ -106,5 +113,7 @@ class Method:
         return self.memory_bytes(shape, **self._opts(options))
 
     def call(self, *args, **kwargs):
-        """``fn`` with the registered options as defaults."""
+        """``fn`` with the registered options as defaults (``mask`` only passed on when given)."""
+        if kwargs.get("mask", "") in ("", None):
+            kwargs.pop("mask", None)
         return self.fn(*args, **self._opts(kwargs))

@@ -20,21 +20,23 @@ Tensor = torch.Tensor
 
 
 @functools.lru_cache(maxsize=64)
-def gather_perm(layout: str, world_size: int, seqlen: int, members: tuple[int, ...],
-                inner_rank: int, inner_size: int) -> tuple[int, ...] | None:
-    """Index list ``perm`` such that ``gathered[:, perm]`` is the ``layout`` shard of
-    ``inner_rank`` among ``inner_size`` ranks.
+def gather_perm(layout, world_size: int, seqlen: int, members: tuple[int, ...],
+                inner_rank: int, inner_size: int, inner_layout=None) -> tuple[int, ...] | None:
+    """Index list ``perm`` such that ``gathered[:, perm]`` is the ``inner_layout`` (default:
+    ``layout``; position order when ``inner_size`` is 1) shard of ``inner_rank`` among ``inner_size`` ranks.
 
     ``gathered`` is the concatenation (in ``members`` order) of the ``layout``
     shards of ``members`` among ``world_size`` ranks, for a global sequence of
     ``seqlen`` tokens. ``None`` when the permutation is the identity.
     ValueError if the gathered tokens are not exactly that inner shard.
     """
+    if inner_layout is None:
+        inner_layout = "contiguous" if inner_size == 1 else layout
     got = torch.cat([positions(layout, m, world_size, seqlen) for m in members])
-    want = positions(layout, inner_rank, inner_size, seqlen)
+    want = positions(inner_layout, inner_rank, inner_size, seqlen)
     if got.numel() != want.numel() or not torch.equal(got.sort().values, want.sort().values):
-        raise ValueError(f"ranks {members} of {world_size} do not together hold the {layout!r} shard of "
-                         f"rank {inner_rank} of {inner_size}; cannot reorder")
+        raise ValueError(f"ranks {members} of {world_size} do not together hold the {str(inner_layout)!r} shard "
+                         f"of rank {inner_rank} of {inner_size}; cannot reorder")
     where = {int(p): i for i, p in enumerate(got)}
     perm = tuple(where[int(p)] for p in want)
     return None if perm == tuple(range(len(perm))) else perm

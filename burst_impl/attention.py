@@ -1,8 +1,18 @@
 """The BurstAttention operator (PAPER.md §1).
 
-``burst_attn_func(q, k, v, *, causal, softmax_scale, group, layout, backward)``
+``burst_attn_func(q, k, v, *, causal, mask, softmax_scale, group, layout, backward)``
 takes the local shards (B, N/G, Z, d) of q and (B, N/G, Zkv, d) of k, v and
 returns the local shard of the attention output, differentiably.
+
+Masks (``burst_impl.masks``): each ring step computes only the live part of
+its (query shard, key/value shard) pair, the tiles of its plan
+(``burst_impl.plan``), which depend only on the two shards' global positions
+and the mask (never on the step index, so any transport can use them). A
+fully masked pair is skipped (no compute) but its block still travels: the
+bytes are those of ``burst_impl.volume``. The skipped pairs and the live
+entries of each rank are noted in the byte counters
+(``counts.notes["burst.skipped_blocks.forward"]``, ``...backward``,
+``"burst.live_entries.forward"``, ...).
 
 Forward: Q stays, K/V circulate G steps; each step's partial (O_ij, lse_ij)
 merges into the running (O_i, lse_i) in fp32, fp64 for fp64 inputs (`merge_partial`).
@@ -25,11 +35,13 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from . import comm, volume
+from . import comm, masks, volume
+from .balance import resolve_layout
 from .comm import AccumulatorRing, circulate  # noqa: F401 - the ring helpers live in comm; re-exported
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
-from .layout import block_plan, check_layout, chunks_per_rank
+from .layout import check_layout, chunks_per_rank
+from .plan import ALL, StepPlan, step_plan
 from .shape import AttnShape
 
 Tensor = torch.Tensor
@@ -39,34 +51,43 @@ _DTYPE_NAMES = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
 # ---------------------------------------------------------------- validation
 
 
-def check_inputs(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "contiguous",
+def check_inputs(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous",
                  backward: str = "burst", softmax_scale: float | None = None, backend: str | None = None,
-                 grad_comm_dtype: torch.dtype | None = None, group=None) -> None:
+                 grad_comm_dtype: torch.dtype | None = None, group=None, causal: bool = False,
+                 mask=None) -> tuple[masks.Mask, object]:
     """Raise ValueError (naming parameter, value and rule) before any communication.
 
     The one validation every sequence-parallel method calls first: tensors,
     dtypes (float16, bfloat16, float32, float64), shapes, layout, backward
     scheme, ``softmax_scale`` (finite, positive), ``grad_comm_dtype`` (a
     floating dtype), ``backend`` (known, and able to run on the tensors'
-    device and dtype) and membership of ``group``. With ``comm.check_shapes``
+    device and dtype), membership of ``group``, and the mask (``masks.resolve``
+    for the global N = seq_local * G: window sizes, document boundaries, block
+    mask shape) with the layout it is split by (``"balanced"`` resolved for
+    that mask; N must split into its chunks). With ``comm.check_shapes``
     on, the ranks of ``group`` also compare their shapes and outcomes (one
     small all-gather), so uneven shards, or bad input on one rank only, raise
     on every rank instead of hanging the first transfer.
+
+    Returns the resolved (mask, layout).
     """
-    comm.world(group)  # a non-member raises here, and must not join the shape check below
-    problem = None
+    _, world_size = comm.world(group)  # a non-member raises here, and must not join the shape check below
+    problem, resolved = None, (None, None)
     try:
-        _check_local(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
-                     backend=backend, grad_comm_dtype=grad_comm_dtype)
+        resolved = _check_local(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
+                                backend=backend, grad_comm_dtype=grad_comm_dtype, causal=causal, mask=mask,
+                                world_size=world_size)
     except ValueError as e:
         problem = e
     if comm.shape_check_enabled():
         comm.agree_on_inputs(group, _signature(q, k, v), problem, _describe)
     if problem is not None:
         raise problem
+    return resolved
 
 
-def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm_dtype) -> None:
+def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm_dtype, causal=False,
+                 mask=None, world_size=1):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}={type(t).__name__} must be a torch.Tensor (batch, seq_local, heads, head_dim)")
@@ -86,13 +107,18 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
         raise ValueError(f"dtypes of q, k, v must be equal, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"devices of q, k, v must be equal, got {q.device}, {k.device}, {v.device}")
-    check_layout(layout)
     if backward not in BACKWARDS:
         raise ValueError(f"backward={backward!r} is unknown; choose one of {BACKWARDS}")
+    if q.shape[1] == 0:
+        raise ValueError(f"seq_local=q.shape[1]={q.shape[1]} must be positive")
+    seqlen = q.shape[1] * world_size
+    the_mask = masks.resolve(bool(causal), mask, seqlen)
+    layout = resolve_layout(layout, the_mask, seqlen, world_size)
+    check_layout(layout)
     per = chunks_per_rank(layout)
-    if q.shape[1] == 0 or q.shape[1] % per != 0:
+    if q.shape[1] % per != 0:
         raise ValueError(f"seq_local=q.shape[1]={q.shape[1]} must be a positive multiple of {per} "
-                         f"for layout={layout!r} (the global sequence splits into {per}*G chunks)")
+                         f"for layout={str(layout)!r} (the global sequence splits into {per}*G chunks)")
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
                 or not math.isfinite(softmax_scale) or not softmax_scale > 0:
@@ -102,6 +128,7 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
         raise ValueError(f"grad_comm_dtype={grad_comm_dtype!r} must be a floating torch.dtype: one of "
                          f"{_DTYPE_NAMES} (or None: fp32, fp64 for fp64 inputs)")
     resolve_backend(q.device, backend, q.dtype, q.shape[-1])
+    return the_mask, layout
 
 
 def _signature(q, k, v) -> list[int]:
@@ -126,103 +153,190 @@ def merge_partial(out: Tensor, lse: Tensor, out_blk: Tensor, lse_blk: Tensor) ->
     """In place: fold a block's (out_blk, lse_blk) into the running (out, lse).
 
     out (B, S, Z, d), lse (B, Z, S), both in the statistics dtype (fp32, or
-    fp64 for fp64 inputs). PAPER.md §1 online-softmax rule in its stable form:
-    lse' = lse - logsigmoid(lse - lse_blk) (= log(e^lse + e^lse_blk)),
-    out' = out + sigmoid(lse_blk - lse) * (out_blk - out)
-    (= e^(lse-lse') out + e^(lse_blk-lse') out_blk). Neither exponentiates a
-    large positive number.
+    fp64 for fp64 inputs). PAPER.md §1 online-softmax rule in a stable form:
+    lse' = logaddexp(lse, lse_blk), out' = out + e^(lse_blk - lse') (out_blk - out)
+    (= e^(lse-lse') out + e^(lse_blk-lse') out_blk); neither exponentiates a
+    positive number. A row with no live key so far has lse = -inf and out = 0:
+    merging two such rows leaves them so (the weight e^(-inf - -inf) is taken as 0),
+    never NaN.
     """
-    w = torch.sigmoid(lse_blk - lse).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
+    new = torch.logaddexp(lse, lse_blk)
+    w = torch.exp(lse_blk - new).nan_to_num_(nan=0.0).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
     out.add_(w * (out_blk.to(out.dtype) - out))
-    lse.sub_(F.logsigmoid(lse - lse_blk))
+    lse.copy_(new)
+
+
+# ---------------------------------------------------------------- tiles of a plan
+
+
+def _sel(x: Tensor, sel, dim: int = 1) -> Tensor:
+    """Rows/columns ``sel`` (a slice: a view; an index tensor: gathered) of ``x`` along ``dim``."""
+    if isinstance(sel, slice):
+        return x if sel == ALL else x[(slice(None),) * dim + (sel,)]
+    return x.index_select(dim, sel.to(x.device))
+
+
+class RowState:
+    """The running (out, lse) of a shard's query rows, merged tile by tile in the statistics dtype.
+
+    Rows that no tile reaches keep out = 0 and lse = -inf (fully masked rows)."""
+
+    def __init__(self, q: Tensor):
+        self.q, self.acc = q, stats_dtype(q.dtype)
+        self.out: Tensor | None = None
+        self.lse: Tensor | None = None
+
+    def add(self, rows, out_blk: Tensor, lse_blk: Tensor) -> None:
+        if self.out is None:
+            if isinstance(rows, slice) and rows == ALL:   # the first tile covers every row: it initialises
+                self.out, self.lse = out_blk.to(self.acc), lse_blk.to(self.acc).clone()
+                return
+            self._init()
+        if isinstance(rows, slice):
+            merge_partial(_sel(self.out, rows), _sel(self.lse, rows, 2), out_blk, lse_blk)
+            return
+        idx = rows.to(self.out.device)
+        o, l = self.out.index_select(1, idx), self.lse.index_select(2, idx)
+        merge_partial(o, l, out_blk, lse_blk)
+        self.out.index_copy_(1, idx, o)
+        self.lse.index_copy_(2, idx, l)
+
+    def _init(self) -> None:
+        b, s, z, _ = self.q.shape
+        self.out = torch.zeros_like(self.q, dtype=self.acc, memory_format=torch.contiguous_format)
+        self.lse = torch.full((b, z, s), float("-inf"), dtype=self.acc, device=self.q.device)
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        if self.out is None:
+            self._init()
+        return self.out, self.lse
+
+
+class GradAcc:
+    """A full-shard gradient accumulator (statistics dtype), added to tile by tile; created on the
+    first contribution (a tile covering every row is taken as is), or given (``home``)."""
+
+    def __init__(self, like: Tensor, acc: torch.dtype, home: Tensor | None = None):
+        self.like, self.acc, self.t = like, acc, home
+
+    def add(self, sel, part: Tensor) -> None:
+        if self.t is None:
+            if isinstance(sel, slice) and sel == ALL:
+                self.t = part.to(self.acc)
+                return
+            self.t = torch.zeros_like(self.like, dtype=self.acc, memory_format=torch.contiguous_format)
+        if isinstance(sel, slice):
+            _sel(self.t, sel).add_(part)
+        else:
+            self.t.index_add_(1, sel.to(self.t.device), part.to(self.acc))
+
+
+def forward_tiles(state: RowState, plan: StepPlan, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                  backend) -> None:
+    """Every tile of ``plan`` for local q against the block k, v, merged into ``state``."""
+    for t in plan.tiles:
+        o, l = attn_forward(_sel(q, t.rows), _sel(k, t.cols), _sel(v, t.cols), mask=t.mask, scale=scale,
+                            backend=backend)
+        state.add(t.rows, o, l)
+
+
+def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
+                   dq: GradAcc, dk: GradAcc, dv: GradAcc) -> None:
+    """Gradients of every tile of ``plan``: rows of the query side into ``dq``, columns of the
+    key/value side into ``dk``, ``dv`` (lse, delta: the global statistics of the query rows)."""
+    for t in plan.tiles:
+        r, c = t.rows, t.cols
+        g = attn_backward(_sel(dout, r), _sel(q, r), _sel(k, c), _sel(v, c), _sel(lse, r, 2), _sel(delta, r, 2),
+                          mask=t.mask, scale=scale, backend=backend)
+        dq.add(r, g[0])
+        dk.add(c, g[1])
+        dv.add(c, g[2])
+
+
+class _Planner:
+    """Plans of one call (mask, layout, N, G); counts the skipped pairs and live entries of this rank."""
+
+    def __init__(self, mask, layout, local_len: int, world_size: int):
+        self.args = (mask, layout, local_len * world_size, world_size)
+        self.skipped = 0
+        self.entries = 0
+
+    def __call__(self, q_rank: int, kv_rank: int) -> StepPlan:
+        mask, layout, n, g = self.args
+        p = step_plan(mask, layout, q_rank, kv_rank, n, g)
+        self.skipped += p.empty
+        self.entries += p.entries
+        return p
+
+    def note(self, phase: str) -> None:
+        comm.note(f"burst.skipped_blocks.{phase}", self.skipped)
+        comm.note(f"burst.live_entries.{phase}", self.entries)
 
 
 # ---------------------------------------------------------------- forward / backward
 
 
-def ring_forward(q, k, v, *, causal, scale, group, layout, backend):
+def ring_forward(q, k, v, *, mask, scale, group, layout, backend):
     """-> (out (B,S,Z,d) in q.dtype, lse (B,Z,S) in the statistics dtype)."""
     ring = comm.Ring(group)
-    s_local = q.shape[1]
-    acc = stats_dtype(q.dtype)
-    state: dict[str, Tensor] = {}
+    plans = _Planner(mask, layout, q.shape[1], ring.size)
+    state = RowState(q)
 
     def on_block(step, owner, kv):
-        plan = block_plan(layout, causal, ring.rank, owner, s_local)
-        if plan.empty:
-            return None
-        o_blk, lse_blk = attn_forward(q[:, plan.q_rows], kv[0][:, plan.kv_cols], kv[1][:, plan.kv_cols],
-                                      causal=plan.causal, scale=scale, backend=backend)
-        if step == 0:  # the diagonal block covers every row: it initialises the state
-            state["out"], state["lse"] = o_blk.to(acc), lse_blk.clone()
-        else:
-            merge_partial(state["out"][:, plan.q_rows], state["lse"][:, :, plan.q_rows], o_blk, lse_blk)
+        forward_tiles(state, plans(ring.rank, owner), q, kv[0], kv[1], scale, backend)
         return None
 
     circulate(ring, [k, v], "forward", ("k", "v"), on_block)
-    return state["out"].to(q.dtype), state["lse"]
+    plans.note("forward")
+    out, lse = state.result()
+    return out.to(q.dtype), lse
 
 
-def _block_grads(plan, dout, q, k, v, lse, delta, scale, backend):
-    """(dq, dk, dv) of the live part of one (q block, kv block) pair: rows ``plan.q_rows``
-    of the query side, columns ``plan.kv_cols`` of the key/value side."""
-    return attn_backward(
-        dout[:, plan.q_rows], q[:, plan.q_rows], k[:, plan.kv_cols], v[:, plan.kv_cols],
-        lse[:, :, plan.q_rows], delta[:, :, plan.q_rows],
-        causal=plan.causal, scale=scale, backend=backend)
-
-
-def _full_size(like: Tensor, part: Tensor, sl: slice, acc: torch.dtype) -> Tensor:
-    """``part`` in ``acc``, zero-padded along the sequence to ``like``'s shape: only a
-    travelling accumulator needs the full shard; home accumulators add the slice."""
-    if sl == slice(None):
-        return part.to(acc)
-    full = torch.zeros_like(like, dtype=acc)
-    full[:, sl] = part
-    return full
-
-
-def burst_backward(dout, q, k, v, out, lse, *, causal, scale, group, layout, backend, grad_dtype):
+def burst_backward(dout, q, k, v, out, lse, *, mask, scale, group, layout, backend, grad_dtype):
     """Query side circulates; dK, dV accumulate at home; dQ rides the second ring."""
     ring = comm.Ring(group)
+    plans = _Planner(mask, layout, q.shape[1], ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)  # (B, Z, S); travels instead of O
-    dk, dv = torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
+    dk = GradAcc(k, acc, torch.zeros_like(k, dtype=acc))
+    dv = GradAcc(v, acc, torch.zeros_like(v, dtype=acc))
     dq_ring = AccumulatorRing(ring, ("dq",), [q], grad_dtype, acc)
 
     def on_block(step, owner, qside):
         q_j, do_j, lse_j, delta_j = qside
-        plan = block_plan(layout, causal, owner, ring.rank, q.shape[1])
+        plan = plans(owner, ring.rank)
         if plan.empty:
             return None
-        dq_b, dk_b, dv_b = _block_grads(plan, do_j, q_j, k, v, lse_j, delta_j, scale, backend)
-        dk[:, plan.kv_cols] += dk_b
-        dv[:, plan.kv_cols] += dv_b
-        return [_full_size(q, dq_b, plan.q_rows, acc)]
+        dq = GradAcc(q, acc)
+        backward_tiles(plan, do_j, q_j, k, v, lse_j, delta_j, scale, backend, dq, dk, dv)
+        return [dq.t]
 
     (dq,) = circulate(ring, [q, dout, lse, delta], "backward", ("q", "dout", "lse", "delta"), on_block,
                       acc=dq_ring)
-    return dq, dk, dv
+    plans.note("backward")
+    return dq, dk.t, dv.t
 
 
-def kv_ring_backward(dout, q, k, v, out, lse, *, causal, scale, group, layout, backend, grad_dtype):
+def kv_ring_backward(dout, q, k, v, out, lse, *, mask, scale, group, layout, backend, grad_dtype):
     """Key/value side circulates; dQ accumulates at home; dK, dV ride the second ring."""
     ring = comm.Ring(group)
+    plans = _Planner(mask, layout, q.shape[1], ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)
-    dq = torch.zeros_like(q, dtype=acc)
+    dq = GradAcc(q, acc, torch.zeros_like(q, dtype=acc))
     dkv_ring = AccumulatorRing(ring, ("dk", "dv"), [k, v], grad_dtype, acc)
 
     def on_block(step, owner, kv):
-        plan = block_plan(layout, causal, ring.rank, owner, q.shape[1])
+        plan = plans(ring.rank, owner)
         if plan.empty:
             return None
-        dq_b, dk_b, dv_b = _block_grads(plan, dout, q, kv[0], kv[1], lse, delta, scale, backend)
-        dq[:, plan.q_rows] += dq_b
-        return [_full_size(k, dk_b, plan.kv_cols, acc), _full_size(v, dv_b, plan.kv_cols, acc)]
+        dk, dv = GradAcc(k, acc), GradAcc(v, acc)
+        backward_tiles(plan, dout, q, kv[0], kv[1], lse, delta, scale, backend, dq, dk, dv)
+        return [dk.t, dv.t]
 
     dk, dv = circulate(ring, [k, v], "backward", ("k", "v"), on_block, acc=dkv_ring)
-    return dq, dk, dv
+    plans.note("backward")
+    return dq.t, dk, dv
 
 
 BACKWARD_FNS = {"burst": burst_backward, "ring": kv_ring_backward}
@@ -237,11 +351,11 @@ def resolve_backward(backward: str, q: Tensor, k: Tensor, world_size: int, grad_
 
 class _BurstAttnFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, layout, backward, backend, grad_dtype):
-        out, lse = ring_forward(q, k, v, causal=causal, scale=scale, group=group, layout=layout,
+    def forward(ctx, q, k, v, mask, scale, group, layout, backward, backend, grad_dtype):
+        out, lse = ring_forward(q, k, v, mask=mask, scale=scale, group=group, layout=layout,
                                 backend=backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg = dict(causal=causal, scale=scale, group=group, layout=layout, backend=backend,
+        ctx.cfg = dict(mask=mask, scale=scale, group=group, layout=layout, backend=backend,
                        grad_dtype=grad_dtype)
         ctx.backward_name = backward
         ctx.mark_non_differentiable(lse)
@@ -254,8 +368,8 @@ class _BurstAttnFn(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
 
 
-def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                    softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
+                    softmax_scale: float | None = None, group=None, layout="contiguous",
                     backward: str = "auto", backend: str | None = None,
                     grad_comm_dtype: torch.dtype | None = None, return_lse: bool = False):
     """BurstAttention on local shards.
@@ -265,6 +379,15 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     float16, bfloat16, float32 or float64, with any strides. Returns out
     (B, N/G, Z, d) in q's dtype, and with ``return_lse`` also the global
     log-sum-exp of the local rows, (B, Z, N/G), fp32 (fp64 for fp64 inputs).
+
+    ``mask``: a ``burst_impl.masks.Mask`` (``SlidingWindow``, ``Documents``,
+    ``BlockSparse``, ...) or its spec string (``"window:128:0"``), over global
+    positions; with ``causal=True`` it is intersected with the causal mask,
+    alone ``causal=True`` is the causal mask. ``layout`` is a named layout, a
+    ``ChunkLayout`` or ``"balanced"`` (the balanced chunk assignment of the
+    mask, ``burst_impl.balance``); shard the inputs with the same resolved
+    layout (``balance.resolve_layout``). Rows with no live key (possible
+    with windows and block-sparse masks) give out = 0, lse = -inf, zero gradients.
 
     ``grad_comm_dtype`` is the dtype of the travelling gradient accumulators
     (dQ for "burst", dK/dV for "ring"); None (default) means fp32, or fp64 for
@@ -279,12 +402,13 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     the ring transfers and then raises; its peers complete without error (and
     without its contribution), and the group stays usable.
     """
-    check_inputs(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale, backend=backend,
-                 grad_comm_dtype=grad_comm_dtype, group=group)
+    the_mask, layout = check_inputs(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
+                                    backend=backend, grad_comm_dtype=grad_comm_dtype, group=group, causal=causal,
+                                    mask=mask)
     _, world_size = comm.world(group)
     scale = default_scale(q.shape[-1], softmax_scale)
     grad_dtype = grad_comm_dtype if grad_comm_dtype is not None else stats_dtype(q.dtype)
     chosen = resolve_backward(backward, q, k, world_size, grad_dtype)
     comm.note("burst.backward", chosen)
-    out, lse = _BurstAttnFn.apply(q, k, v, causal, scale, group, layout, chosen, backend, grad_dtype)
+    out, lse = _BurstAttnFn.apply(q, k, v, the_mask, scale, group, layout, chosen, backend, grad_dtype)
     return (out, lse) if return_lse else out

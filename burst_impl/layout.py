@@ -1,5 +1,7 @@
 """Sequence layouts: how the N tokens are split over G devices (PAPER.md §2, workload balance).
 
+Named layouts:
+
 * ``contiguous``: rank r holds tokens [r*N/G, (r+1)*N/G). With a causal mask
   the work is unbalanced: rank G-1 attends to everything, rank 0 to one block.
 * ``zigzag``: the sequence is cut into 2G chunks; rank r holds chunks r and
@@ -7,42 +9,99 @@
 * ``striped``: token t lives on rank t mod G (BurstEngine's striped layout);
   every block pair is (almost) a triangle, so causal work is balanced too.
 
-``block_plan`` says, for a query shard owned by rank ``a`` and a key/value
-shard owned by rank ``b``, which rows and columns interact under a causal
-mask, so forward and both backward schemes share one source of truth.
+``ChunkLayout``: an explicit assignment of N/C-token chunks to ranks (what a
+balanced layout for a document, window or block-sparse mask is;
+``burst_impl.balance``). The name ``"balanced"`` (or ``"balanced:K"``, K
+chunks per rank) stands for the balanced ChunkLayout of the call's mask and
+is resolved by ``burst_impl.balance.resolve_layout``; every function here
+takes a named layout or a ChunkLayout.
+
+``runs`` cuts a rank's positions into arithmetic runs (``masks.Run``), which
+is what the masks classify (``burst_impl.plan``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-LAYOUTS = ("contiguous", "zigzag", "striped")
+from .masks import Run
+
+LAYOUTS = ("contiguous", "zigzag", "striped")          # named, mask-independent
+BALANCED = "balanced"
+LAYOUT_NAMES = LAYOUTS + (BALANCED,)                    # what a spec / AttnShape may name
 
 
-def check_layout(layout: str) -> None:
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Rank r holds the chunks ``chunks[r]`` (global chunk ids, in local order) of a sequence cut
+    into ``sum(len(c) for c in chunks)`` equal chunks; every rank holds the same number."""
+
+    chunks: tuple[tuple[int, ...], ...]
+    name: str = "chunks"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.chunks)
+
+    @property
+    def n_chunks(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+    @property
+    def per_rank(self) -> int:
+        return len(self.chunks[0])
+
+    def validate(self) -> None:
+        ids = sorted(i for c in self.chunks for i in c)
+        if not self.chunks or ids != list(range(len(ids))) or len({len(c) for c in self.chunks}) != 1:
+            raise ValueError(f"layout={self!r}: every rank must hold the same number of chunks and the chunks "
+                             f"must be 0..C-1, each once")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def is_balanced_name(layout) -> bool:
+    return isinstance(layout, str) and (layout == BALANCED or layout.startswith(BALANCED + ":"))
+
+
+def check_layout(layout) -> None:
+    if isinstance(layout, ChunkLayout):
+        layout.validate()
+        return
+    if is_balanced_name(layout):
+        raise ValueError(f"layout={layout!r} depends on the mask; resolve it first "
+                         "(burst_impl.balance.resolve_layout)")
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is unknown; choose one of {LAYOUTS}")
+        raise ValueError(f"layout={layout!r} is unknown; choose one of {LAYOUT_NAMES} or a ChunkLayout")
 
 
-def chunks_per_rank(layout: str) -> int:
+def chunks_per_rank(layout) -> int:
     check_layout(layout)
+    if isinstance(layout, ChunkLayout):
+        return layout.per_rank
     return 2 if layout == "zigzag" else 1
 
 
-def check_seqlen(seqlen: int, layout: str, world_size: int, *, name: str = "seqlen") -> None:
+def check_seqlen(seqlen: int, layout, world_size: int, *, name: str = "seqlen") -> None:
     """ValueError unless a global sequence of ``seqlen`` splits as ``layout`` needs."""
+    if isinstance(layout, ChunkLayout) and layout.world_size != world_size:
+        raise ValueError(f"layout={layout} assigns chunks to {layout.world_size} ranks, not world_size={world_size}")
     n_chunks = chunks_per_rank(layout) * world_size
     if seqlen % n_chunks != 0 or seqlen <= 0:
         raise ValueError(
             f"{name}={seqlen} must be a positive multiple of {n_chunks} "
-            f"({chunks_per_rank(layout)} chunk(s) per rank x world_size={world_size}) for layout={layout!r}"
+            f"({chunks_per_rank(layout)} chunk(s) per rank x world_size={world_size}) for layout={str(layout)!r}"
         )
 
 
-def chunk_ids(layout: str, rank: int, world_size: int) -> list[int]:
+def chunk_ids(layout, rank: int, world_size: int) -> list[int]:
     """Global chunk indices held by ``rank`` in local order (chunked layouts only)."""
     check_layout(layout)
+    if isinstance(layout, ChunkLayout):
+        return list(layout.chunks[rank])
     if layout == "striped":
         raise ValueError("layout='striped' is not made of chunks; use positions()")
     if layout == "contiguous":
@@ -50,13 +109,44 @@ def chunk_ids(layout: str, rank: int, world_size: int) -> list[int]:
     return [rank, 2 * world_size - 1 - rank]
 
 
-def positions(layout: str, rank: int, world_size: int, seqlen: int) -> torch.Tensor:
+def positions(layout, rank: int, world_size: int, seqlen: int) -> torch.Tensor:
     """Global token positions of ``rank``'s shard in local order, shape (seqlen/G,)."""
     check_seqlen(seqlen, layout, world_size)
     if layout == "striped":
         return torch.arange(rank, seqlen, world_size)
     c = seqlen // (chunks_per_rank(layout) * world_size)
     return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(layout, rank, world_size)])
+
+
+def runs_of(pos: torch.Tensor) -> tuple[Run, ...]:
+    """Cut positions (local order) into maximal runs of consecutive tokens; a strided shard whose
+    runs would all be single tokens (striped) is one run with its stride."""
+    n = pos.numel()
+    if n == 0:
+        return ()
+    diff = pos[1:] - pos[:-1]
+    if n > 2 and bool((diff == diff[0]).all()) and int(diff[0]) > 1:
+        return (Run(int(pos[0]), int(diff[0]), n, 0),)
+    cuts = [0] + (torch.nonzero(diff != 1).flatten() + 1).tolist() + [n]
+    return tuple(Run(int(pos[a]), 1, b - a, a) for a, b in zip(cuts, cuts[1:]))
+
+
+@functools.lru_cache(maxsize=4096)
+def runs(layout, rank: int, world_size: int, seqlen: int) -> tuple[Run, ...]:
+    """``runs_of(positions(...))``, cached per (layout, rank, world size, N)."""
+    return runs_of(positions(layout, rank, world_size, seqlen))
+
+
+def group_layout(layout, world_size: int, degree: int):
+    """The layout at ring level when groups of ``degree`` consecutive ranks gather their shards
+    (USP): ring rank i holds the union of ranks i*degree .. i*degree+degree-1. Named layouts keep
+    their name (contiguous and zigzag regroup exactly; ``baselines.reorder`` checks it); a
+    ChunkLayout becomes the ChunkLayout of the unions, chunks in position order."""
+    if not isinstance(layout, ChunkLayout):
+        return layout
+    r = world_size // degree
+    merged = tuple(tuple(sorted(c for m in range(degree) for c in layout.chunks[i * degree + m])) for i in range(r))
+    return ChunkLayout(merged, name=f"{layout.name}/{degree}")
 
 
 def shard(x: torch.Tensor, layout: str, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
@@ -75,52 +165,3 @@ def unshard(shards: list[torch.Tensor], layout: str, dim: int = 1) -> torch.Tens
     for r, s in enumerate(shards):
         out.index_copy_(dim, positions(layout, r, world_size, seqlen).to(s.device), s)
     return out
-
-
-@dataclass(frozen=True)
-class BlockPlan:
-    """What part of (q shard of rank a) x (kv shard of rank b) is computed.
-
-    ``q_rows``/``kv_cols`` are slices of the local shards; ``causal`` says the
-    remaining block is a diagonal block (top-left causal mask). ``None`` for
-    q_rows means the pair does no work (fully masked).
-    """
-
-    q_rows: slice | None
-    kv_cols: slice
-    causal: bool
-
-    @property
-    def empty(self) -> bool:
-        return self.q_rows is None
-
-
-_ALL = slice(None)
-
-
-def block_plan(layout: str, causal: bool, a: int, b: int, local_len: int) -> BlockPlan:
-    """Plan for queries of rank ``a`` against keys/values of rank ``b`` (``local_len`` = N/G)."""
-    if not causal:
-        return BlockPlan(_ALL, _ALL, False)
-    if a == b:
-        # Contiguous: one diagonal chunk. Zigzag: chunks (a, 2G-1-a) against
-        # themselves; top-left causal on the concatenation is exactly the
-        # global mask, because both q and k are in increasing chunk order.
-        return BlockPlan(_ALL, _ALL, True)
-    if layout == "contiguous":
-        return BlockPlan(_ALL, _ALL, False) if b < a else BlockPlan(None, _ALL, False)
-    if layout == "striped":
-        # q token i*G+a sees k token j*G+b iff j*G+b <= i*G+a: for b < a iff
-        # j <= i (top-left causal, diagonal included); for b > a iff j < i,
-        # i.e. q rows 1.. against k columns ..S-2 with a top-left causal mask.
-        if b < a:
-            return BlockPlan(_ALL, _ALL, True)
-        if local_len == 1:
-            return BlockPlan(None, _ALL, False)
-        return BlockPlan(slice(1, local_len), slice(0, local_len - 1), True)
-    half = local_len // 2
-    if b < a:
-        # kv chunk b precedes both q chunks; kv chunk 2G-1-b follows both.
-        return BlockPlan(_ALL, slice(0, half), False)
-    # b > a: q chunk a precedes both kv chunks; q chunk 2G-1-a follows both.
-    return BlockPlan(slice(half, local_len), _ALL, False)

@@ -18,11 +18,13 @@ field's metadata:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 
 import torch
 
-from .layout import LAYOUTS, check_seqlen
+from . import masks
+from .layout import LAYOUT_NAMES, check_seqlen, is_balanced_name
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -46,6 +48,16 @@ def _one_of(choices):
     return lambda v: None if v in choices else f"{v!r} is unknown; choose one of {sorted(choices)}"
 
 
+def _layout_rule(v) -> str | None:
+    if v in LAYOUT_NAMES or is_balanced_name(v):
+        return None
+    return f"{v!r} is unknown; choose one of {list(LAYOUT_NAMES)} (or 'balanced:K', K chunks per rank)"
+
+
+def _mask_rule(v) -> str | None:
+    return None if v == "" else masks.check_spec(v)
+
+
 @dataclass(frozen=True)
 class AttnShape:
     """One attention problem: global sizes (B, N, Z, Z_kv, d), G ranks, dtype, mask, layout."""
@@ -57,17 +69,22 @@ class AttnShape:
     head_dim: int = _axis("d, head dimension", "d{}", 128, check=_positive)
     world_size: int = _axis("G, ranks in the sequence-parallel group", "G{}", 1, check=_positive)
     dtype: str = _axis("input dtype", "{}", "bfloat16", check=_one_of(DTYPES), default="bfloat16")
-    causal: bool = _axis("causal mask (else full)", lambda v: "causal" if v else "full", True, default=True)
-    layout: str = _axis("how tokens are split over ranks", "{}", "contiguous", check=_one_of(LAYOUTS),
-                        default="contiguous")
+    causal: bool = _axis("causal mask (else full); with a mask: intersected with it", lambda v: "causal" if v else "full",
+                         True, default=True)
+    layout: str = _axis("how tokens are split over ranks ('balanced[:K]': balanced chunks for the mask)",
+                        lambda v: v.replace(":", "-"),
+                        "contiguous", check=_layout_rule, default="contiguous")
+    mask: str = _axis("attention mask spec (burst_impl.masks): '' none, 'window:L:R', 'docs:MEAN[:SEED]', "
+                      "'bsparse:BS:DENSITY[:SEED]'", masks.label, "", check=_mask_rule, default="")
 
     @classmethod
     def from_tensors(cls, q: torch.Tensor, k: torch.Tensor, world_size: int, *, causal: bool = True,
-                     layout: str = "contiguous") -> "AttnShape":
+                     layout: str = "contiguous", mask: str = "") -> "AttnShape":
         """The shape of local shards q (B, N/G, Z, d), k (B, N/G, Z_kv, d) on ``world_size`` ranks."""
         b, s, z, d = q.shape
         return cls(b, s * world_size, z, k.shape[2], d, world_size, dtype=DTYPE_NAMES[q.dtype],
-                   causal=causal, layout=layout)
+                   causal=causal, layout=layout if isinstance(layout, str) else str(layout),
+                   mask=mask if isinstance(mask, str) else "")
 
     def replace(self, **changes) -> "AttnShape":
         return dataclasses.replace(self, **changes)
@@ -85,6 +102,17 @@ class AttnShape:
         return self.seqlen // self.world_size
 
     @property
+    def attn_mask(self) -> masks.Mask:
+        """The one mask of this problem: ``mask`` intersected with causal when ``causal`` (``masks.resolve``)."""
+        return _resolved_mask(self.causal, self.mask, self.seqlen)
+
+    @property
+    def resolved_layout(self):
+        """``layout``, with ``"balanced[:K]"`` resolved for ``attn_mask`` (a ``layout.ChunkLayout``)."""
+        from .balance import resolve_layout
+        return resolve_layout(self.layout, self.attn_mask, self.seqlen, self.world_size)
+
+    @property
     def rows(self) -> int:
         """B * N/G: query rows (tokens) held by one rank."""
         return self.batch * self.local_seqlen
@@ -98,4 +126,10 @@ class AttnShape:
                 raise ValueError(f"{f.name}={getattr(self, f.name)!r}: {why}")
         if self.heads % self.kv_heads:
             raise ValueError(f"heads={self.heads} must be a multiple of kv_heads={self.kv_heads}")
-        check_seqlen(self.seqlen, self.layout, self.world_size)
+        self.attn_mask   # noqa: B018 - ValueError for a mask that does not fit N
+        check_seqlen(self.seqlen, self.resolved_layout, self.world_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _resolved_mask(causal: bool, spec: str, seqlen: int) -> masks.Mask:
+    return masks.resolve(causal, spec, seqlen)

@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from burst_impl.shape import AttnShape
 from experiments.harness import flops, results as R
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.cluster.profile import load_profile
@@ -152,19 +153,20 @@ def test_method_unavailable_here_is_skipped_with_its_reason():
 def test_flop_formula():
     b, n, z, d = 2, 1024, 8, 64
     fwd = 4 * b * n * n * z * d
-    assert flops.attention_flops(b, n, z, d, causal=False) == fwd
-    assert flops.attention_flops(b, n, z, d, causal=True) == fwd / 2
-    assert flops.attention_flops(b, n, z, d, causal=False, mode="backward") == 2.5 * fwd
-    assert flops.attention_flops(b, n, z, d, causal=True, mode="fwd_bwd") == 3.5 * fwd / 2
+    s = AttnShape(b, n, z, 2, d, 1)   # GQA does not change it: Z query heads
+    assert flops.attention_flops(s.replace(causal=False)) == fwd
+    assert flops.attention_flops(s.replace(causal=True)) == fwd / 2
+    assert flops.attention_flops(s.replace(causal=False), mode="backward") == 2.5 * fwd
+    assert flops.attention_flops(s.replace(causal=True), mode="fwd_bwd") == 3.5 * fwd / 2
     assert flops.tflops_per_s(2e12, 0.5) == pytest.approx(4.0)
     assert flops.tokens_per_s(2, 1000, 0.5) == 4000
     with pytest.raises(ValueError):
-        flops.attention_flops(1, 1, 1, 1, causal=False, mode="nope")
+        flops.attention_flops(s, mode="nope")
 
 
 def test_flops_at_paper_scale():
     # BurstEngine attention-only benchmark: 1M tokens, 40 x 128, causal, fwd+bwd.
-    f = flops.attention_flops(1, 1 << 20, 40, 128, causal=True, mode="fwd_bwd")
+    f = flops.attention_flops(AttnShape(1, 1 << 20, 40, 40, 128, 1, causal=True), mode="fwd_bwd")
     assert f == pytest.approx(3.5 * 4 * (1 << 40) * 40 * 128 / 2)
 
 

@@ -17,6 +17,7 @@ from burst_impl.model.layers import apply_rope, rope_tables
 from burst_impl.model.model import cross_entropy_sum
 from burst_impl.model.sequence_parallel import check_method
 from burst_impl.model.tensor_parallel import check_tp
+from burst_impl.shape import AttnShape
 from experiments.harness.flops import attention_flops
 from tests.model_refs import global_batch, math_model, one_thread, rel_err
 
@@ -183,8 +184,8 @@ def test_flop_convention():
     train = model_flops(cfg, B, N)
     assert train["matmul"] == 6 * P * B * N
     assert train["attention"] == cfg.n_layers * 3.5 * attn_fwd
-    assert train["attention"] == cfg.n_layers * attention_flops(B, N, cfg.n_heads, cfg.head_dim, causal=True,
-                                                                mode="fwd_bwd")
+    assert train["attention"] == cfg.n_layers * attention_flops(
+        AttnShape(B, N, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 1, causal=True), mode="fwd_bwd")
     full = model_flops(cfg, B, N, causal_halved=False)
     assert full["attention"] == 2 * train["attention"] and full["matmul"] == train["matmul"]
     pre = model_flops(cfg, B, N, mode="prefill")

@@ -9,7 +9,7 @@ query-circulating backward forced.
 from __future__ import annotations
 
 from burst_impl import burst_attn_func, volume
-from burst_impl.layout import LAYOUTS
+from burst_impl.layout import LAYOUT_NAMES
 from burst_impl.shape import AttnShape
 
 from ..method import Method
@@ -28,8 +28,8 @@ def ring_family_memory(s: AttnShape, **_) -> int:
 
 
 def _burst_fn(backward: str):
-    def fn(q, k, v, *, causal=False, softmax_scale=None, group=None, layout="contiguous", **kw):
-        return burst_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+    def fn(q, k, v, *, causal=False, mask=None, softmax_scale=None, group=None, layout="contiguous", **kw):
+        return burst_attn_func(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group,
                                layout=layout, backward=backward, **kw)
     fn.__name__ = f"burst_{backward}"
     return fn
@@ -37,13 +37,13 @@ def _burst_fn(backward: str):
 
 METHODS = (
     Method(
-        name="burst", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"),
+        name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
         comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
         description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
         travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
     ),
     Method(
-        name="burst_qring", layouts=LAYOUTS, level="op", fn=_burst_fn("burst"),
+        name="burst_qring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
         comm_bytes=lambda s, **_: burst_bytes(s, "burst"), memory_bytes=ring_family_memory,
         description="BurstAttention with the query-circulating backward forced",
         travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring",

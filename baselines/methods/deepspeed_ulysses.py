@@ -36,12 +36,13 @@ def deepspeed_available() -> bool:
 class _LocalAttnModule(torch.nn.Module):
     """DeepSpeed calls ``local_attn(q, k, v, *args)`` on head-sharded (B, N, Z/G, d) tensors."""
 
-    def __init__(self, causal, softmax_scale, backend=None):
+    def __init__(self, causal, softmax_scale, backend=None, mask=None):
         super().__init__()
-        self.causal, self.softmax_scale, self.backend = causal, softmax_scale, backend
+        self.causal, self.softmax_scale, self.backend, self.mask = causal, softmax_scale, backend, mask
 
     def forward(self, q, k, v, *args, **kwargs):
-        return local_attn(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, backend=self.backend)
+        return local_attn(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, backend=self.backend,
+                          mask=self.mask)
 
 
 def _ensure_deepspeed_comm() -> None:
@@ -52,12 +53,15 @@ def _ensure_deepspeed_comm() -> None:
         dscomm.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
 
 
-def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                               softmax_scale: float | None = None, group=None,
                               layout: str = "contiguous", backend: str | None = None) -> Tensor:
-    """DeepSpeed's DistributedAttention with our local kernel; contiguous layout, Zkv % G == 0."""
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    """DeepSpeed's DistributedAttention with our local kernel; contiguous layout, Zkv % G == 0.
+    Masks (any, ``burst_impl.masks``) go to the local kernel, which sees the whole sequence in
+    position order after DeepSpeed's all-to-all."""
     _, G = comm.world(group)
+    the_mask, _ = check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, group=group, causal=causal,
+                               mask=mask)
     if layout != "contiguous":
         raise ValueError(f"layout={layout!r}: the DeepSpeed adapter supports only 'contiguous' "
                          "(DistributedAttention gathers shards in rank order)")
@@ -71,7 +75,7 @@ def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool =
     pg = group if group is not None else dist.group.WORLD
     table = a2a_bytes(AttnShape.from_tensors(q, k, G, causal=causal, layout=layout), G)
     q, k, v = record_formula(table, q, k, v)
-    attn = DistributedAttention(_LocalAttnModule(causal, softmax_scale, backend), pg,
+    attn = DistributedAttention(_LocalAttnModule(False, softmax_scale, backend, the_mask), pg,
                                 scatter_idx=2, gather_idx=1)
     return attn(q, k, v, 0)
 
@@ -89,7 +93,7 @@ def _check(s: AttnShape, **_) -> None:
 METHODS = (Method(
     name="deepspeed_ulysses", level="op", fn=deepspeed_ulysses_adapter,
     comm_bytes=deepspeed_ulysses_comm_bytes, memory_bytes=ulysses_memory_bytes,
-    available=deepspeed_available, external="deepspeed", layouts=("contiguous",),
+    available=deepspeed_available, external="deepspeed", layouts=("contiguous",), masks=True,
     bytes_by_formula=True, check=_check,
     description="DeepSpeed's DistributedAttention around our local kernel; bytes recorded by formula",
     travels="as ulysses",

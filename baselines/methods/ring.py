@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from burst_impl import burst_attn_func, volume
-from burst_impl.layout import LAYOUTS
+from burst_impl.layout import LAYOUT_NAMES
 
 from ..method import Method
 from .burst import ring_family_memory
@@ -27,12 +27,12 @@ ORDER = 10
 Tensor = torch.Tensor
 
 
-def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                   softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
+                   softmax_scale: float | None = None, group=None, layout="contiguous",
                    backend: str | None = None, grad_comm_dtype: torch.dtype | None = None) -> Tensor:
     """Blockwise ring attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d)."""
-    return burst_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group, layout=layout,
-                           backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype)
+    return burst_attn_func(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group,
+                           layout=layout, backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype)
 
 
 def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
@@ -40,7 +40,7 @@ def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
 
 
 METHODS = (Method(
-    name="ring", layouts=LAYOUTS, level="op", fn=ring_attn_func, comm_bytes=ring_comm_bytes,
+    name="ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func, comm_bytes=ring_comm_bytes,
     memory_bytes=ring_family_memory,
     description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",

@@ -6,8 +6,9 @@ measurements.
 
 Forward (two rings):
   1. K travels G-1 hops; at each step S[:, :, :, cols_j] = Q_i K_j^T * scale
-     fills the (B, Z, N/G, N) score rows (fp32), then the causal mask (global
-     token positions of ``layout``) and a softmax give P, kept for backward
+     fills the (B, Z, N/G, N) score rows (fp32), then the mask (``burst_impl.masks``
+     over the global token positions of ``layout``; a row with no live key
+     gets P = 0) and a softmax give P, kept for backward
      in the input dtype.
   2. V travels G-1 hops; O_i = sum_j P[..., cols_j] V_j.
 Backward (as Li et al. / ColossalAI's RingQK, RingAV):
@@ -30,7 +31,8 @@ import torch
 from burst_impl import comm
 from burst_impl.attention import check_inputs, circulate
 from burst_impl.heads import expand_kv, fold_kv
-from burst_impl.layout import LAYOUTS, positions
+from burst_impl.layout import LAYOUT_NAMES, positions
+from burst_impl.masks import Full
 from burst_impl.kernels import default_scale
 
 from ..collectives import all_reduce_
@@ -45,17 +47,17 @@ def _heads(x: Tensor, z: int) -> Tensor:
     return expand_kv(x.float(), z)
 
 
-def _mask(layout, rank, G, s, device) -> Tensor:
-    """(S, N) True where key position > query position (masked out)."""
+def _masked_out(mask, layout, rank, G, s, device) -> Tensor:
+    """(S, N) True where the mask hides the key from the query (columns in owner-block order)."""
     n = s * G
-    qpos = positions(layout, rank, G, n).to(device)
-    kpos = torch.cat([positions(layout, j, G, n) for j in range(G)]).to(device)  # column order: owner blocks
-    return kpos.unsqueeze(0) > qpos.unsqueeze(1)
+    qpos = positions(layout, rank, G, n)
+    kpos = torch.cat([positions(layout, j, G, n) for j in range(G)])  # column order: owner blocks
+    return (~mask.allowed(qpos, kpos)).to(device)
 
 
 class _RingSelfAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, group, layout, grad_dtype):
+    def forward(ctx, q, k, v, mask, scale, group, layout, grad_dtype):
         ring = comm.Ring(group)
         b, s, z, d = q.shape
         G = ring.size
@@ -66,9 +68,13 @@ class _RingSelfAttn(torch.autograd.Function):
             scores[..., owner * s:(owner + 1) * s] = torch.einsum("bqhd,bkhd->bhqk", qf, _heads(blk[0], z)) * scale
 
         circulate(ring, [k], "forward", ("k",), qk)
-        if causal:
-            scores.masked_fill_(_mask(layout, ring.rank, G, s, q.device), float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)  # (B, Z, N/G, N), kept for backward
+        if not isinstance(mask, Full):
+            hidden = _masked_out(mask, layout, ring.rank, G, s, q.device)
+            scores.masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if not isinstance(mask, Full):
+            probs.masked_fill_(hidden.all(1).view(1, 1, s, 1), 0.0)   # a row with no live key: 0, not NaN
+        probs = probs.to(q.dtype)  # (B, Z, N/G, N), kept for backward
         scores = None  # free the fp32 scores before the V ring (the closure above no longer runs)
         out = torch.zeros(b, s, z, d, dtype=torch.float32, device=q.device)
 
@@ -117,8 +123,8 @@ class _RingSelfAttn(torch.autograd.Function):
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                       softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
+                       softmax_scale: float | None = None, group=None, layout="contiguous",
                        grad_comm_dtype: torch.dtype = torch.float32, backend: str | None = None) -> Tensor:
     """Ring self-attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d).
 
@@ -128,8 +134,9 @@ def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     if backend not in (None, "reference"):
         raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
                          "pass None or 'reference'")
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, grad_comm_dtype=grad_comm_dtype, group=group)
-    return _RingSelfAttn.apply(q, k, v, causal, default_scale(q.shape[-1], softmax_scale), group, layout,
+    the_mask, layout = check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale,
+                                    grad_comm_dtype=grad_comm_dtype, group=group, causal=causal, mask=mask)
+    return _RingSelfAttn.apply(q, k, v, the_mask, default_scale(q.shape[-1], softmax_scale), group, layout,
                                grad_comm_dtype)
 
 
@@ -153,7 +160,7 @@ def ring_rsa_memory_bytes(s, **_) -> int:
 
 
 METHODS = (Method(
-    name="ring_rsa", layouts=LAYOUTS, level="op", fn=ring_rsa_attn_func, comm_bytes=ring_rsa_comm_bytes,
+    name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func, comm_bytes=ring_rsa_comm_bytes,
     memory_bytes=ring_rsa_memory_bytes,
     description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
                 "materialises the (B, Z, N/G, N) scores",

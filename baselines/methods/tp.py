@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from burst_impl import comm
+from burst_impl import masks
 from burst_impl.layout import LAYOUTS, check_layout, check_seqlen
 from burst_impl.shape import AttnShape
 
@@ -65,40 +66,42 @@ def head_columns(head_ids: list[int], head_dim: int) -> torch.Tensor:
     return torch.cat([torch.arange(h * head_dim, (h + 1) * head_dim) for h in head_ids])
 
 
-def _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend):
-    """x (B, N, H) -> partial y (B, N, H) from this rank's heads (before the reduction)."""
+def _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask=None):
+    """x (B, N, H) in position order -> partial y (B, N, H) from this rank's heads (before the reduction)."""
     b, n, _ = x.shape
     q = (x @ wq).view(b, n, -1, head_dim)     # (B, N, Z/G, d)
     k = (x @ wk).view(b, n, -1, head_dim)     # (B, N, Zkv/G, d)
     v = (x @ wv).view(b, n, -1, head_dim)
-    o = local_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend)
+    o = local_attn(q, k, v, causal=causal, softmax_scale=softmax_scale, backend=backend, mask=mask)
     return o.reshape(b, n, -1) @ wo           # (B, N, H), partial sum over heads
 
 
 def tp_v1_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
-                  layout: str = "contiguous", backend: str | None = None) -> Tensor:
+                  layout: str = "contiguous", backend: str | None = None, mask=None) -> Tensor:
     """Megatron V1 attention layer: x (B, N, H) replicated -> y (B, N, H) replicated.
 
     ``wq`` (H, Z/G*d), ``wk``/``wv`` (H, Zkv'/G*d), ``wo`` (Z/G*d, H): this rank's slices.
     ``layout`` is accepted for a uniform signature; the sequence is not split.
     """
     check_layout(layout)
+    masks.resolve(causal, mask, x.shape[1])   # ValueError before any communication
     x = all_reduce_backward(x, group, grad_kind="dx")
-    y = _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend)
+    y = _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask)
     return all_reduce_forward(y, group, kind="out")
 
 
 def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
-                  layout: str = "contiguous", backend: str | None = None) -> Tensor:
+                  layout: str = "contiguous", backend: str | None = None, mask=None) -> Tensor:
     """Megatron V3 (sequence-parallel) attention layer: x (B, N/G, H) ``layout`` shard -> y (B, N/G, H)."""
     _, G = comm.world(group)
     n = x.shape[1] * G
     check_seqlen(n, layout, G, name="global seqlen (x.shape[1]*G)")
+    masks.resolve(causal, mask, n)            # ValueError before any communication
     perm = reorder.gather_perm(layout, G, n, tuple(range(G)), 0, 1)
     xg = reorder.apply(all_gather(x, 1, group, kind="x", grad_kind="dx"), perm)   # (B, N, H) in order
-    y = _attend(xg, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend)
+    y = _attend(xg, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask)
     y = reorder.apply(y, None if perm is None else reorder.inverse(perm))          # rank-shard order
     return reduce_scatter(y, 1, group, kind="out", grad_kind="dout")             # (B, N/G, H)
 
@@ -139,14 +142,14 @@ def _check(s: AttnShape, **_) -> None:
 
 METHODS = (
     Method(
-        name="tp_v1", layouts=LAYOUTS, level="layer", fn=tp_v1_forward,
+        name="tp_v1", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v1_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"),
         check=_check, layer_input="replicated",
         description="Megatron TP V1 attention layer: column-parallel QKV, row-parallel output, all-reduce",
         travels="fwd: all-reduce of the layer output (B, N, H); bwd: all-reduce of dX",
     ),
     Method(
-        name="tp_v3", layouts=LAYOUTS, level="layer", fn=tp_v3_forward,
+        name="tp_v3", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v3_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"),
         check=_check,
         description="Megatron TP V3 (sequence parallel) attention layer: all-gather before, reduce-scatter after",

@@ -32,7 +32,7 @@ import torch
 
 from burst_impl import comm, volume
 from burst_impl.attention import check_inputs
-from burst_impl.layout import LAYOUTS, check_seqlen
+from burst_impl.layout import LAYOUT_NAMES, check_seqlen
 from burst_impl.shape import AttnShape
 
 from .. import reorder
@@ -60,26 +60,28 @@ def kv_replication(heads: int, kv_heads: int, degree: int) -> int:
                      f"or divide it (then each kv head is replicated degree/kv_heads times)")
 
 
-def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout: str, degree: int, world_size: int,
-                  softmax_scale, backend: str | None = None, group=None) -> int:
-    """All checks before any communication; returns the kv replication factor."""
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, backend=backend, group=group)
+def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout, degree: int, world_size: int,
+                  softmax_scale, backend: str | None = None, group=None, causal: bool = False, mask=None):
+    """All checks before any communication -> (kv replication factor, resolved mask, resolved layout)."""
+    the_mask, layout = check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, backend=backend,
+                                    group=group, causal=causal, mask=mask)
     check_seqlen(q.shape[1] * world_size, layout, world_size, name="global seqlen (seq_local*G)")
-    return kv_replication(q.shape[2], k.shape[2], degree)
+    return kv_replication(q.shape[2], k.shape[2], degree), the_mask, layout
 
 
 def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, members: tuple[int, ...],
-                 world_size: int, layout: str, inner_rank: int, inner_size: int,
-                 inner: Callable[[Tensor, Tensor, Tensor], Tensor], prefix: str = "") -> Tensor:
+                 world_size: int, layout, inner_rank: int, inner_size: int,
+                 inner: Callable[[Tensor, Tensor, Tensor], Tensor], prefix: str = "", inner_layout=None) -> Tensor:
     """Sequence shard -> head shard, ``inner`` attention, head shard -> sequence shard.
 
     q (B, S, Z, d), k/v (B, S, Zkv, d) with S = N/world_size; ``members`` are
     the sequence-group ranks of the all-to-all group in its rank order;
-    the gathered sequence is reordered to the ``layout`` shard of
-    ``inner_rank`` of ``inner_size`` (the ring level; 1 for pure Ulysses).
+    the gathered sequence is reordered to the ``inner_layout`` shard of
+    ``inner_rank`` of ``inner_size`` (the ring level; for pure Ulysses, inner
+    size 1: position order, where any mask applies as is).
     """
     seqlen = q.shape[1] * world_size
-    perm = reorder.gather_perm(layout, world_size, seqlen, members, inner_rank, inner_size)
+    perm = reorder.gather_perm(layout, world_size, seqlen, members, inner_rank, inner_size, inner_layout)
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)  # (B, S, Zkv*rep, d)
 
@@ -93,15 +95,18 @@ def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, member
     return all_to_all(oh, 1, 2, a2a_group, kind=prefix + "out", grad_kind=prefix + "dout")  # (B, S, Z, d)
 
 
-def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                      softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
+                      softmax_scale: float | None = None, group=None, layout="contiguous",
                       backend: str | None = None) -> Tensor:
-    """DeepSpeed-Ulysses on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d)."""
+    """DeepSpeed-Ulysses on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
+
+    Any mask (``burst_impl.masks``): after the all-to-all every rank holds the whole sequence in
+    position order for its heads, so the mask applies as over a single device (mask-agnostic)."""
     rank, G = comm.world(group)
-    rep = check_ulysses(q, k, v, layout, G, G, softmax_scale, backend, group)
+    rep, the_mask, layout = check_ulysses(q, k, v, layout, G, G, softmax_scale, backend, group, causal, mask)
 
     def inner(qh, kh, vh):
-        return local_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, backend=backend)
+        return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
 
     return ulysses_core(q, k, v, rep=rep, a2a_group=group, members=tuple(range(G)), world_size=G,
                         layout=layout, inner_rank=0, inner_size=1, inner=inner)
@@ -143,7 +148,7 @@ def _check(s: AttnShape, **_) -> None:
 
 
 METHODS = (Method(
-    name="ulysses", layouts=LAYOUTS, level="op", fn=ulysses_attn_func, comm_bytes=ulysses_comm_bytes,
+    name="ulysses", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func, comm_bytes=ulysses_comm_bytes,
     memory_bytes=ulysses_memory_bytes, check=_check,
     description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
     travels="fwd: all-to-all of Q, K, V, O; bwd: all-to-all of dO, dQ, dK, dV",

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import burst_attn_func, comm, volume
+from burst_impl.layout import group_layout
 from burst_impl.shape import AttnShape
 
 from ..local import local_attn
@@ -80,8 +81,8 @@ def subgroups(group, u: int):
     return uly[g // u], ring[g % u]
 
 
-def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                  softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
+                  softmax_scale: float | None = None, group=None, layout="contiguous",
                   ulysses_degree: int | None = None, ring_degree: int | None = None,
                   backward: str = "auto", backend: str | None = None) -> Tensor:
     """USP on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
@@ -92,20 +93,22 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     """
     g, G = comm.world(group)
     u, r = check_degrees(G, ulysses_degree, ring_degree)
-    rep = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group)
+    rep, the_mask, layout = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group, causal, mask)
     uly_group, ring_group = subgroups(group, u)
     i, j = divmod(g, u)
+    ring_layout = group_layout(layout, G, u)   # what ring index i holds once its Ulysses group gathered
 
     def inner(qh, kh, vh):  # (B, N/r, Z/u, d) in ring-level layout order
         if r == 1:
-            return local_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, backend=backend)
-        return burst_attn_func(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, group=ring_group,
-                               layout=layout, backward=backward, backend=backend)
+            return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
+        return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
+                               layout=ring_layout, backward=backward, backend=backend)
 
     if u == 1:
         return inner(q, k, v)
     return ulysses_core(q, k, v, rep=rep, a2a_group=uly_group, members=tuple(i * u + m for m in range(u)),
-                        world_size=G, layout=layout, inner_rank=i, inner_size=r, inner=inner, prefix="a2a_")
+                        world_size=G, layout=layout, inner_rank=i, inner_size=r, inner=inner, prefix="a2a_",
+                        inner_layout=ring_layout if r > 1 else None)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -166,7 +169,7 @@ def _check(s: AttnShape, ulysses_degree=None, **_) -> None:
 
 
 METHODS = (Method(
-    name="usp", level="op", fn=_usp_fn,
+    name="usp", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
     comm_bytes=lambda s, ulysses_degree=None, backward="auto", **_: usp_comm_bytes(
         s, _degree(s, ulysses_degree), backward),
     memory_bytes=lambda s, ulysses_degree=None, **_: usp_memory_bytes(s, _degree(s, ulysses_degree)),

@@ -4,8 +4,8 @@ Every ring method computes, at each ring step, attention of a query block
 against one key/value block. Two entry points, shared by BurstAttention and
 all baselines:
 
-* ``attn_forward(q, k, v, causal, scale)  -> (out, lse)``
-* ``attn_backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)``
+* ``attn_forward(q, k, v, causal, scale, mask=None)  -> (out, lse)``
+* ``attn_backward(dout, q, k, v, lse, delta, causal, scale, mask=None) -> (dq, dk, dv)``
 
 Shapes follow ``flash_attn_func``: q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) with
 Z a multiple of Zkv (GQA/MQA); out (B, Sq, Z, d) in q's dtype; lse (B, Z, Sq),
@@ -13,7 +13,12 @@ natural log, and delta (B, Z, Sq) = rowsum(dout * out), both in the
 statistics dtype ``stats_dtype(q.dtype)``: fp64 for fp64 inputs (so that
 ``torch.autograd.gradcheck`` works end to end), fp32 otherwise.
 ``causal`` on a block means the top-left aligned mask k_pos <= q_pos, used
-only on diagonal blocks where Sq == Sk.
+only on diagonal blocks where Sq == Sk. ``mask`` (a ``TileMask``: causal,
+band, documents or dense, in tile indices) is the mask of a tile of a plan
+(``burst_impl.plan``); a backend runs it natively where it can
+(``Backend.masked_forward``), else the exact path of ``masked.py`` does (row
+segments restricted to their live columns, plain math). A row with no live
+key gives out = 0, lse = -inf and zero gradients.
 
 Inputs of any strides are accepted: the fused kernels index every dimension
 through its stride except the last, which must be unit-stride (a view with a
@@ -42,8 +47,8 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_sdpa, flash_attn, reference
-from .common import (FLOAT_DTYPES, Backend, compute_delta, default_scale, stats_dtype, surrogate_out,
+from . import cpu_flash, cuda_sdpa, flash_attn, masked, reference
+from .common import (FLOAT_DTYPES, Backend, TileMask, compute_delta, default_scale, stats_dtype, surrogate_out,
                      unit_last)
 
 Tensor = torch.Tensor
@@ -51,7 +56,7 @@ Tensor = torch.Tensor
 # name -> backend, in the order the automatic choice and the docs list them
 BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND for m in (reference, cpu_flash, flash_attn, cuda_sdpa)}
 
-__all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "attn_backward", "attn_forward", "check_backend",
+__all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "TileMask", "attn_backward", "attn_forward", "check_backend",
            "compute_delta", "default_scale", "resolve_backend", "stats_dtype", "surrogate_out", "unit_last"]
 
 
@@ -100,20 +105,35 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     return "cpu_flash"
 
 
-def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
-                 backend: str | None = None) -> tuple[Tensor, Tensor]:
+def _split(causal: bool, mask: TileMask | None) -> tuple[bool, TileMask | None]:
+    """A causal TileMask is the kernels' own ``causal=True``."""
+    if mask is not None and mask.kind == "causal":
+        return True, None
+    return causal, mask
+
+
+def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale: float,
+                 backend: str | None = None, mask: TileMask | None = None) -> tuple[Tensor, Tensor]:
     """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq)).
 
-    Any strides; lse in ``stats_dtype(q.dtype)``.
+    Any strides; lse in ``stats_dtype(q.dtype)``. ``mask``: the tile's mask (``TileMask``).
     """
     name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
-    out, lse = BACKENDS[name].forward(unit_last(q), unit_last(k), unit_last(v), causal, scale)
+    causal, mask = _split(causal, mask)
+    b = BACKENDS[name]
+    q, k, v = unit_last(q), unit_last(k), unit_last(v)
+    if mask is None:
+        out, lse = b.forward(q, k, v, causal, scale)
+    elif b.masked_forward is not None:
+        out, lse = b.masked_forward(q, k, v, mask, scale)
+    else:
+        out, lse = masked.forward(q, k, v, mask, scale, fused=False)
     return out, lse.to(stats_dtype(q.dtype))
 
 
 def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, *,
-                  causal: bool, scale: float, backend: str | None = None
-                  ) -> tuple[Tensor, Tensor, Tensor]:
+                  causal: bool = False, scale: float, backend: str | None = None,
+                  mask: TileMask | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Block backward from the global lse and delta of q's rows -> (dq, dk, dv) in input dtypes.
 
     Because lse and delta are the *global* row statistics, P = exp(S - lse) is
@@ -122,5 +142,12 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, de
     """
     name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
     acc = stats_dtype(q.dtype)
-    return BACKENDS[name].backward(unit_last(dout), unit_last(q), unit_last(k), unit_last(v),
-                                   lse.to(acc).contiguous(), delta.to(acc).contiguous(), causal, scale)
+    causal, mask = _split(causal, mask)
+    b = BACKENDS[name]
+    args = (unit_last(dout), unit_last(q), unit_last(k), unit_last(v), lse.to(acc).contiguous(),
+            delta.to(acc).contiguous())
+    if mask is None:
+        return b.backward(*args, causal, scale)
+    if b.masked_backward is not None:
+        return b.masked_backward(*args, mask, scale)
+    return masked.backward(*args, mask, scale, fused=False)

@@ -17,7 +17,7 @@ as the rounding of O itself in a stock backward.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -31,7 +31,10 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 @dataclass(frozen=True)
 class Backend:
     """One local-kernel backend: ``forward(q, k, v, causal, scale) -> (out, lse)`` and
-    ``backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)`` (see ``burst_impl.kernels``)."""
+    ``backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)`` (see ``burst_impl.kernels``);
+    optionally ``masked_forward(q, k, v, tile_mask, scale)`` and ``masked_backward(dout, q, k, v, lse,
+    delta, tile_mask, scale)`` for tiles with a partial mask (``TileMask``); without them such tiles
+    run in the exact path's plain math (``kernels.masked``)."""
 
     name: str
     forward: Callable
@@ -41,6 +44,58 @@ class Backend:
     available: Callable[[], bool] = lambda: True   # is its package importable here?
     requirement: str = ""                     # what to install when it is not
     check: Callable[[int | None], str | None] = lambda head_dim: None   # shape rule, e.g. head_dim
+    masked_forward: Callable | None = None
+    masked_backward: Callable | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class TileMask:
+    """The mask of one kernel call on an (Sq, Sk) tile, in tile indices (i query row, j key column).
+
+    ``kind``:
+    * ``"causal"``: j <= i (top-left; the plans only make square causal tiles);
+    * ``"band"``: ``lo <= j - i <= hi`` (None: unbounded), e.g. a sliding window;
+    * ``"varlen"``: square, documents with boundaries ``cu`` (0 = cu[0] < ... < cu[-1] = Sq),
+      causal within each document (flash-attn's varlen entry point);
+    * ``"dense"``: ``rows_fn(a, b)`` -> the (b - a, Sk) bool mask of rows a:b.
+    ``restrict=False`` asks the exact path to compute every row against every column (the
+    no-skipping baseline of the benchmark). ``cache`` holds what a backend derives once per tile
+    (row segments, additive masks per dtype and device).
+    """
+
+    kind: str
+    n_rows: int
+    n_cols: int
+    lo: int | None = None
+    hi: int | None = None
+    cu: tuple[int, ...] | None = None
+    rows_fn: Callable[[int, int], "torch.Tensor"] | None = None
+    restrict: bool = True
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def rows(self, a: int, b: int) -> Tensor:
+        """(b - a, n_cols) bool: True where query row i in [a, b) attends to key column j."""
+        if self.kind == "dense":
+            return self.rows_fn(a, b)
+        i = torch.arange(a, b).unsqueeze(1)
+        j = torch.arange(self.n_cols).unsqueeze(0)
+        if self.kind == "causal":
+            return j <= i
+        if self.kind == "band":
+            ok = torch.ones(b - a, self.n_cols, dtype=torch.bool)
+            if self.lo is not None:
+                ok &= (j - i) >= self.lo
+            if self.hi is not None:
+                ok &= (j - i) <= self.hi
+            return ok
+        if self.kind == "varlen":
+            cu = torch.tensor(self.cu)
+            doc = lambda t: torch.bucketize(t, cu, right=True)  # noqa: E731
+            return (doc(i) == doc(j)) & (j <= i)
+        raise ValueError(f"TileMask kind={self.kind!r} is unknown")
+
+    def dense(self) -> Tensor:
+        return self.rows(0, self.n_rows)
 
 
 def default_scale(head_dim: int, softmax_scale: float | None) -> float:

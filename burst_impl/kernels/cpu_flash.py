@@ -1,9 +1,11 @@
 """``cpu_flash``: PyTorch's fused tiled CPU kernels (``aten._scaled_dot_product_flash_attention_for_cpu``
-and its backward); GQA natively, any float dtype."""
+and its backward); GQA natively, any float dtype. Tiles with a partial mask run on row segments of the
+same kernel with an additive mask (``kernels.masked``)."""
 from __future__ import annotations
 
 import torch
 
+from . import masked
 from .common import FLOAT_DTYPES, Backend, surrogate_out
 
 
@@ -23,4 +25,13 @@ def backward(dout, q, k, v, lse, delta, causal, scale):
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
-BACKEND = Backend("cpu_flash", forward, backward, devices=("cpu",), dtypes=FLOAT_DTYPES)
+def masked_forward(q, k, v, tm, scale):
+    return masked.forward(q, k, v, tm, scale, fused=True)
+
+
+def masked_backward(dout, q, k, v, lse, delta, tm, scale):
+    return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=True)
+
+
+BACKEND = Backend("cpu_flash", forward, backward, devices=("cpu",), dtypes=FLOAT_DTYPES,
+                  masked_forward=masked_forward, masked_backward=masked_backward)

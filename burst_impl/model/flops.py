@@ -19,6 +19,7 @@ figure that must be compared with theirs (say so in its title).
 """
 from __future__ import annotations
 
+from burst_impl.shape import AttnShape
 from experiments.harness.flops import attention_flops
 
 from .config import ModelConfig, matmul_params
@@ -39,9 +40,8 @@ def model_flops(cfg: ModelConfig, batch: int, seqlen: int, *, mode: str = "train
         dense = 6.0 * matmul_params(cfg) * tokens
     else:
         dense = 2.0 * (matmul_params(cfg) - head) * tokens + 2.0 * head * batch
-    attn = cfg.n_layers * attention_flops(batch, seqlen, cfg.n_heads, cfg.head_dim,
-                                          causal=causal and causal_halved,
-                                          mode="fwd_bwd" if mode == "train" else "forward")
+    shape = AttnShape(batch, seqlen, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 1, causal=causal and causal_halved)
+    attn = cfg.n_layers * attention_flops(shape, mode="fwd_bwd" if mode == "train" else "forward")
     return {"matmul": dense, "attention": attn, "total": dense + attn}
 
 

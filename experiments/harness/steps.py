@@ -89,7 +89,7 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
     dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
 
     def forward():
-        return method.call(q, k, v, causal=s.causal, group=group, layout=s.layout)
+        return method.call(q, k, v, causal=s.causal, mask=s.mask, group=group, layout=s.layout)
 
     step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
     start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))

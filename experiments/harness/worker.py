@@ -169,8 +169,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
                                                    "backend": "nccl" if device.type == "cuda" else "gloo"})
     stats = summarize(samples)
-    flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
-                            mode=case.mode)
+    flops = attention_flops(shape, mode=case.mode)
     med = stats["time_median_s"]
     rec.update(stats)
     rec.update({

@@ -5,8 +5,9 @@ and the suite's one FLOP formula (``experiments.harness.flops``); nothing is
 fitted to a paper's results.
 
 * A flash-attention kernel on a (rows x cols) block pair does
-  ``attention_flops(B, 1, Z, d, causal, mode) * rows * cols`` FLOPs (the suite's
-  convention: 4*rows*cols*Z*d forward, halved for a causal block, x2.5
+  ``entries_flops(B, Z, d, entries, mode)`` FLOPs for its live score entries
+  (the suite's convention: 4*entries*Z*d forward, a causal block counting
+  rows*cols/2, a band, document or block-sparse tile its live entries, x2.5
   backward) at ``peak x efficiency(sqrt(rows * cols))``: the profile's table is
   measured on square problems, so a rectangular block is looked up at the
   geometric mean of its sides. Forward uses the forward-only table when the
@@ -31,7 +32,7 @@ import math
 from dataclasses import dataclass
 
 from ..cluster.hardware import Hardware, Link
-from ..harness.flops import attention_flops
+from ..harness.flops import entries_flops
 
 FP32 = 4
 
@@ -63,11 +64,14 @@ class CostModel:
         return 2.5 / (3.5 / fb - 1.0 / f)
 
     def attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int, causal: bool,
-                  mode: str) -> tuple[float, float]:
-        """(seconds, FLOPs) of a flash kernel on a rows x cols block pair."""
+                  mode: str, entries: float | None = None) -> tuple[float, float]:
+        """(seconds, FLOPs) of a flash kernel on a rows x cols block pair with ``entries`` live score
+        entries (default: all of them, half when ``causal``: the suite's convention)."""
         if rows <= 0 or cols <= 0:
             return 0.0, 0.0
-        flops = attention_flops(batch, 1, heads, head_dim, causal=causal, mode=mode) * rows * cols
+        if entries is None:
+            entries = rows * cols / (2.0 if causal else 1.0)
+        flops = entries_flops(batch, heads, head_dim, entries, mode)
         return flops / (self.peak * self.attn_efficiency(math.sqrt(rows * cols), mode)), flops
 
     def gemm_efficiency(self) -> float:

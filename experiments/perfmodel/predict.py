@@ -82,7 +82,7 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
     case = dataclasses.replace(case, experiment=experiment)
     rec = R.base_record(case, pred.status, pred.reason)
     s, hw = pred.shape, pred.hardware
-    flops = attention_flops(s.batch, s.seqlen, s.heads, s.head_dim, causal=s.causal, mode=case.mode)
+    flops = attention_flops(s, mode=case.mode)
     t = pred.time_s if pred.status == "ok" else None
     sim_bytes = pred.bytes_per_rank
     per_rank = [sim_bytes.get(g, {}) for g in range(s.world_size)]

@@ -3,7 +3,7 @@
 
 Forward (burst_impl.attention.ring_forward): K, V circulate for n steps; at
 step s ring index i computes its queries against the block of owner (i-s) mod n,
-only the live part of the pair under the causal mask (``block_plan``), then
+only the tiles of the pair's plan under the case's mask (``burst_impl.plan``), then
 merges (O, lse) in fp32 (HBM-bound). Backward: what travels is what the
 registry's formula says travels for this shape (so ``burst``'s auto choice is
 the registry's): the query side (Q, dO, lse, delta, with dQ on the
@@ -18,7 +18,8 @@ kernel (a model-only variant, not a registry method).
 """
 from __future__ import annotations
 
-from burst_impl.layout import block_plan
+from burst_impl.layout import group_layout
+from burst_impl.plan import StepPlan, step_plan
 
 from ..costs import FP32
 from .common import Ctx, accumulate_bytes, hbm_step, merge_bytes, ring_pass, sequence_parallel
@@ -27,17 +28,40 @@ QSIDE = ("q", "dout", "lse", "delta")
 KVSIDE = ("k", "v")
 
 
-def _len(sl: slice | None, n: int) -> int:
-    return 0 if sl is None else len(range(n)[sl])
+def _size(sel, n: int) -> int:
+    return len(range(n)[sel]) if isinstance(sel, slice) else int(sel.numel())
 
 
-def _kernel(ctx: Ctx, *, heads: int, rows: int, cols: int, causal: bool, mode: str, materialised: bool):
+def _plan(ctx: Ctx, q_idx: int, kv_idx: int, local: int, n: int) -> StepPlan:
+    """The plan of a step between ring indices (``n`` ranks of ``local`` tokens; USP's ring level
+    holds the union of a Ulysses group's shards)."""
     s = ctx.shape
-    if materialised:
-        # forward: write S, read S (softmax), write P, read P (PV); backward adds dP, dS and rereads
-        return ctx.cost.materialised_attention(s.batch, heads, s.head_dim, rows, cols, mode, elem=ctx.elem,
-                                               score_passes=4 if mode == "forward" else 8)
-    return ctx.cost.attention(s.batch, heads, s.head_dim, rows, cols, causal, mode)
+    layout = s.resolved_layout
+    if n != s.world_size:
+        layout = group_layout(layout, s.world_size, s.world_size // n)
+    return step_plan(s.attn_mask, layout, q_idx, kv_idx, local * n, n)
+
+
+def _kernel(ctx: Ctx, *, heads: int, plan: StepPlan, local: int, mode: str, materialised: bool):
+    """(seconds, FLOPs) of the tiles of one step: a flash kernel per tile on its live entries (a
+    causal tile at the convention's half), or materialised scores over each tile."""
+    s = ctx.shape
+    t = f = 0.0
+    for tile in plan.tiles:
+        rows, cols = _size(tile.rows, local), _size(tile.cols, local)
+        if materialised:
+            # forward: write S, read S (softmax), write P, read P (PV); backward adds dP, dS and rereads
+            dt, df = ctx.cost.materialised_attention(s.batch, heads, s.head_dim, rows, cols, mode, elem=ctx.elem,
+                                                     score_passes=4 if mode == "forward" else 8)
+        else:
+            dt, df = ctx.cost.attention(s.batch, heads, s.head_dim, rows, cols, tile.kind == "causal", mode,
+                                        entries=None if tile.kind in ("full", "causal") else tile.entries)
+        t, f = t + dt, f + df
+    return t, f
+
+
+def _rows(plan: StepPlan, local: int) -> int:
+    return min(local, sum(_size(t.rows, local) for t in plan.tiles))
 
 
 def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
@@ -47,12 +71,11 @@ def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, h
     hop = ctx.take("forward", KVSIDE)
 
     def work(i, owner, step):
-        plan = block_plan(s.layout, s.causal, i, owner, local)
+        plan = _plan(ctx, i, owner, local, n)
         if plan.empty:
             return []
-        rows, cols = _len(plan.q_rows, local), _len(plan.kv_cols, local)
-        t, f = _kernel(ctx, heads=heads, rows=rows, cols=cols, causal=plan.causal, mode="forward",
-                       materialised=materialised)
+        rows = _rows(plan, local)
+        t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode="forward", materialised=materialised)
         out = [("attn_fwd", t, f)]
         if step > 0:
             out.append(hbm_step(ctx, "merge", merge_bytes(s.batch, rows, heads, s.head_dim, ctx.elem)))
@@ -91,12 +114,12 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
 
     def work(i, owner, step):
         q_rank, kv_rank = (owner, i) if scheme == "burst" else (i, owner)
-        plan = block_plan(s.layout, s.causal, q_rank, kv_rank, local)
+        plan = _plan(ctx, q_rank, kv_rank, local, n)
         if plan.empty:
             return []
-        rows, cols = _len(plan.q_rows, local), _len(plan.kv_cols, local)
-        t, f = _kernel(ctx, heads=heads, rows=rows, cols=cols, causal=plan.causal, mode="backward",
-                       materialised=materialised)
+        rows = _rows(plan, local)
+        cols = min(local, sum(_size(t.cols, local) for t in plan.tiles))
+        t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode="backward", materialised=materialised)
         adds = accumulate_bytes(b, rows, heads, d) + 2 * accumulate_bytes(b, cols, kv_heads, d)
         return [("attn_bwd", t, f), hbm_step(ctx, "accumulate", adds)]
 

@@ -15,6 +15,8 @@ traffic is paid and, for training, the probabilities are kept.
 """
 from __future__ import annotations
 
+from experiments.harness.flops import mask_area
+
 from ..costs import FP32
 from .common import Ctx, projections, ring_collective
 
@@ -31,7 +33,7 @@ def _tp(ctx: Ctx, version: str, *, flash: bool) -> dict:
 
     def kernel(mode):
         if flash:
-            return ctx.cost.attention(b, zq, d, N, N, s.causal, mode)
+            return ctx.cost.attention(b, zq, d, N, N, s.causal, mode, entries=mask_area(s))
         return ctx.cost.materialised_attention(b, zq, d, N, N, mode, elem=e,
                                                score_passes=4 if mode == "forward" else 8)
 

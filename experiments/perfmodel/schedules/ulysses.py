@@ -15,6 +15,8 @@ per group), with Z/u query heads on N/r tokens per ring rank.
 """
 from __future__ import annotations
 
+from experiments.harness.flops import mask_area
+
 from .common import Ctx, all_to_all, sequence_parallel
 from .ring_family import ring_backward, ring_forward
 
@@ -81,7 +83,7 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str) -> dict:
 
 def _kernel(ctx: Ctx, heads: int, n: int, mode: str) -> tuple[float, float]:
     s = ctx.shape
-    return ctx.cost.attention(s.batch, heads, s.head_dim, n, n, s.causal, mode)
+    return ctx.cost.attention(s.batch, heads, s.head_dim, n, n, s.causal, mode, entries=mask_area(s))
 
 
 def ulysses(ctx: Ctx) -> dict:
