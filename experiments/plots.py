@@ -7,7 +7,9 @@ For each experiment ``plots/<experiment>/`` gets, where the sweep has the axis:
 speedup over the spec's baseline vs sequence length, time vs sequence length,
 TFLOP/s per rank vs sequence length, peak memory per rank vs sequence length,
 communication volume per method (measured next to the formula, forward and
-backward), time vs world size (scaling) and throughput vs batch. Every figure
+backward), time vs world size (scaling) and throughput vs batch; where the
+masks vary (``mask`` axis), time, TFLOP/s per rank and the work balance of
+each layout per mask (grouped bars, ``masks_*.png``). Every figure
 states the hardware and the date in its title; OOM and failed cases are
 marked on the x axis. All numbers are measurements; the only formula drawn is
 the communication formula, beside the measured bytes and labelled as such.
@@ -233,6 +235,58 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     return out
 
 
+def _mask_name(r) -> str:
+    return r["mask"] if isinstance(r.get("mask"), str) and r["mask"] else ("causal" if r["causal"] else "full")
+
+
+def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
+                per_method: bool = True, second: str | None = None) -> Path | None:
+    """Grouped bars: x = mask, one bar per layout; one panel per (world size, method), or per world
+    size when the quantity is the layout's (``per_method=False``: the work balance). ``second``: a
+    column drawn hatched beside ``ycol`` (the column work next to the row work)."""
+    ok = df[(df["status"] == "ok") & df[ycol].notna()] if ycol in df else df.iloc[0:0]
+    if ok.empty:
+        return None
+    ok = ok.assign(mask_name=[_mask_name(r) for _, r in ok.iterrows()])
+    if not per_method:
+        ok = ok.drop_duplicates(["world_size", "mask_name", "layout"])
+    keys = sorted({(g, m if per_method else "") for g, m in zip(ok["world_size"], ok["method"])},
+                  key=lambda k: (k[0], _method_order(k[1])))
+    masks_ = list(dict.fromkeys(_mask_name(r) for _, r in df.iterrows()))
+    layouts = list(dict.fromkeys(df["layout"]))
+    fig, axs = plt.subplots(1, len(keys), figsize=(max(7.0, 1.2 * len(masks_) * len(layouts) / 2 * len(keys)), 4.8),
+                            squeeze=False)
+    width = 0.8 / (len(layouts) * (2 if second else 1))
+    for ax, (g, method) in zip(axs[0], keys):
+        part = ok[(ok["world_size"] == g) & ((ok["method"] == method) if per_method else True)]
+        for li, lay in enumerate(layouts):
+            for si, col in enumerate([ycol] + ([second] if second else [])):
+                vals = [part[(part["mask_name"] == m) & (part["layout"] == lay)][col] for m in masks_]
+                ys = [float(v.iloc[0]) if len(v) else 0.0 for v in vals]
+                xs = [i + (li * (2 if second else 1) + si) * width - 0.4 + width / 2 for i in range(len(masks_))]
+                ax.bar(xs, ys, width, color=_PALETTE[li % len(_PALETTE)], hatch="//" if si else "",
+                       alpha=0.5 if si else 1.0, edgecolor="black", linewidth=0.4,
+                       label=f"{lay}" + (" (columns)" if si else (" (rows)" if second else "")))
+        ax.set_xticks(range(len(masks_)))
+        ax.set_xticklabels(masks_, rotation=15, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"G={g}" + (f", {method}" if method else ""), fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        if not per_method:
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.legend(fontsize=7)
+    r = ok.iloc[0]
+    ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
+    fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype"))
+    fig.suptitle(f"{df['experiment'].iloc[0]}: {title} ({fixed}, {MODE_LABEL.get(r['mode'], r['mode'])}){ref}\n"
+                 f"{_hw_and_date(df)}", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path]:
     df = R.load_results(results_root, exp)
     if df.empty:
@@ -268,7 +322,18 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
             files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", f"peak memory per rank above inputs (MiB, {_source(df)})",
                                       "peak memory per rank vs sequence length", meta,
                                       out / f"memory_vs_seqlen{sfx}.png", logy=True))
-    if df["world_size"].nunique() > 1:
+    varies_mask = "mask" in df and (df["mask"].fillna("").nunique() > 1 or df["layout"].nunique() > 1) \
+        and (df["mask"].fillna("") != "").any()
+    if varies_mask:
+        files.append(mask_figure(df, "time_median_s", "time per step (s, median)", "time per mask and layout", meta,
+                                 out / f"masks_time{sfx}.png"))
+        files.append(mask_figure(df, "tflops_per_rank", "TFLOP/s per rank (live entries only)",
+                                 "throughput per mask and layout", meta, out / f"masks_tflops{sfx}.png"))
+        files.append(mask_figure(df, "work_imbalance_rows", "work max/mean over ranks (1 = even)",
+                                 "work balance of each layout (live score entries per rank: rows solid, "
+                                 "columns hatched)", meta, out / f"masks_balance{sfx}.png", per_method=False,
+                                 second="work_imbalance_cols"))
+    elif df["world_size"].nunique() > 1:
         files.append(_line_figure(df, "world_size", "time_median_s", "time per step (s, median; bars p10-p90)",
                                   "scaling with world size", meta, out / f"scaling_world_size{sfx}.png", logy=True,
                                   errbars=True))

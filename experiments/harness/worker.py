@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
+from burst_impl.balance import balance_report
 
 from . import results as R
 from .flops import attention_flops, tflops_per_s, tokens_per_s
@@ -188,6 +189,16 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
             "mem_method": per_rank[0]["mem_method"],
             "mem_measured_over": "forward (no grad)" if case.mode == "forward" else "forward + backward",
         })
+    # Work balance of the layout under the mask (burst_impl.balance): live score entries of each
+    # rank's rows and columns, and max/mean; what a ring method's slowest rank has to compute.
+    rec.update(balance_report(shape.attn_mask, shape.resolved_layout, shape.seqlen, shape.world_size))
+    skipped = [{p: _int_note(r["notes"], f"burst.skipped_blocks.{p}") for p in ("forward", "backward")}
+               for r in per_rank]
+    if any(v is not None for s in skipped for v in s.values()):
+        # pairs of (q shard, kv shard) fully masked: not computed, but their blocks travelled
+        rec["skipped_blocks_per_rank"] = skipped
+        rec["live_entries_per_rank"] = [{p: _int_note(r["notes"], f"burst.live_entries.{p}")
+                                         for p in ("forward", "backward")} for r in per_rank]
     try:
         rec["mem_model_bytes"] = int(method.memory(shape))
     except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
@@ -212,6 +223,10 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
         })
     rec["duration_s"] = time.perf_counter() - t_start
     return rec
+
+
+def _int_note(notes: dict, key: str) -> int | None:
+    return int(notes[key]) if key in notes else None
 
 
 def main(argv: list[str] | None = None) -> int:
