@@ -46,6 +46,21 @@ def work_dir(results_root: Path | str, experiment: str) -> Path:
     return d
 
 
+# Where a record ran, beyond the machine: the cluster profile, the emulated link rates per class, ranks per
+# core. The launcher sets it (JSON, experiments.cluster.emulated) for the driver and every rank.
+CLUSTER_ENV = "EXPERIMENTS_CLUSTER"
+
+
+def cluster_info(world_size: int) -> dict:
+    try:
+        info = json.loads(os.environ.get(CLUSTER_ENV) or "{}")
+    except json.JSONDecodeError:
+        info = {}
+    info.setdefault("profile", None)
+    info.setdefault("ranks_per_core", world_size / (os.cpu_count() or 1))
+    return info
+
+
 def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -71,6 +86,7 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "git": env.git_info(),
         "versions": env.versions(),
         "hardware": env.hardware(world_size or case.world_size),
+        "cluster": cluster_info(world_size or case.world_size),
     }
     return rec
 

@@ -101,6 +101,15 @@ def _gather(obj, world: int):
     return out
 
 
+def attn_kernel(case: Case, device: torch.device) -> str:
+    """The local attention kernel the flash-style methods call for this case (burst_impl.kernels backends:
+    flash_attn or cuda_sdpa on CUDA, cpu_flash on CPU); ring_rsa materialises scores instead."""
+    from baselines.registry import DTYPES
+    from burst_impl.kernels import resolve_backend
+
+    return resolve_backend(device, None, DTYPES[case.dtype], case.head_dim)
+
+
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
     """Measure one case on every rank; the full record on rank 0, None elsewhere."""
     t_start = time.perf_counter()
@@ -137,7 +146,9 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     method = METHODS[case.method]
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
-                                                   "backend": "nccl" if device.type == "cuda" else "gloo"})
+                                                   "backend": "nccl" if device.type == "cuda" else "gloo",
+                                                   "attn_kernel": attn_kernel(case, device)})
+    rec["attn_kernel"] = rec["config"]["attn_kernel"]
     stats = summarize(samples)
     flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                             mode=case.mode)
