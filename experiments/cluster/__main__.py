@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     rp = sub.add_parser("report", help="measured vs predicted time ratios of an emulated experiment")
     rp.add_argument("experiment")
     rp.add_argument("--results", default=None)
+    rp.add_argument("--compute-from", help="experiment with the same cases on loopback (compute time per method)")
+    rp.add_argument("--ref", default="burst", help="method the ratios are relative to")
     rp.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         from .report import report
 
-        out = report(args.experiment, results_root=args.results)
+        out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     return 2

@@ -63,6 +63,10 @@ def merge(job_root: Path, results_root: Path) -> int:
                 fcntl.flock(f, fcntl.LOCK_UN)
         n += len(good)
     shutil.rmtree(job_root, ignore_errors=True)
+    try:
+        Path(job_root).parent.rmdir()       # .jobs/, once no job is left in it
+    except OSError:
+        pass
     return n
 
 
