@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import yaml
+from rich.markup import escape
 
 from .cluster.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
@@ -124,7 +125,8 @@ def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> d
             t = rec.get("time_median_s")
             detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else rec.get("reason", "")[:110]
             style = {"ok": "green", "oom": "yellow", "failed": "red", "skipped": "dim"}[rec["status"]]
-            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']:<24} {rec['case_id']:<70} {detail}",
+            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']:<24} {rec['case_id']:<70} "
+                          f"{escape(detail)}",
                           overflow="ellipsis", no_wrap=True, highlight=False)
 
         def on_start(c: Case) -> None:
@@ -218,19 +220,17 @@ def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wai
             if cl.slurm is None:
                 raise SystemExit(f"profile {prof.name}: no emulated SLURM cluster here ({cl.fallback}); "
                                  "run its specs with launcher: torchrun or on a machine that permits namespaces")
-            for c in cases:   # the job's cases: a fresh record each (resume is by the runner's plan)
-                R.clear_work(results_root, c)
             env = {**worker_env(ws, "cpu", REPO), **cl.env(ws)}
             t0 = time.monotonic()
-            proc = cl.slurm.sbatch(path, wait=True, env=env)
-            out, err = proc.communicate()
+            job = cl.slurm.sbatch(path, env=env)
+            print(f"{spec_name} G={ws}: job {job} submitted to emulated SLURM cluster {cl.topo.run_id}")
+            state, code = cl.slurm.wait(job, timeout_s=prof.time_limit_s + 120)
             recs = R.latest_by_case(R.read_records(R.experiment_dir(results_root, spec_name) / R.RESULTS_FILE))
             mine = [recs[c.case_id] for c in cases if c.case_id in recs]
             for r in mine:
                 counts[r["status"]] += 1
-            print(f"{spec_name} G={ws}: job {out.strip() or '?'} ended (exit {proc.returncode}) after "
-                  f"{time.monotonic() - t0:.0f} s: " + ", ".join(f"{r['status']} {r['case_id']}" for r in mine)
-                  + (f"\n{err.strip()}" if proc.returncode else ""))
+            print(f"{spec_name} G={ws}: job {job} {state} (exit {code}) after {time.monotonic() - t0:.0f} s: "
+                  + ", ".join(f"{r['status']} {r['case_id']}" for r in mine))
     return counts
 
 

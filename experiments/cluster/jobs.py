@@ -32,12 +32,22 @@ def record_unfinished(job_root: Path, cases: list[Case], reason: str) -> list[st
     by_exp: dict[str, dict] = {}
     for c in cases:
         if c.experiment not in by_exp:
+            _end_torn_line(R.experiment_dir(job_root, c.experiment) / R.RESULTS_FILE)
             by_exp[c.experiment] = R.latest_by_case(R.read_records(R.experiment_dir(job_root, c.experiment)
                                                                    / R.RESULTS_FILE))
         if c.case_id not in by_exp[c.experiment]:
             R.append_record(job_root, R.base_record(c, "failed", reason))
             out.append(c.case_id)
     return out
+
+
+def _end_torn_line(path: Path) -> None:
+    """A writer killed mid-line leaves no newline: end it, so the next record is not glued to it."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
 
 
 def merge(job_root: Path, results_root: Path) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import netns
 
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo")
+BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
 PARTITION = "emu"
 
 
@@ -93,14 +93,17 @@ class Slurm:
         out = subprocess.run(netns.nsenter(ns, cmd), capture_output=True, text=True, timeout=60,
                              env={**os.environ, **self.env})
         deadline = time.monotonic() + 20
-        while not pidfile.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if out.returncode != 0 or not pidfile.exists():
+        pid = None
+        while pid is None and time.monotonic() < deadline:
+            try:
+                pid = int(pidfile.read_text().split()[0])    # the daemon may not have written it yet
+            except (OSError, ValueError, IndexError):
+                time.sleep(0.1)
+        if out.returncode != 0 or pid is None:
             log = ""
             for p in sorted((self.work / "log").glob("*")):
                 log += p.read_text(errors="replace")[-600:]
             raise RuntimeError(f"{what} did not start (exit {out.returncode}): {out.stderr.strip()[-600:]} {log}")
-        pid = int(pidfile.read_text().split()[0])
         netns.write_state(self.topo, daemon_pids=sorted(set(
             netns.read_state(self.topo.run_id).get("daemon_pids", []) + [pid])))
         return pid
@@ -141,11 +144,29 @@ class Slurm:
         raise RuntimeError(f"SLURM nodes not idle after {timeout_s:.0f} s: {states}; "
                            f"logs in {self.work / 'log'}")
 
-    def sbatch(self, script: Path, *, wait: bool, env: dict[str, str]) -> subprocess.Popen:
-        """Submit ``script`` from the head namespace; ``env`` is the job's environment (sbatch --export=ALL)."""
-        cmd = self.client(["sbatch", "--parsable", *(["--wait"] if wait else []), str(script)])
-        return subprocess.Popen(cmd, env={**env, **self.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, start_new_session=True)
+    def sbatch(self, script: Path, *, env: dict[str, str]) -> str:
+        """Submit ``script`` from the head namespace; ``env`` is the job's environment (sbatch --export=ALL).
+        Returns the job id."""
+        out = subprocess.run(self.client(["sbatch", "--parsable", str(script)]), env={**env, **self.env},
+                             capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch {script} failed: {out.stderr.strip()}")
+        return out.stdout.strip().split(";")[0]
+
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> tuple[str, str]:
+        """(state, exit code) once job ``job_id`` has ended (``sbatch --wait`` polls far more slowly)."""
+        deadline = time.monotonic() + timeout_s
+        state, code = "UNKNOWN", ""
+        while time.monotonic() < deadline:
+            out = subprocess.run(self.client(["scontrol", "show", "job", "-o", job_id]), capture_output=True,
+                                 text=True, timeout=30, env={**os.environ, **self.env})
+            fields = dict(x.split("=", 1) for x in out.stdout.split() if "=" in x)
+            state, code = fields.get("JobState", state), fields.get("ExitCode", code)
+            if state not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "UNKNOWN", "SUSPENDED"):
+                return state, code
+            time.sleep(poll_s)
+        subprocess.run(self.client(["scancel", job_id]), capture_output=True, env={**os.environ, **self.env})
+        return f"TIMEOUT (still {state} after {timeout_s:.0f} s; cancelled)", code
 
     def stop(self) -> None:
         """Stop every daemon this cluster started (by pid); the namespaces' teardown catches the rest."""

@@ -181,6 +181,15 @@ def clear_work(results_root, case: Case) -> None:
         p.unlink(missing_ok=True)
 
 
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "read error", "broken pipe",
+              "socket closed", "connection refused")
+
+
+def _peer_lost(reason: str) -> bool:
+    r = reason.lower()
+    return any(x in r for x in _PEER_LOST)
+
+
 def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[str, str]:
     """(status, reason) of a case that did not finish: OOM if any rank ran out of memory."""
     errs = rank_errors(results_root, case)
@@ -188,7 +197,9 @@ def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[
     if ooms:
         return "oom", f"rank {ooms[0]['rank']}: {ooms[0]['reason']}"
     timeouts = [e for e in errs if "timeout" in e.get("reason", "").lower()]
-    pick = (errs[0] if errs and not timeouts else timeouts[0] if timeouts else None)
+    # A rank that died takes its connections with it: the others' errors are consequences, not the cause.
+    causes = [e for e in errs if not _peer_lost(e.get("reason", ""))]
+    pick = (timeouts[0] if timeouts else causes[0] if causes else errs[0] if errs else None)
     if pick is not None:
         return "failed", f"rank {pick['rank']}: {pick['reason']}"
     return "failed", default_reason
