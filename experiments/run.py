@@ -289,12 +289,34 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
+        from .cluster.report import figure
         from .plots import draw_all
 
         files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
+        files += [figure(rep, Path(args.plots) / rep["experiment"] / "emulated_vs_modelled.png") for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
+
+
+def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
+    """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
+    from .cluster.report import loopback_twin, report
+
+    out = []
+    for spec in preset.specs:
+        if spec.profile.scheduler != "emulated":
+            continue
+        try:
+            rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
+        except ValueError as e:        # nothing measured (all failed): the records say why
+            print(f"{spec.name}: no report: {e}")
+            continue
+        (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
+        print(rep["text"])
+        out.append(rep)
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())

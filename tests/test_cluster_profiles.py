@@ -36,6 +36,11 @@ def test_shipped_profiles_load():
     assert (emu.scheduler, emu.nodes, emu.ranks_per_node, emu.hardware) == ("emulated", 2, 2, "a100_pcie_roce_4x8")
     assert emu.max_world == 4 and emu.nodes_for(4) == 2 and emu.procs_per_node(4) == 2 and not emu.via_slurm
     assert load_profile("a100_roce_emu_slurm").via_slurm
+    from experiments.harness.spec import load_any
+
+    assert all(s.profile.via_slurm for s in load_any("emulated_slurm").specs)
+    cpu = load_any("cpu")
+    assert {s.target for s in cpu.specs} == {"cpu", "a100_roce_emu"}    # the CPU preset runs on both
 
 
 @pytest.mark.parametrize("edit,key", [

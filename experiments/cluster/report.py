@@ -59,7 +59,9 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
         out_rows.append({"seqlen": n, "method": method, "median_s": float(r["time_median_s"]), "lo_s": lo,
                          "hi_s": hi, "n": len(r["time_samples_s"]), "bytes_per_rank": sent, "t_comm_s": t_comm,
                          "t_comp_s": t_comp, "t_comp_from": comp_src, "serial_s": t_comp + t_comm,
-                         "overlap_s": max(t_comp, t_comm), "cluster": cl.get("summary", "")})
+                         "overlap_s": max(t_comp, t_comm), "cluster": cl.get("summary", ""),
+                         "machine": (r.get("hardware") or {}).get("summary", ""),
+                         "date": str(r.get("timestamp", ""))[:10]})
     by = {(x["seqlen"], x["method"]): x for x in out_rows}
     for x in out_rows:
         b = by.get((x["seqlen"], ref))
@@ -83,4 +85,50 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
             f"{x.get('ratio', math.nan):6.2f} [{x.get('ratio_lo', math.nan):5.2f},{x.get('ratio_hi', math.nan):5.2f}]"
             f" {x.get('bytes_ratio', math.nan):6.2f} {x.get('pred_serial_ratio', math.nan):11.2f} "
             f"{x.get('pred_overlap_ratio', math.nan):12.2f}")
-    return {"rows": out_rows, "text": "\n".join(lines)}
+    return {"experiment": experiment, "rows": out_rows, "text": "\n".join(lines)}
+
+
+def loopback_twin(preset, spec) -> str | None:
+    """A spec of ``preset`` with exactly ``spec``'s cases on plain loopback (target cpu), if there is one."""
+    ids = {c.case_id for c in spec.cases()}
+    for other in preset.specs:
+        if other is not spec and other.profile.scheduler == "local" and {c.case_id for c in other.cases()} == ids:
+            return other.name
+    return None
+
+
+def figure(rep: dict, out: Path) -> Path:
+    """Measured median step time per method (bars, [min, max] whiskers) next to the two modelled bounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rep["rows"]
+    ns = sorted({r["seqlen"] for r in rows})
+    fig, axes = plt.subplots(1, len(ns), figsize=(max(8.0, 4.5 * len(ns) + 2), 4.6), squeeze=False)
+    for ax, n in zip(axes[0], ns):
+        sel = [r for r in rows if r["seqlen"] == n]
+        xs = range(len(sel))
+        med = [r["median_s"] for r in sel]
+        err = [[r["median_s"] - r["lo_s"] for r in sel], [r["hi_s"] - r["median_s"] for r in sel]]
+        ax.bar(xs, med, yerr=err, capsize=4, color="tab:blue", alpha=0.8, label="measured median [min, max]")
+        ax.scatter(xs, [r["serial_s"] for r in sel], marker="v", color="tab:red", zorder=3,
+                   label="modelled: t_comp + t_comm")
+        ax.scatter(xs, [r["overlap_s"] for r in sel], marker="^", color="tab:green", zorder=3,
+                   label="modelled: max(t_comp, t_comm)")
+        ax.set_xticks(list(xs), [r["method"] for r in sel])
+        ax.set_title(f"N={n}", fontsize=9)
+        ax.set_ylabel("seconds per step (fwd+bwd)")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    import textwrap
+
+    r0 = rep["rows"][0]
+    fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
+                 + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
