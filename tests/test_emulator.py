@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def _processes_with(text: str) -> list[int]:
 def _assert_gone(run_id: str) -> None:
     assert not [ns for ns in netns.our_namespaces() if ns.startswith(run_id)], netns.our_namespaces()
     assert not netns.state_path(run_id).exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"{run_id}-*"))      # the run's work directory
     deadline = time.monotonic() + 10
     while _processes_with(run_id) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -43,7 +43,8 @@ def show(cl: EmulatedCluster | None = None) -> None:
         topo = st.get("topology", {})
         owner = st.get("owner_pid")
         print(f"{rid}: profile {st.get('profile', '?')}, owner pid {owner}"
-              f"{' (gone: stale)' if rid in netns.stale() else ''}, work dir {st.get('work', '-')}")
+              f"{' (detached)' if st.get('detached') else ' (gone: stale)' if rid in netns.stale() else ''}, "
+              f"work dir {st.get('work', '-')}")
         print(f"  head {topo.get('head_addr')} (slurmctld, munged)")
         for i, addr in enumerate(topo.get("node_addrs", [])):
             print(f"  node n{i} {addr} (namespace {rid}-n{i}): ranks "

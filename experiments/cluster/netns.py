@@ -35,6 +35,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -294,7 +295,8 @@ def teardown(run_id: str, *, grace_s: float = 5.0) -> list[str]:
         raise ValueError(f"run_id={run_id!r} is not one of ours (must start with {PREFIX!r})")
     mine = [ns for ns in our_namespaces() if ns.split("-")[0] == run_id]
     pids = sorted({p for ns in mine for p in ns_pids(ns)})
-    for extra in read_state(run_id).get("daemon_pids", []):
+    state = read_state(run_id)
+    for extra in state.get("daemon_pids", []):
         if _alive(int(extra)):
             pids.append(int(extra))
     kill_pids(pids, grace_s)
@@ -302,6 +304,9 @@ def teardown(run_id: str, *, grace_s: float = 5.0) -> list[str]:
     for ns in sorted(mine, key=lambda n: (0 if re.search(r"-n\d+r\d+$", n) else 1 if "-n" in n else 2, n)):
         ip(None, "netns", "del", ns, check=False)
     left = [ns for ns in our_namespaces() if ns.split("-")[0] == run_id]
+    work = state.get("work")
+    if work and Path(work).name.startswith(run_id + "-"):     # the run's own daemon files (slurmd.py)
+        shutil.rmtree(work, ignore_errors=True)
     state_path(run_id).unlink(missing_ok=True)
     if left:
         raise NetnsError(f"could not remove namespaces {left}")
