@@ -181,8 +181,6 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
 def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: int, dtype: str,
               seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300) -> Calibration:
     """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s."""
-    from .. import harness  # noqa: F401  (import check before spawning)
-
     with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
         sync = Path(d)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
