@@ -12,6 +12,14 @@ PIP := $(VENV)/bin/pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# REQUIRE_GPU=1: fail instead of building a CPU venv where no GPU is visible (a SLURM job's per-node setup
+# runs `make venv VENV=.venv-gpu REQUIRE_GPU=1` on each compute node, experiments/cluster/slurm.py).
+REQUIRE_GPU ?=
+ifeq ($(REQUIRE_GPU),1)
+ifneq ($(HAS_GPU),1)
+$(error REQUIRE_GPU=1 but no GPU is visible on $(shell hostname) (nvidia-smi -L failed): build the GPU venv on a GPU node)
+endif
+endif
 
 STAMP := $(VENV)/.installed
 
@@ -22,7 +30,15 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 ifeq ($(HAS_GPU),1)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PIP) install -q -e '.[dev]'
+	# Reuse the CUDA torch of the system (module or base image); without one, PyPI's default Linux
+	# wheel, which is a CUDA build. The pin keeps every later install from replacing it.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ' cannot use CUDA here')"
+	$(PIP) install -q -c $(VENV)/torch-pin.txt -e '.[dev]'
+	# The GPU extras (flash-attn, ring-flash-attn, xformers), built against that torch.
+	$(PIP) install -q setuptools wheel ninja packaging psutil
+	$(PIP) install -q -c $(VENV)/torch-pin.txt --no-build-isolation -e '.[gpu]'
 else
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH_SPEC)

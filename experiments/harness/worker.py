@@ -131,6 +131,24 @@ def _shape_checked_once(step: Step) -> Step:
     return dataclasses.replace(step, **{name: first_checked})
 
 
+def attn_kernel(case: Case, device: torch.device) -> str:
+    """The local attention kernel the flash-style methods call for this case (burst_impl.kernels backends:
+    flash_attn or cuda_sdpa on CUDA, cpu_flash on CPU); ring_rsa materialises scores instead."""
+    from burst_impl.kernels import resolve_backend
+    from burst_impl.shape import DTYPES
+
+    return resolve_backend(device, None, DTYPES[case.dtype], case.head_dim)
+
+
+def _warm_up_imports() -> None:
+    """Pay once, outside every case's wall-clock budget, for what torch imports lazily on first use:
+    the first backward pulls in torch.fx's symbolic shapes, the first CPU memory profile torch._dynamo
+    (tens of seconds on a busy 2-core machine)."""
+    w = torch.ones(1, requires_grad=True)
+    (w * 2).sum().backward()
+    measure_peak(lambda: torch.ones(1) * 2, torch.device("cpu"))
+
+
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
     """Measure one case on every rank; the full record on rank 0, None elsewhere."""
     t_start = time.perf_counter()
@@ -167,7 +185,9 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     method = METHODS[case.method]
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
-                                                   "backend": "nccl" if device.type == "cuda" else "gloo"})
+                                                   "backend": "nccl" if device.type == "cuda" else "gloo",
+                                                   "attn_kernel": attn_kernel(case, device)})
+    rec["attn_kernel"] = rec["config"]["attn_kernel"]
     stats = summarize(samples)
     flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                             mode=case.mode)
@@ -257,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         pending = box[0]
     todo = [Case.from_dict(d) for d in pending]
 
+    _warm_up_imports()
     dog = Watchdog(root, rank)
     for i, case in enumerate(todo):
         if case.world_size != world:
