@@ -71,6 +71,7 @@ METHODS = (Method(
     name="ring_flash_attn", level="op", fn=ring_flash_attn_adapter,
     comm_bytes=ring_flash_attn_comm_bytes, memory_bytes=ring_family_memory,
     available=ring_flash_attn_available, external="ring-flash-attn", bytes_by_formula=True,
+    kernel="flash_attn (ring-flash-attn's own calls)",
     description="The ring-flash-attn package (CUDA); bytes recorded by formula, not instrumented",
     travels="fwd: K, V; bwd: K, V + dK, dV (fp32, G sends)",
 ),)

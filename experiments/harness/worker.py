@@ -35,7 +35,7 @@ from . import results as R
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
-from .steps import Step, build_step
+from .steps import Step, build_step, kernel_used
 from .timing import barrier, summarize, time_steps
 
 EXIT_CASE_FAILED = 3
@@ -168,6 +168,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
                                                    "backend": "nccl" if device.type == "cuda" else "gloo"})
+    rec["kernel"] = kernel_used(case, device)
     stats = summarize(samples)
     flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                             mode=case.mode)
