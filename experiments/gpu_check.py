@@ -192,8 +192,8 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
     sizes = [g for g in (2, 4, 8, 16, 32, 64) if g <= n_gpus]
     if not sizes:
         return specs, f"{n_gpus} GPU visible: world size > 1 needs at least 2 (torchrun --nproc-per-node G, NCCL)"
-    multi = dict(one, seqlen=[8192, 32768], world_size=sizes, layout="zigzag")
-    specs.append(_spec("multi", ["burst", "ring", "ulysses", "ring_flash_attn"], multi))
+    multi = dict(one, seqlen=[8192, 32768], world_size=sizes, kv_heads=8, layout="zigzag")
+    specs.append(_spec("multi", ["burst", "ring", "ulysses", "ring_flash_attn"], multi, modes=("fwd_bwd",)))
     return specs, ""
 
 
