@@ -10,7 +10,7 @@ Installs nothing. Steps, each recorded as ok / failed / skipped (with the reason
    liger-kernel, cut-cross-entropy, deepspeed).
 2. ``tests``: ``pytest tests/test_cuda_path.py``: every CUDA kernel against the fp64
    reference (out, lse, dq, dk, dv; bf16, fp16, fp32; causal and not; GQA; the block
-   backward from a global lse), and the operator at world size 1.
+   backward from a global lse), the operator and the ring-flash-attn adapter at world size 1.
 3. ``harness``: the experiment runner and worker at world size 1 (CUDA events,
    ``torch.cuda.max_memory_allocated``), ``burst`` with each CUDA kernel by name,
    then the ring-flash-attn adapter (skipped with the reason where not installed).
@@ -197,7 +197,7 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
     return specs, ""
 
 
-def step_harness(out: Path, plots: Path, specs: list[dict], name: str) -> Step:
+def step_harness(out: Path, specs: list[dict], name: str) -> Step:
     """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
     from .harness.spec import Preset, parse_spec
     from .run import plan, run_local, write_resolved
@@ -219,6 +219,9 @@ def step_harness(out: Path, plots: Path, specs: list[dict], name: str) -> Step:
                     details=details)
     if not any(r["status"] == "ok" for r in recs):
         return Step(name, "skipped", "no case could run here: " + "; ".join(details["skipped"][:3]), details=details)
+    multi_rank = [r for r in recs if r["status"] == "ok" and r["world_size"] > 1]
+    if multi_rank and {r["config"].get("backend") for r in multi_rank} != {"nccl"}:
+        return Step(name, "failed", f"world size > 1 ran on {details['process_group']}, not NCCL", details=details)
     return Step(name, "ok", details=details)
 
 
@@ -305,9 +308,9 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
     specs, multi_why = harness_specs(len(found), kernels)
     run("packages", packages)
     run("tests", lambda: step_tests(out))
-    run("harness", lambda: step_harness(out, plots, [s for s in specs if s["name"] != "multi"], "harness"))
+    run("harness", lambda: step_harness(out, [s for s in specs if s["name"] != "multi"], "harness"))
     run("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
-        step_harness(out, plots, [s for s in specs if s["name"] == "multi"], "multi"))
+        step_harness(out, [s for s in specs if s["name"] == "multi"], "multi"))
     shown = (gpu if len(found) == 1 else f"{gpu} (1 of {len(found)})") if args.device == "cuda" else \
         f"CPU ({env.hardware()['cpu_model']}; --device cpu, a test of the script)"
     run("sweep", lambda: step_sweep(out, plots, shown,

@@ -5,7 +5,8 @@ there) and check every CUDA block kernel that is importable (``cuda_sdpa``
 always; ``flash_attn`` and ``xformers`` where installed): out, lse, dq, dk, dv
 in bf16 and fp16 (and fp32 where the kernel takes it), causal and not, MHA and
 GQA, and the use a ring makes of them: blocks of unequal length whose
-backward gets the GLOBAL lse and delta (through the surrogate ``out``).
+backward gets the GLOBAL lse and delta (through the surrogate ``out``); and
+the ring-flash-attn adapter at world size 1 where that package is installed.
 
 Error budget, the same as the distributed low-precision tests: twice the
 error of plain single-process attention in the same dtype (PyTorch's CPU
@@ -107,6 +108,34 @@ def test_operator_on_cuda_world_size_one(backend):
     assert max_err(q.grad.cpu(), ref["dq"]) < 6e-2
     assert max_err(k.grad.cpu(), ref["dk"]) < 6e-2
     assert max_err(v.grad.cpu(), ref["dv"]) < 6e-2
+
+
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_ring_flash_attn_adapter_world_size_one(causal, heads):
+    """The ring-flash-attn package through our adapter, alone (G = 1: no hop, its kernels and its
+    bookkeeping), against the fp64 reference; the adapter starts a one-rank group for it."""
+    import torch.distributed as dist
+
+    from baselines.registry import get
+
+    m = get("ring_flash_attn")
+    if not m.available():
+        pytest.skip(f"ring_flash_attn is unavailable here (needs {m.external} and flash-attn)")
+    had_group = dist.is_initialized()
+    inputs = make_inputs(1, 256, *heads, 64, torch.bfloat16)
+    q, k, v, do = (t.cuda().requires_grad_(i < 3) for i, t in enumerate(inputs))
+    try:
+        out = m.call(q, k, v, causal=causal)
+        out.backward(do)
+    finally:
+        if dist.is_initialized() and not had_group:
+            dist.destroy_process_group()
+    ref = attention_reference(*(t.double() for t in inputs), causal)
+    plain = attention_reference(*inputs, causal, backend="cpu_flash")
+    for name, got in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert max_err(got.detach().cpu(), ref[name]) <= _budget(plain[name], ref[name], torch.bfloat16), name
 
 
 def test_every_cuda_backend_is_listed():

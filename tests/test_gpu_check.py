@@ -154,14 +154,14 @@ def test_step_harness_runs_specs_through_the_runner(tmp_path):
     """The harness step on this machine: CUDA kernels and ring-flash-attn are skipped with the reason,
     a CPU kernel runs through the worker, and the step reports the kernels that ran."""
     specs, _ = G.harness_specs(1)
-    st = G.step_harness(tmp_path / "r", tmp_path / "p", specs, "harness")
+    st = G.step_harness(tmp_path / "r", specs, "harness")
     assert st.status == "skipped" and "cannot run here" in st.reason
     recs = R.read_records(tmp_path / "r" / "harness" / R.RESULTS_FILE)
     assert {r["kernel"] for r in recs} == set(G.CUDA_KERNELS) and {r["status"] for r in recs} == {"skipped"}
     tiny = G._spec("tiny", ["burst"], {"seqlen": 64, "world_size": 1, "heads": 2, "head_dim": 16,
                                        "dtype": "float32"}, kernels=["cpu_flash", "flash_attn"], modes=("fwd_bwd",))
     tiny.update(warmup=0, repeats=2)
-    st = G.step_harness(tmp_path / "r", tmp_path / "p", [tiny], "harness")
+    st = G.step_harness(tmp_path / "r", [tiny], "harness")
     assert st.status == "ok", st.reason
     assert st.details["kernels"] == ["cpu_flash"] and st.details["process_group"] == ["gloo"]
     assert any("flash_attn" in s for s in st.details["skipped"])
