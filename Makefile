@@ -23,7 +23,7 @@ endif
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce plots model clean
+.PHONY: venv test reproduce plots model gpu-check clean
 
 venv: $(STAMP)
 
@@ -80,6 +80,15 @@ MODEL_ARGS ?=
 
 model: $(STAMP)
 	$(PY) -m experiments.perfmodel paper $(MODEL_ARGS)
+
+# `make gpu-check`: every CUDA kernel and peer once, on this machine's GPUs (experiments/gpu_check.py):
+# package report, tests/test_cuda_path.py, the world-size-1 harness per kernel, ring-flash-attn,
+# NCCL at world size > 1 when more than one GPU is visible, the kernel TFLOP/s sweep. Installs nothing;
+# writes results/gpu_check/<gpu>/ and plots/gpu_check/<gpu>/. Without a GPU: says so, exits 0.
+GPU_CHECK_ARGS ?=
+
+gpu-check: $(STAMP)
+	$(PY) -m experiments.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

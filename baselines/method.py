@@ -15,7 +15,10 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
 * ``check(shape, **options)``: ``ValueError`` if the method cannot run that shape;
 * ``available()``: whether it can run on this machine at all (adapters need
   their package, some need CUDA);
-* ``layouts``: the sequence layouts it accepts.
+* ``layouts``: the sequence layouts it accepts;
+* ``kernel``: the local kernel it always runs, for methods that take no
+  ``backend=`` (a peer package's own calls, materialised scores); None: it
+  takes ``backend=``, a ``burst_impl.kernels`` name (None = automatic).
 
 ``options`` are the method's keyword arguments (e.g. ``ulysses_degree`` for
 ``usp``); ``method.bytes(shape, **options)``, ``method.memory(shape, **options)``,
@@ -63,6 +66,7 @@ class Method:
     # What the attention layer of this method takes (baselines.layer): "sequence" = the
     # layout shard (B, N/G, H) of the hidden states; "replicated" = all of (B, N, H).
     layer_input: str = "sequence"
+    kernel: str | None = None                     # fixed local kernel (no backend= choice), for records
 
     def __post_init__(self):
         if self.level not in LEVELS:

@@ -154,7 +154,7 @@ def ring_rsa_memory_bytes(s, **_) -> int:
 
 METHODS = (Method(
     name="ring_rsa", layouts=LAYOUTS, level="op", fn=ring_rsa_attn_func, comm_bytes=ring_rsa_comm_bytes,
-    memory_bytes=ring_rsa_memory_bytes,
+    memory_bytes=ring_rsa_memory_bytes, kernel="matmul (materialised scores)",
     description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
                 "materialises the (B, Z, N/G, N) scores",
     travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",

@@ -30,7 +30,9 @@ RESULTS_FILE = "results.jsonl"
 
 # Keys every record has (tests check the schema against this list).
 CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")   # copied to the top level
-REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS,
+# ``kernel``: the local attention kernel that ran (the worker resolves it on its device); in records
+# written without running (skipped, or failed before the worker) the one asked for, or "auto".
+REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS, "kernel",
                  "time_samples_s", "config", "git", "versions", "hardware")
 
 
@@ -77,6 +79,7 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "reason": reason,
         "timestamp": now(),
         **{k: cfg[k] for k in CASE_KEYS},
+        "kernel": cfg.get("kernel") or "auto",
         "time_samples_s": [],
         "config": cfg,
         "git": env.git_info(),

@@ -35,7 +35,7 @@ from . import results as R
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
-from .steps import Step, build_step
+from .steps import Step, build_step, kernel_used
 from .timing import barrier, summarize, time_steps
 
 EXIT_CASE_FAILED = 3
@@ -131,15 +131,6 @@ def _shape_checked_once(step: Step) -> Step:
     return dataclasses.replace(step, **{name: first_checked})
 
 
-def attn_kernel(case: Case, device: torch.device) -> str:
-    """The local attention kernel the flash-style methods call for this case (burst_impl.kernels backends:
-    flash_attn or cuda_sdpa on CUDA, cpu_flash on CPU); ring_rsa materialises scores instead."""
-    from burst_impl.kernels import resolve_backend
-    from burst_impl.shape import DTYPES
-
-    return resolve_backend(device, None, DTYPES[case.dtype], case.head_dim)
-
-
 def _warm_up_imports() -> None:
     """Pay once, outside every case's wall-clock budget, for what torch imports lazily on first use:
     the first backward pulls in torch.fx's symbolic shapes, the first CPU memory profile torch._dynamo
@@ -185,9 +176,8 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     method = METHODS[case.method]
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
-                                                   "backend": "nccl" if device.type == "cuda" else "gloo",
-                                                   "attn_kernel": attn_kernel(case, device)})
-    rec["attn_kernel"] = rec["config"]["attn_kernel"]
+                                                   "backend": "nccl" if device.type == "cuda" else "gloo"})
+    rec["kernel"] = kernel_used(case, device)
     stats = summarize(samples)
     flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                             mode=case.mode)
