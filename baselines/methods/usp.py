@@ -46,7 +46,7 @@ from burst_impl.shape import AttnShape
 from burst_impl.topology import check_transport
 
 from ..local import local_attn
-from ..method import Method
+from ..method import CHUNKED_LAYOUTS, Method
 from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
@@ -114,6 +114,10 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     g, G = comm.world(group)
     u, r = check_degrees(G, ulysses_degree, ring_degree)
     rep = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group)
+    if layout not in CHUNKED_LAYOUTS and u > 1 and r > 1:
+        raise ValueError(f"layout={layout!r} is not supported by usp with ulysses_degree={u} and ring degree {r}: "
+                         "the all-to-all of u consecutive ranks gathers tokens that are not a ring-level "
+                         f"{layout} shard; use one of {CHUNKED_LAYOUTS}")
     i, j = divmod(g, u)
     nodes = Nodes.of(group, node_size)
     uly_nodes, ring_nodes = nodes.sub([i * u + m for m in range(u)]), nodes.sub([m * u + j for m in range(r)])
