@@ -16,6 +16,9 @@ counters (``counts.notes["burst.backward"]``).
 The ring loops themselves (``circulate``, ``AccumulatorRing``) live in
 ``burst_impl.comm``; they keep a rank whose block computation raises in the
 ring until every transfer is done, then raise (see ``comm.circulate``).
+They run on a transport built once per call before any byte is sent
+(``burst_impl.topology.transport``): the flat ring, or the double ring
+(``topology="double"``); the per-step compute only sees (q owner, kv owner).
 """
 from __future__ import annotations
 
