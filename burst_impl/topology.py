@@ -79,6 +79,7 @@ def _subgroup(ranks: list[int], parent):
     key = tuple(ranks)
     if key not in _SUBGROUPS:
         kw = {}
+        parent = dist.group.WORLD if parent is None else parent
         try:  # the parent's timeout, so a failure in a channel is bounded like one in the group
             kw["timeout"] = parent._get_backend(comm_device(parent)).options._timeout
         except Exception:  # noqa: BLE001 - private API; torch's default timeout otherwise
