@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce plots clean
+.PHONY: venv test reproduce plots model clean
 
 venv: $(STAMP)
 
@@ -37,18 +37,33 @@ endif
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# `make reproduce`: the CPU preset end to end (results/ and plots/). With PROFILE=<name>
-# (a100_8, a100_32, a800_32: experiments/presets/<name>.yaml) the cluster sweeps go through
-# the SLURM template instead; RUN_ARGS passes options (e.g. --dry-run, --force).
-PROFILE ?= cpu
+# `make reproduce`: the CPU preset end to end (results/ and plots/). PRESET=<name> picks another
+# preset (a named list of specs: experiments/presets/<name>.yaml, e.g. a100_8, a100_32, a800_32,
+# whose specs run on SLURM cluster profiles); CLUSTER=<name> runs every spec of the preset on that
+# cluster profile (experiments/clusters/<name>.yaml); RUN_ARGS passes options (--dry-run, --force).
+# PROFILE= is the old name of PRESET= and still works.
+PRESET ?= cpu
+CLUSTER ?=
 RUN_ARGS ?=
+ifdef PROFILE
+$(warning PROFILE=$(PROFILE) is deprecated: it picks a preset, so call it PRESET=$(PROFILE))
+PRESET := $(PROFILE)
+endif
 
 reproduce: $(STAMP)
-	$(PY) -m experiments.run $(PROFILE) $(RUN_ARGS)
+	$(PY) -m experiments.run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
 
 # Redraw every figure from the results files; runs nothing.
 plots: $(STAMP)
 	$(PY) -m experiments.plots
+
+# `make model`: the performance model (experiments/perfmodel) predicts every paper-size spec on the
+# hardware profile its cluster profile names: results/modelled/ and plots/modelled/ (figures and tables, all
+# labelled "modelled"). Runs nothing on any device. MODEL_ARGS passes options (e.g. --hardware NAME).
+MODEL_ARGS ?=
+
+model: $(STAMP)
+	$(PY) -m experiments.perfmodel paper $(MODEL_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -24,8 +24,6 @@ from burst_impl import comm
 Tensor = torch.Tensor
 
 
-
-
 def _size(group) -> int:
     return comm.world(group)[1]
 
@@ -107,33 +105,28 @@ def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group=None, *, kind
     return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind)
 
 
-class _AllGather(torch.autograd.Function):
-    @staticmethod
+def _dual_pair(forward_fn, backward_fn, name: str):
+    """An autograd collective whose backward is its dual (all-gather <-> reduce-scatter)."""
+
     def forward(ctx, x, dim, group, kind, grad_kind):
         ctx.cfg = (dim, group, grad_kind)
-        return all_gather_(x, dim, group, "forward", kind)
+        return forward_fn(x, dim, group, "forward", kind)
 
-    @staticmethod
     def backward(ctx, g):
         dim, group, grad_kind = ctx.cfg
-        return reduce_scatter_(g, dim, group, "backward", grad_kind), None, None, None, None
+        return backward_fn(g, dim, group, "backward", grad_kind), None, None, None, None
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+_AllGather = _dual_pair(all_gather_, reduce_scatter_, "_AllGather")
+_ReduceScatter = _dual_pair(reduce_scatter_, all_gather_, "_ReduceScatter")
 
 
 def all_gather(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
     """Differentiable all-gather; its backward is a counted reduce-scatter."""
     return _AllGather.apply(x, dim, group, kind, grad_kind)
-
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group, kind, grad_kind):
-        ctx.cfg = (dim, group, grad_kind)
-        return reduce_scatter_(x, dim, group, "forward", kind)
-
-    @staticmethod
-    def backward(ctx, g):
-        dim, group, grad_kind = ctx.cfg
-        return all_gather_(g, dim, group, "backward", grad_kind), None, None, None, None
 
 
 def reduce_scatter(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
@@ -173,3 +166,33 @@ def all_reduce_forward(x: Tensor, group=None, *, kind: str) -> Tensor:
 
 def all_reduce_backward(x: Tensor, group=None, *, grad_kind: str) -> Tensor:
     return _ReduceBwd.apply(x, group, grad_kind)
+
+
+# ---------------------------------------------------------------- formula bytes of adapters
+
+
+class _RecordFormula(torch.autograd.Function):
+    """Identity on (q, k, v) that records formula bytes: forward now, backward when grads pass."""
+
+    @staticmethod
+    def forward(ctx, table, q, k, v):
+        ctx.table = table
+        for (phase, kind), b in table.items():
+            if phase == "forward":
+                comm.record(phase, kind, b)
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        for (phase, kind), b in ctx.table.items():
+            if phase == "backward":
+                comm.record(phase, kind, b)
+        return None, dq, dk, dv
+
+
+def record_formula(table: dict, q: Tensor, k: Tensor, v: Tensor):
+    """Identity on (q, k, v) that records ``table``'s bytes (``{(phase, kind): bytes}``): forward
+    bytes now, backward bytes when the gradients pass back. For adapters whose sends happen inside
+    another package (their bytes are formulas, flagged by ``Method.bytes_by_formula``)."""
+    return _RecordFormula.apply(table, q, k, v)
+

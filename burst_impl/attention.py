@@ -30,6 +30,7 @@ from .comm import AccumulatorRing, circulate  # noqa: F401 - the ring helpers li
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
 from .layout import block_plan, check_layout, chunks_per_rank
+from .shape import AttnShape
 
 Tensor = torch.Tensor
 BACKWARDS = ("burst", "ring", "auto")
@@ -230,8 +231,7 @@ BACKWARD_FNS = {"burst": burst_backward, "ring": kv_ring_backward}
 def resolve_backward(backward: str, q: Tensor, k: Tensor, world_size: int, grad_dtype) -> str:
     if backward != "auto":
         return backward
-    b, s, z, d = q.shape
-    return volume.cheaper_backward(b, s * world_size, z, k.shape[2], d, world_size, q.element_size(),
+    return volume.cheaper_backward(AttnShape.from_tensors(q, k, world_size),
                                    torch.empty((), dtype=grad_dtype).element_size())
 
 

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="preset name (experiments/presets/<name>.yaml), spec name or spec file")
-    ap.add_argument("--target", help="override the specs' target (cpu, local or a profile name)")
+    ap.add_argument("--cluster", "--target", dest="cluster",
+                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>); "
+                         "--target is its old name")
     ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results/)")
     ap.add_argument("--plots", default=str(REPO / "plots"), help="figures root (default: plots/)")
     ap.add_argument("--dry-run", action="store_true", help="print the launch commands / SLURM scripts only")
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", action="store_true", help="SLURM: sbatch --wait (block until each job ends)")
     args = ap.parse_args(argv)
 
-    preset = load_any(args.what, target=args.target)
+    preset = load_any(args.what, cluster=args.cluster)
     results_root = Path(args.results)
     batches = plan(preset, results_root=results_root, force=args.force, retry_failed=args.retry_failed)
     n = sum(len(v) for v in batches.values())
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({total - n} already have results{'' if not args.force else '; --force'})")
     profiles = {s.profile.scheduler for s in preset.specs}
     if len(profiles) > 1:
-        raise SystemExit("a preset must not mix local and SLURM targets")
+        raise SystemExit("a preset must not mix local and SLURM cluster profiles")
     if not args.dry_run:
         for spec in preset.specs:
             write_resolved(spec, results_root)

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from burst_impl import burst_attn_func
-from burst_impl.kernels import _flash_attn_available
+from burst_impl.kernels import BACKENDS as _ALL
 from tests.refs import attention_reference, make_inputs, max_err
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-BACKENDS = ["cuda_sdpa"] + (["flash_attn"] if _flash_attn_available() else [])
+BACKENDS = ["cuda_sdpa"] + (["flash_attn"] if _ALL["flash_attn"].available() else [])
 
 
 @cuda

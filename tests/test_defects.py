@@ -23,7 +23,7 @@ import torch.distributed as dist
 import yaml
 
 from baselines import AttnShape, get
-from baselines.block import block_forward, block_input, local_grads, make_block
+from baselines.layer import layer_forward, layer_input, local_grads, make_layer
 from burst_impl import burst_attn_func, comm
 from burst_impl.layout import shard, unshard
 from tests.refs import attention_reference, make_inputs, max_err
@@ -129,31 +129,31 @@ def test_any_strides_match_fp64_reference(pools, method, world_size, options):
                 assert err <= tol[name], f"{method} rank {rank} views {res['views']} {name}: {err:.3g}"
 
 
-def _strided_block(method: str, shape: AttnShape) -> list[dict]:
-    """An attention block fed contiguous, then strided, hidden states and output gradients."""
+def _strided_layer(method: str, shape: AttnShape) -> list[dict]:
+    """An attention layer fed contiguous, then strided, hidden states and output gradients."""
     g = torch.Generator().manual_seed(1)
     h = shape.heads * shape.head_dim
     x_full, dy_full = torch.randn(B, shape.seqlen, h, generator=g), torch.randn(B, shape.seqlen, h, generator=g)
     out = []
     for view in (None, "head_dim_strided", "reversed", "packed"):
-        blk = make_block(method, shape, group=None, seed=0)
-        x = block_input(blk, x_full)
+        lay = make_layer(method, shape, group=None, seed=0)
+        x = layer_input(lay, x_full)
         x = x.clone().requires_grad_() if view is None else _leaf(x, view)
-        dy = block_input(blk, dy_full)
-        y = block_forward(blk, x)
+        dy = layer_input(lay, dy_full)
+        y = layer_forward(lay, x)
         y.backward(dy if view is None else VIEWS[view](dy))
-        out.append(dict(y=y.detach(), dx=x.grad, **{f"grad_{n}": g for n, (_, g) in local_grads(blk).items()}))
+        out.append(dict(y=y.detach(), dx=x.grad, **{f"grad_{n}": g for n, (_, g) in local_grads(lay).items()}))
     return out
 
 
 @pytest.mark.parametrize("method", ["tp_v1", "tp_v3", "burst", "ulysses"])
-def test_blocks_take_strided_hidden_states(pools, method):
-    """Attention blocks (TP's too): strided views of the hidden states (B, N/G or N, H) give what
-    contiguous ones give, output, input gradient and weight gradients (W=3); the contiguous block
-    is checked against the fp64 block in test_baselines_block.py."""
+def test_layers_take_strided_hidden_states(pools, method):
+    """Attention layers (TP's too): strided views of the hidden states (B, N/G or N, H) give what
+    contiguous ones give, output, input gradient and weight gradients (W=3); the contiguous layer
+    is checked against the fp64 layer in test_baselines_layer.py."""
     G = 3
     shape = AttnShape(B, _seqlen(G), *heads_for(G), 8, G, dtype="float32", causal=True, layout="contiguous")
-    for rank, (plain, *views) in enumerate(pools.run(G, _strided_block, method, shape)):
+    for rank, (plain, *views) in enumerate(pools.run(G, _strided_layer, method, shape)):
         for res in views:
             for name, t in plain.items():
                 assert max_err(res[name], t) <= FP32_RTOL * max(t.abs().max().item(), 1.0), (method, rank, name)
@@ -204,8 +204,8 @@ def test_fp64_end_to_end(pools, method, world_size, backward, options):
             assert err <= tol, f"{method} rank {rank} {name}: {err:.3g} > {tol:.3g}"
         if res["lse"] is not None:
             assert res["lse"].dtype == torch.float64
-            expect = volume.expected_bytes(B, cfg["seqlen"], z, zkv, D, world_size, 8, backward=backward,
-                                           grad_elem_size=8)
+            expect = volume.expected_bytes(AttnShape(B, cfg["seqlen"], z, zkv, D, world_size, dtype="float64"),
+                                           backward=backward, grad_elem_size=8)
             assert res["counts"] == expect, f"rank {rank}: {res['counts']} != {expect}"
 
 
@@ -461,7 +461,7 @@ def _nested_phases() -> dict:
         with comm.count_bytes() as bwd:
             out.backward(do)
     burst_attn_func(q, k, v)  # after every counter closed: counted by none
-    expect = volume.expected_bytes(1, 4 * G, 4, 4, 8, G, 4, backward="burst")
+    expect = volume.expected_bytes(AttnShape(1, 4 * G, 4, 4, 8, G, dtype="float32"), backward="burst")
     assert dict(step) == expect
     assert dict(fwd) == {key: b for key, b in expect.items() if key[0] == "forward"}
     assert dict(bwd) == {key: b for key, b in expect.items() if key[0] == "backward"}
@@ -530,7 +530,8 @@ def _checked_call_counts() -> dict:
 def test_shape_check_sends_nothing_counted_and_passes_even_shards(pools, world_size):
     from burst_impl import volume
 
-    expect = volume.expected_bytes(1, 4 * world_size, 4, 4, 8, world_size, 4, backward="burst")
+    expect = volume.expected_bytes(AttnShape(1, 4 * world_size, 4, 4, 8, world_size, dtype="float32"),
+                                   backward="burst")
     assert pools.run(world_size, _checked_call_counts) == [expect] * world_size
 
 
@@ -562,7 +563,7 @@ def test_a_killed_worker_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch
     spec = {"name": "t_kill", "methods": ["burst", "ring"], "baseline": "ring",
             "sweep": {"seqlen": [32, 64], "world_size": 2, "heads": 2, "head_dim": 8, "layout": "zigzag"},
             "measure": {"modes": ["fwd_bwd"], "level": "op"}, "warmup": 0, "repeats": 1, "seed": 1,
-            "target": "cpu", "timeouts": {"case_s": 60, "pg_s": 20}}
+            "cluster": "cpu", "timeouts": {"case_s": 60, "pg_s": 20}}
     path = tmp_path / "t_kill.yaml"
     path.write_text(yaml.safe_dump(spec))
     monkeypatch.setenv("EXPERIMENTS_INJECT_FAULT", "ring.op.fwd_bwd.N32.:kill:1")

@@ -23,7 +23,7 @@ GOOD = {
     "measure": {"modes": ["fwd_bwd"], "level": "op"},
     "warmup": 0,
     "repeats": 2,
-    "target": "cpu",
+    "cluster": "cpu",
 }
 
 
@@ -90,13 +90,13 @@ def _bad(tmp_path, patch: dict, drop: tuple = ()) -> str:
     ({"methods": ["burst", "nonsense"]}, "methods", "'nonsense' is not registered"),
     ({"baseline": "ring"}, "baseline", "must be one of methods"),
     ({"sweep.seqlen": [98]}, "sweep", "multiple of 4"),               # zigzag at G=2: 2G chunks
-    ({"sweep.world_size": 16, "target": "a100_8"}, "sweep.world_size", "exceeds"),
-    ({"sweep.world_size": 12, "target": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
+    ({"sweep.world_size": 16, "cluster": "a100_8"}, "sweep.world_size", "exceeds"),
+    ({"sweep.world_size": 12, "cluster": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
     ({"measure.modes": ["sideways"]}, "measure.modes", "unknown"),
-    ({"measure.level": "model"}, "measure.level", "must be one of"),
+    ({"measure.level": "galaxy"}, "measure.level", "unknown"),
     ({"repeats": 0}, "repeats", ">= 1"),
     ({"sweep.heads": 3, "sweep.kv_heads": 2}, "sweep", "multiple of kv_heads"),
-    ({"target": "nowhere"}, "target", "no such profile"),
+    ({"cluster": "nowhere"}, "cluster", "no such cluster profile"),
     ({"sweep.dtype": "float8"}, "sweep.dtype", "unknown"),
     ({"sweep.causal": "yes"}, "sweep.causal", "true or false"),
 ])
@@ -105,14 +105,25 @@ def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
     assert f"key {key!r}" in msg and rule in msg, msg
 
 
+def test_old_key_and_level_names_still_load(tmp_path):
+    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) load, with a deprecation warning."""
+    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+    raw["target"] = raw.pop("cluster")
+    with pytest.warns(DeprecationWarning):
+        spec = parse_spec(raw, "old.yaml")
+    assert spec.cluster == "cpu" and spec.measure.level == "layer"
+    with pytest.raises(ValueError, match="key 'target': is the old name of 'cluster'"):
+        parse_spec(dict(GOOD, target="cpu"), "both.yaml")
+
+
 def test_missing_required_key(tmp_path):
     msg = _bad(tmp_path, {}, drop=("sweep",))
     assert "key 'sweep'" in msg and "required" in msg
 
 
-def test_block_only_method_at_op_level_is_an_error(tmp_path):
+def test_layer_only_method_at_op_level_is_an_error(tmp_path):
     msg = _bad(tmp_path, {"methods": ["burst", "tp_v1"]})
-    assert "key 'measure.level'" in msg and "block-only" in msg
+    assert "key 'measure.level'" in msg and "layer-only" in msg
 
 
 def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):

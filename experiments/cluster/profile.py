@@ -1,9 +1,10 @@
-"""Targets: where a spec runs.
+"""Cluster profiles: where a spec runs (the spec's ``cluster:`` key).
 
 ``cpu`` is built in: this machine, gloo, torchrun --standalone. ``local`` is
-this machine with whatever it has (NCCL on its GPUs, else gloo). Cluster
-profiles are YAML files in ``experiments/profiles/<name>.yaml`` and run
-through the SLURM template (``experiments/slurm.py``).
+this machine with whatever it has (NCCL on its GPUs, else gloo). Other
+cluster profiles are YAML files in ``experiments/clusters/<name>.yaml`` and
+run through the SLURM template (``experiments.cluster.slurm``); each names
+the hardware profile it is made of (``experiments.cluster.hardware``).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ class Profile:
     scheduler: str                   # "local" (torchrun --standalone here) or "slurm"
     device: str                      # "cpu", "cuda" or "auto" (cuda when available)
     nodes: int = 1
-    gpus_per_node: int = 0           # 0 for CPU targets
-    max_local_world: int = 8         # local CPU targets: most processes per case
+    gpus_per_node: int = 0           # 0 for CPU clusters
+    max_local_world: int = 8         # local CPU clusters: most processes per case
     description: str = ""
     partition: str = "<PARTITION>"
     account: str = "<ACCOUNT>"
@@ -32,6 +33,7 @@ class Profile:
     python: str = ".venv/bin/python"
     sbatch_extra: tuple[str, ...] = ()  # extra "#SBATCH ..." options, e.g. "--qos=high"
     master_port: int = 29500
+    hardware: str | None = None      # the hardware profile it is made of (experiments/hardware/<name>.yaml)
     path: str = "<builtin>"
 
     @property
@@ -39,12 +41,12 @@ class Profile:
         return self.nodes * self.gpus_per_node if self.scheduler == "slurm" else self.max_local_world
 
     def world_size_rule(self, world_size: int) -> str | None:
-        """Why ``world_size`` cannot run on this target, or None if it can."""
+        """Why ``world_size`` cannot run on this cluster, or None if it can."""
         if world_size > self.max_world:
-            return f"world_size={world_size} exceeds the {self.max_world} processes of target {self.name!r}"
+            return f"world_size={world_size} exceeds the {self.max_world} processes of cluster {self.name!r}"
         if self.scheduler == "slurm" and world_size > self.gpus_per_node and world_size % self.gpus_per_node:
             return (f"world_size={world_size} spans nodes, so it must be a multiple of "
-                    f"gpus_per_node={self.gpus_per_node} of target {self.name!r}")
+                    f"gpus_per_node={self.gpus_per_node} of cluster {self.name!r}")
         return None
 
     def nodes_for(self, world_size: int) -> int:
@@ -74,7 +76,7 @@ def load_profile(name_or_path: str) -> Profile:
         p = PROFILE_DIR / f"{name_or_path}.yaml"
     if not p.exists():
         known = sorted(BUILTIN) + sorted(x.stem for x in PROFILE_DIR.glob("*.yaml"))
-        raise ValueError(f"target={name_or_path!r}: no such profile; known: {known}")
+        raise ValueError(f"cluster={name_or_path!r}: no such cluster profile; known: {known}")
     raw = yaml.safe_load(p.read_text()) or {}
     if not isinstance(raw, dict):
         raise ValueError(f"{p}: a profile must be a mapping")
@@ -94,6 +96,13 @@ def load_profile(name_or_path: str) -> Profile:
         raise ValueError(f"{p}: key 'scheduler'={prof.scheduler!r} must be 'local' or 'slurm'")
     if prof.device not in ("cpu", "cuda", "auto"):
         raise ValueError(f"{p}: key 'device'={prof.device!r} must be 'cpu', 'cuda' or 'auto'")
+    if prof.hardware is not None:
+        from .hardware import load_hardware
+
+        hw = load_hardware(prof.hardware)   # ValueError naming the file and key if it is wrong
+        if prof.scheduler == "slurm" and (hw.nodes, hw.devices_per_node) != (prof.nodes, prof.gpus_per_node):
+            raise ValueError(f"{p}: nodes={prof.nodes} x gpus_per_node={prof.gpus_per_node} disagree with "
+                             f"hardware {prof.hardware!r} ({hw.nodes} x {hw.devices_per_node})")
     for key in ("nodes", "gpus_per_node"):
         if prof.scheduler == "slurm" and getattr(prof, key) < 1:
             raise ValueError(f"{p}: key {key!r}={getattr(prof, key)} must be at least 1 for SLURM")

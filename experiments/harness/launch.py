@@ -133,15 +133,20 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
         recorded: set[str] = set()
         started_seen: set[str] = set()
         killed_for = ""
+
+        def collect() -> None:
+            """Hand every new record of this batch to ``on_record`` (the one record-reading loop)."""
+            for rec in watcher.poll():
+                if rec.get("case_id") in by_id:
+                    recorded.add(rec["case_id"])
+                    on_record(rec)
+
         with open(log, "w") as logf:
             proc = subprocess.Popen(cmd, cwd=repo, env=worker_env(ws, device, repo), stdout=logf,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             while True:
                 rc = proc.poll()
-                for rec in watcher.poll():
-                    if rec.get("case_id") in by_id:
-                        recorded.add(rec["case_id"])
-                        on_record(rec)
+                collect()
                 for c in pending:
                     m = R.marker_path(results_root, c)
                     if c.case_id in recorded or not m.exists():
@@ -163,16 +168,10 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
                     killed_for = "timeout: the launch exceeded its wall-clock deadline; killed by the driver"
                     _kill(proc)
                 time.sleep(POLL_S)
-        for rec in watcher.poll():
-            if rec.get("case_id") in by_id:
-                recorded.add(rec["case_id"])
-                on_record(rec)
+        collect()
         reason = killed_for or f"worker launch exited with code {rc} before the case finished: {_tail(log, 600)}"
-        for cid in R.finalize_unfinished(results_root, pending, reason):
-            recorded.add(cid)
-        for rec in watcher.poll():
-            if rec.get("case_id") in by_id:
-                on_record(rec)
+        R.finalize_unfinished(results_root, pending, reason)
+        collect()
         before = len(pending)
         pending = [c for c in pending if c.case_id not in recorded]
         if pending and len(pending) == before:
@@ -181,7 +180,5 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
             for c in pending:
                 rec = R.base_record(c, "failed", why)
                 R.append_record(results_root, rec)
-            for rec in watcher.poll():
-                if rec.get("case_id") in by_id:
-                    on_record(rec)
+            collect()
             pending = []

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import env
+from .axes import AXES
 from .spec import Case
 
 SCHEMA_VERSION = 1
@@ -28,12 +29,9 @@ DONE_STATUSES = ("ok", "oom", "failed")
 RESULTS_FILE = "results.jsonl"
 
 # Keys every record has (tests check the schema against this list).
-REQUIRED_KEYS = (
-    "schema", "experiment", "case_id", "status", "reason", "timestamp",
-    "method", "level", "mode", "batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size",
-    "dtype", "causal", "layout", "warmup", "repeats", "seed",
-    "time_samples_s", "config", "git", "versions", "hardware",
-)
+CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")   # copied to the top level
+REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS,
+                 "time_samples_s", "config", "git", "versions", "hardware")
 
 
 def experiment_dir(results_root: Path | str, experiment: str) -> Path:
@@ -63,9 +61,7 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "status": status,
         "reason": reason,
         "timestamp": now(),
-        **{k: cfg[k] for k in ("method", "level", "mode", "batch", "seqlen", "heads", "kv_heads",
-                               "head_dim", "world_size", "dtype", "causal", "layout", "warmup",
-                               "repeats", "seed")},
+        **{k: cfg[k] for k in CASE_KEYS},
         "time_samples_s": [],
         "config": cfg,
         "git": env.git_info(),

@@ -1,0 +1,229 @@
+"""Hardware profiles: what a cluster is made of, as data (``experiments/hardware/<name>.yaml``).
+
+A hardware profile describes real machines: the accelerator (peak dense
+FLOP/s per dtype, HBM size and bandwidth, how close an attention kernel gets
+to peak as a function of its block size) and the two link classes a rank
+talks over (inside a node: NVLink or PCIe; between nodes: InfiniBand or
+RoCE), with the sources of every number in the file. Two consumers read it:
+
+* the cluster emulator (``experiments.cluster``) scales its shaped links so
+  that compute time : communication time per ring step on this machine equals
+  the target's;
+* the performance model (``experiments.perfmodel``) predicts step times and
+  memory at the papers' sizes.
+
+A *cluster profile* (``experiments/clusters/<name>.yaml``, ``profile.py``) is
+where a spec runs (scheduler, nodes, partition, setup); it names the hardware
+profile it is made of with ``hardware: <name>``.
+
+Link bandwidth convention. ``gbits_s`` is the nominal rate vendors quote for
+one link (one NIC, one PCIe x16 slot, one GPU's NVLink in one direction);
+``shared_by`` is how many ranks share one such link when every rank of a node
+sends at once (e.g. 8 GPUs behind 4 HCAs: 2); ``efficiency`` is the fraction
+of nominal a collective or a point-to-point transfer achieves in practice
+(NCCL bus bandwidth over nominal). The rate one rank gets is
+``gbits_s * 1e9 / 8 * efficiency / shared_by`` bytes per second, per direction.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import yaml
+
+HARDWARE_DIR = Path(__file__).resolve().parents[1] / "hardware"
+LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet", "veth")
+
+
+def _interp(pts: tuple[tuple[int, float], ...], tokens: float) -> float:
+    """Linear in log2(tokens) between the table's points, clamped at both ends."""
+    xs = [t for t, _ in pts]
+    if tokens <= xs[0]:
+        return pts[0][1]
+    if tokens >= xs[-1]:
+        return pts[-1][1]
+    i = bisect.bisect_right(xs, tokens)
+    (t0, e0), (t1, e1) = pts[i - 1], pts[i]
+    w = (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
+    return e0 + w * (e1 - e0)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    peak_tflops: dict[str, float]            # dense peak per dtype name ("bfloat16", "float16", "float32")
+    hbm_gib: float                           # memory per device
+    hbm_gbytes_s: float                      # memory bandwidth, 1e9 bytes/s
+    # (tokens per block, fraction of peak) of a flash-attention kernel, forward + backward,
+    # head dim 128; interpolated linearly in log2(tokens), clamped at both ends.
+    attn_efficiency: tuple[tuple[int, float], ...]
+    source: str = ""
+    # Optional, same form, forward pass only (None: the forward + backward table serves every
+    # mode). With it the performance model derives the backward efficiency from the two.
+    attn_efficiency_forward: tuple[tuple[int, float], ...] | None = None
+    # Optional: fraction of peak a large dense GEMM reaches (projections of the attention block).
+    gemm_efficiency: float | None = None
+
+    def efficiency(self, tokens: int) -> float:
+        return _interp(self.attn_efficiency, tokens)
+
+    def forward_efficiency(self, tokens: int) -> float:
+        return _interp(self.attn_efficiency_forward or self.attn_efficiency, tokens)
+
+    def attention_flops_per_s(self, dtype: str, tokens: int) -> float:
+        """FLOP/s a flash kernel sustains on blocks of ``tokens`` rows (peak x efficiency)."""
+        return self.peak_tflops[dtype] * 1e12 * self.efficiency(tokens)
+
+
+@dataclass(frozen=True)
+class Link:
+    kind: str                # one of LINK_KINDS
+    gbits_s: float           # nominal rate of one link, per direction
+    latency_us: float        # one-way latency of a small message
+    shared_by: int = 1       # ranks sharing one link when all send at once
+    efficiency: float = 1.0  # achieved / nominal
+    source: str = ""
+
+    @property
+    def bytes_per_s(self) -> float:
+        """What one rank gets, per direction, when every rank of the node uses this link class."""
+        return self.gbits_s * 1e9 / 8 * self.efficiency / self.shared_by
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Time for one message of ``nbytes`` on this link (latency + size / rate)."""
+        return self.latency_us * 1e-6 + nbytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    accelerator: Accelerator
+    nodes: int
+    devices_per_node: int
+    intra: Link                      # between ranks of one node
+    inter: Link | None = None        # between nodes (None: single node)
+    nics_per_node: int = 0
+    path: str = "<memory>"
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def link(self, same_node: bool) -> Link:
+        if same_node or self.inter is None:
+            return self.intra
+        return self.inter
+
+
+def _err(path, key: str, rule: str) -> ValueError:
+    return ValueError(f"{path}: key {key!r}: {rule}")
+
+
+def _positive(path, key: str, value, *, allow_zero: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and (
+        value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise _err(path, key, f"{value!r} must be a {'non-negative' if allow_zero else 'positive'} number")
+    return value
+
+
+def _keys(path, where: str, raw, cls) -> dict:
+    if not isinstance(raw, dict):
+        raise _err(path, where, "must be a mapping")
+    allowed = {f.name for f in fields(cls)} - {"path"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise _err(path, f"{where}.{sorted(unknown)[0]}" if where else sorted(unknown)[0],
+                   f"unknown key; allowed: {sorted(allowed)}")
+    return dict(raw)
+
+
+def _link(path, where: str, raw) -> Link:
+    d = _keys(path, where, raw, Link)
+    for key in ("kind", "gbits_s", "latency_us"):
+        if key not in d:
+            raise _err(path, f"{where}.{key}", "is required")
+    if d["kind"] not in LINK_KINDS:
+        raise _err(path, f"{where}.kind", f"{d['kind']!r} must be one of {LINK_KINDS}")
+    _positive(path, f"{where}.gbits_s", d["gbits_s"])
+    _positive(path, f"{where}.latency_us", d["latency_us"], allow_zero=True)
+    if not isinstance(d.get("shared_by", 1), int) or d.get("shared_by", 1) < 1:
+        raise _err(path, f"{where}.shared_by", f"{d.get('shared_by')!r} must be an integer >= 1")
+    eff = d.get("efficiency", 1.0)
+    if not isinstance(eff, (int, float)) or not 0 < eff <= 1:
+        raise _err(path, f"{where}.efficiency", f"{eff!r} must be in (0, 1]")
+    return Link(**d)
+
+
+def _efficiency_table(path, key: str, pts) -> tuple[tuple[int, float], ...]:
+    if not isinstance(pts, list) or not pts or not all(isinstance(p, list) and len(p) == 2 for p in pts):
+        raise _err(path, key, "must be a non-empty list of [tokens, fraction]")
+    pts = tuple((int(t), float(e)) for t, e in pts)
+    if any(t <= 0 or not 0 < e <= 1 for t, e in pts) or [t for t, _ in pts] != sorted({t for t, _ in pts}):
+        raise _err(path, key, "tokens must be positive and strictly increasing, fractions in (0, 1]")
+    return pts
+
+
+def _accelerator(path, raw) -> Accelerator:
+    d = _keys(path, "accelerator", raw, Accelerator)
+    for key in ("name", "peak_tflops", "hbm_gib", "hbm_gbytes_s", "attn_efficiency"):
+        if key not in d:
+            raise _err(path, f"accelerator.{key}", "is required")
+    if not isinstance(d["peak_tflops"], dict) or not d["peak_tflops"]:
+        raise _err(path, "accelerator.peak_tflops", "must map dtype names to TFLOP/s")
+    for k, v in d["peak_tflops"].items():
+        _positive(path, f"accelerator.peak_tflops.{k}", v)
+    _positive(path, "accelerator.hbm_gib", d["hbm_gib"])
+    _positive(path, "accelerator.hbm_gbytes_s", d["hbm_gbytes_s"])
+    d["attn_efficiency"] = _efficiency_table(path, "accelerator.attn_efficiency", d["attn_efficiency"])
+    if d.get("attn_efficiency_forward") is not None:
+        d["attn_efficiency_forward"] = _efficiency_table(path, "accelerator.attn_efficiency_forward",
+                                                         d["attn_efficiency_forward"])
+    if d.get("gemm_efficiency") is not None:
+        g = d["gemm_efficiency"]
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+            raise _err(path, "accelerator.gemm_efficiency", f"{g!r} must be in (0, 1]")
+        d["gemm_efficiency"] = float(g)
+    d["peak_tflops"] = {str(k): float(v) for k, v in d["peak_tflops"].items()}
+    return Accelerator(**d)
+
+
+def parse_hardware(raw, path: str | Path = "<memory>") -> Hardware:
+    d = _keys(path, "", raw, Hardware)
+    for key in ("name", "accelerator", "nodes", "devices_per_node", "intra"):
+        if key not in d:
+            raise _err(path, key, "is required")
+    for key in ("nodes", "devices_per_node"):
+        if not isinstance(d[key], int) or isinstance(d[key], bool) or d[key] < 1:
+            raise _err(path, key, f"{d[key]!r} must be an integer >= 1")
+    d["accelerator"] = _accelerator(path, d["accelerator"])
+    d["intra"] = _link(path, "intra", d["intra"])
+    if d.get("inter") is not None:
+        d["inter"] = _link(path, "inter", d["inter"])
+    elif d["nodes"] > 1:
+        raise _err(path, "inter", f"is required when nodes={d['nodes']} > 1")
+    d.setdefault("description", "")
+    return Hardware(**d, path=str(path))
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    """A hardware profile by name (``experiments/hardware/<name>.yaml``) or path; ValueError if absent
+    or invalid (naming the file, the key and the rule)."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = HARDWARE_DIR / f"{name_or_path}.yaml"
+    if not p.exists():
+        known = sorted(x.stem for x in HARDWARE_DIR.glob("*.yaml"))
+        raise ValueError(f"hardware={name_or_path!r}: no such hardware profile; known: {known}")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{p}: not valid YAML: {e}") from None
+    return parse_hardware(raw, p)
+
+
+def known_hardware() -> list[str]:
+    return sorted(x.stem for x in HARDWARE_DIR.glob("*.yaml"))
