@@ -19,6 +19,16 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
   layout of the case's mask, any ``"balanced:K"``);
 * ``masks``: whether it takes ``mask=`` (sliding window, documents, block-sparse,
   ``burst_impl.masks``); without it only ``causal`` true/false.
+* ``kernel``: the local kernel it always runs, for methods that take no
+  ``backend=`` (a peer package's own calls, materialised scores); None: it
+  takes ``backend=``, a ``burst_impl.kernels`` name (None = automatic).
+* ``link_bytes(shape, rank, node_size, **options)``: the same bytes of rank
+  ``rank``, split by link class, ``{(phase, kind, link): bytes}`` with link
+  "intra" or "inter" (``burst_impl.nodes``; ``node_size`` None: ``LOCAL_WORLD_SIZE``,
+  else one node), exactly what ``count_bytes().link_dict()`` must count;
+  None for adapters whose sends happen inside another package ("unclassified");
+* ``variant_of``: for a timing variant of another method (same numerics,
+  same bytes, e.g. communication/computation overlap switched off), its name.
 
 ``options`` are the method's keyword arguments (e.g. ``ulysses_degree`` for
 ``usp``); ``method.bytes(shape, **options)``, ``method.memory(shape, **options)``,
@@ -67,6 +77,9 @@ class Method:
     # What the attention layer of this method takes (baselines.layer): "sequence" = the
     # layout shard (B, N/G, H) of the hidden states; "replicated" = all of (B, N, H).
     layer_input: str = "sequence"
+    kernel: str | None = None                     # fixed local kernel (no backend= choice), for records
+    link_bytes: Callable[..., dict] | None = None
+    variant_of: str | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -108,6 +121,12 @@ class Method:
     def bytes(self, shape: AttnShape, **options) -> dict:
         """``{(phase, kind): bytes}`` one rank sends for one forward + backward."""
         return self.comm_bytes(shape, **self._opts(options))
+
+    def links(self, shape: AttnShape, rank: int = 0, node_size=None, **options) -> dict:
+        """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward, by link class."""
+        if self.link_bytes is None:
+            return {(p, k, "unclassified"): b for (p, k), b in self.bytes(shape, **options).items()}
+        return self.link_bytes(shape, rank, node_size, **self._opts(options))
 
     def memory(self, shape: AttnShape, **options) -> int:
         return self.memory_bytes(shape, **self._opts(options))

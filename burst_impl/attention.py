@@ -26,6 +26,9 @@ counters (``counts.notes["burst.backward"]``).
 The ring loops themselves (``circulate``, ``AccumulatorRing``) live in
 ``burst_impl.comm``; they keep a rank whose block computation raises in the
 ring until every transfer is done, then raise (see ``comm.circulate``).
+They run on a transport built once per call before any byte is sent
+(``burst_impl.topology.transport``): the flat ring, or the double ring
+(``topology="double"``); the per-step compute only sees (q owner, kv owner).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, 
 from .layout import check_layout, chunks_per_rank
 from .plan import ALL, StepPlan, step_plan
 from .shape import AttnShape
+from .topology import transport as topology_transport
 
 Tensor = torch.Tensor
 BACKWARDS = ("burst", "ring", "auto")
@@ -276,9 +280,8 @@ class _Planner:
 # ---------------------------------------------------------------- forward / backward
 
 
-def ring_forward(q, k, v, *, mask, scale, group, layout, backend):
-    """-> (out (B,S,Z,d) in q.dtype, lse (B,Z,S) in the statistics dtype)."""
-    ring = comm.Ring(group)
+def ring_forward(q, k, v, *, mask, scale, ring, layout, backend):
+    """-> (out (B,S,Z,d) in q.dtype, lse (B,Z,S) in the statistics dtype). ``ring``: the transport."""
     plans = _Planner(mask, layout, q.shape[1], ring.size)
     state = RowState(q)
 
@@ -292,9 +295,8 @@ def ring_forward(q, k, v, *, mask, scale, group, layout, backend):
     return out.to(q.dtype), lse
 
 
-def burst_backward(dout, q, k, v, out, lse, *, mask, scale, group, layout, backend, grad_dtype):
+def burst_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype):
     """Query side circulates; dK, dV accumulate at home; dQ rides the second ring."""
-    ring = comm.Ring(group)
     plans = _Planner(mask, layout, q.shape[1], ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)  # (B, Z, S); travels instead of O
@@ -317,9 +319,8 @@ def burst_backward(dout, q, k, v, out, lse, *, mask, scale, group, layout, backe
     return dq, dk.t, dv.t
 
 
-def kv_ring_backward(dout, q, k, v, out, lse, *, mask, scale, group, layout, backend, grad_dtype):
+def kv_ring_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype):
     """Key/value side circulates; dQ accumulates at home; dK, dV ride the second ring."""
-    ring = comm.Ring(group)
     plans = _Planner(mask, layout, q.shape[1], ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)
@@ -351,11 +352,11 @@ def resolve_backward(backward: str, q: Tensor, k: Tensor, world_size: int, grad_
 
 class _BurstAttnFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale, group, layout, backward, backend, grad_dtype):
-        out, lse = ring_forward(q, k, v, mask=mask, scale=scale, group=group, layout=layout,
+    def forward(ctx, q, k, v, mask, scale, ring, layout, backward, backend, grad_dtype):
+        out, lse = ring_forward(q, k, v, mask=mask, scale=scale, ring=ring, layout=layout,
                                 backend=backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg = dict(mask=mask, scale=scale, group=group, layout=layout, backend=backend,
+        ctx.cfg = dict(mask=mask, scale=scale, ring=ring, layout=layout, backend=backend,
                        grad_dtype=grad_dtype)
         ctx.backward_name = backward
         ctx.mark_non_differentiable(lse)
@@ -371,7 +372,8 @@ class _BurstAttnFn(torch.autograd.Function):
 def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                     softmax_scale: float | None = None, group=None, layout="contiguous",
                     backward: str = "auto", backend: str | None = None,
-                    grad_comm_dtype: torch.dtype | None = None, return_lse: bool = False):
+                    grad_comm_dtype: torch.dtype | None = None, return_lse: bool = False,
+                    topology: str = "flat", node_size: int | None = None, overlap: bool = True):
     """BurstAttention on local shards.
 
     q (B, N/G, Z, d), k and v (B, N/G, Zkv, d), Z a multiple of Zkv, each rank
@@ -401,14 +403,24 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, ma
     If a block computation raises on one rank, that rank finishes its part of
     the ring transfers and then raises; its peers complete without error (and
     without its contribution), and the group stays usable.
+
+    ``topology``: "flat" (one ring over the group in rank order) or "double"
+    (``burst_impl.topology``: an intra-node ring per node while the next
+    round's block crosses to the same local rank of the next node; falls back
+    to the flat ring, with a note, on one node or one rank per node).
+    ``node_size``: ranks of the group per node (None: from ``LOCAL_WORLD_SIZE``,
+    else one node); it also sets the link class of every counted send.
+    ``overlap=False`` waits for each transfer before computing (no
+    communication/computation overlap), to measure what overlap buys.
     """
     the_mask, layout = check_inputs(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
                                     backend=backend, grad_comm_dtype=grad_comm_dtype, group=group, causal=causal,
                                     mask=mask)
-    _, world_size = comm.world(group)
+    ring = topology_transport(group, topology, node_size, overlap=overlap)
+    world_size = ring.size
     scale = default_scale(q.shape[-1], softmax_scale)
     grad_dtype = grad_comm_dtype if grad_comm_dtype is not None else stats_dtype(q.dtype)
     chosen = resolve_backward(backward, q, k, world_size, grad_dtype)
     comm.note("burst.backward", chosen)
-    out, lse = _BurstAttnFn.apply(q, k, v, the_mask, scale, group, layout, chosen, backend, grad_dtype)
+    out, lse = _BurstAttnFn.apply(q, k, v, the_mask, scale, ring, layout, chosen, backend, grad_dtype)
     return (out, lse) if return_lse else out

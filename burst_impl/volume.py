@@ -24,9 +24,18 @@ Ring backward (key/value side circulates; Q, dO, lse, delta, dQ stay):
 Per rank, over the whole ring, these are (G-1)/G times the paper's figures
 (a factor the paper rounds away): forward 2BZNd; Burst backward 3BZNd + 2BZN
 (with f = e); blockwise ring backward 4BZNd (MHA, f = e).
+
+Per link class (``expected_link_bytes``; E nodes of I ranks, node-major).
+Every circulating tensor and accumulator makes G-1 sends per rank, split as
+``ring_hops`` says:
+    flat ring:   all G-1 on the link to the next rank: inter-node for the rank at
+                 local index I-1 of each node (when E > 1), intra-node for the others;
+    double ring: E*(I-1) intra-node and E-1 inter-node, on every rank
+                 (``burst_impl.topology``; E = 1 or I = 1 is the flat ring).
 """
 from __future__ import annotations
 
+from .nodes import Nodes, formula_nodes
 from .shape import AttnShape
 
 FP32 = 4
@@ -99,3 +108,44 @@ def saved_bytes(s: AttnShape, kv_heads: int | None = None) -> int:
     """
     zkv = s.kv_heads if kv_heads is None else kv_heads
     return s.rows * ((2 * s.heads + 2 * zkv) * s.head_dim * s.elem_size + 4 * s.heads)
+
+
+# ---------------------------------------------------------------- per link class
+
+
+def ring_hops(nodes: Nodes, rank: int, topology: str = "flat") -> dict[str, int]:
+    """``{link class: sends}``: how ``rank``'s G-1 sends of one circulating tensor (or accumulator)
+    split over link classes, for a pass over a group on ``nodes`` (``burst_impl.topology``)."""
+    G = nodes.size
+    if G == 1:
+        return {}
+    if topology == "double":
+        grid = nodes.grid()
+        if grid is None:
+            raise ValueError(f"topology='double' on {nodes.describe()}: the group must split into equal nodes "
+                             "of consecutive ranks")
+        E, I = grid
+        if E >= 2 and I >= 2:
+            return {"intra": E * (I - 1), "inter": E - 1}
+    return {nodes.link(rank, (rank + 1) % G): G - 1}
+
+
+def split_by_link(table: dict[tuple[str, str], int], hops: dict[str, int]) -> dict[tuple[str, str, str], int]:
+    """``{(phase, kind, link): bytes}``: each entry of ``table`` (bytes of G-1 equal sends) spread
+    over the link classes of ``hops`` (``ring_hops``)."""
+    total = sum(hops.values())
+    out: dict[tuple[str, str, str], int] = {}
+    for (phase, kind), b in table.items():
+        for link, h in hops.items():
+            if b and h:
+                out[(phase, kind, link)] = out.get((phase, kind, link), 0) + b * h // total
+    return out
+
+
+def expected_link_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int = FP32, *,
+                        topology: str = "flat", node_size: int | Nodes | None = None, rank: int = 0
+                        ) -> dict[tuple[str, str, str], int]:
+    """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward on a ring of
+    ``topology`` over ``node_size`` ranks per node (None: ``LOCAL_WORLD_SIZE``, else one node)."""
+    nodes = formula_nodes(s.world_size, node_size)
+    return split_by_link(expected_bytes(s, backward, grad_elem_size), ring_hops(nodes, rank, topology))

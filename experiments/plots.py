@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -59,7 +60,15 @@ def _hw_and_date(df: pd.DataFrame) -> str:
     nodes = hw.iloc[0].get("nodes", 1) if len(hw) else 1
     date = str(df["timestamp"].max())[:10] if "timestamp" in df else ""
     extra = f", {nodes} nodes" if nodes and nodes > 1 and "node" not in summary else ""
-    return f"{summary}{extra} · {_source(df)} {date}"
+    return f"{summary}{extra} · {_source(df)} {date}{_cluster_note(df)}"
+
+
+def _cluster_note(df: pd.DataFrame) -> str:
+    """Emulated cluster (profile, link rates) or its loopback fallback, as the records say."""
+    if "cluster" not in df:
+        return ""
+    infos = [c for c in df["cluster"].dropna() if isinstance(c, dict) and c.get("scheduler") == "emulated"]
+    return "\n" + textwrap.fill(infos[0].get("summary", ""), 95) if infos else ""
 
 
 def _facets(df: pd.DataFrame, x: str) -> list[tuple[str, pd.DataFrame]]:

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from baselines import AttnShape, get
 from baselines.layer import full_grads, full_weights, layer_forward, layer_input, local_grads, make_layer
 from burst_impl import comm
-from burst_impl.kernels import _reference_forward, default_scale
+from burst_impl.kernels import default_scale
+from burst_impl.kernels.reference import forward as _reference_forward
 from burst_impl.layout import shard
 
 B, D, CHUNK = 2, 16, 4

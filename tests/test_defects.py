@@ -279,11 +279,12 @@ def test_gradcheck_world_size_three(pools):
 # ---------------------------------------------------------------- 3. failure inside a ring
 
 
-def _fail_inside_ring(scenarios: list[tuple[str, int]]) -> list[str]:
+def _fail_inside_ring(scenarios: list[tuple[str, int]], **kw) -> list[str]:
     """For each (phase, call index): rank 1's kernel raises at that call (ring step = call index);
     every rank reports what it saw; then the group must still work: a collective and a fresh,
     correct burst_attn_func call on every rank. After a failed forward no rank runs the backward:
-    the peers are not told of the failure, so deciding that is the caller's (the harness's) job."""
+    the peers are not told of the failure, so deciding that is the caller's (the harness's) job.
+    ``kw`` go to every burst_attn_func call (e.g. the double ring's topology and node_size)."""
     import burst_impl.attention as A
 
     rank, G = comm.world()
@@ -304,7 +305,7 @@ def _fail_inside_ring(scenarios: list[tuple[str, int]]) -> list[str]:
         ql, kl, vl = (t.clone().requires_grad_() for t in local[:3])
         setattr(A, kernel, failing)
         try:
-            out = burst_attn_func(ql, kl, vl, backward="ring" if phase == "ring_backward" else "burst")
+            out = burst_attn_func(ql, kl, vl, backward="ring" if phase == "ring_backward" else "burst", **kw)
             if phase != "forward":  # after a failed forward no rank runs the backward (the harness's job)
                 out.backward(local[3])
             seen.append("completed")
@@ -316,7 +317,7 @@ def _fail_inside_ring(scenarios: list[tuple[str, int]]) -> list[str]:
         dist.all_reduce(t)
         assert t.item() == G, "the group is broken after a failure inside the ring"
         ql, kl, vl = (t.clone().requires_grad_() for t in local[:3])
-        out = burst_attn_func(ql, kl, vl, backward="burst")
+        out = burst_attn_func(ql, kl, vl, backward="burst", **kw)
         out.backward(local[3])
         for name, got in (("out", out), ("dq", ql.grad), ("dk", kl.grad), ("dv", vl.grad)):
             assert max_err(got, shard(ref[name], "contiguous", rank, G)) < FP32_RTOL * 10, name

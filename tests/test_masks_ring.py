@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from baselines import AttnShape, get
-from burst_impl import burst_attn_func, comm, masks
+from burst_impl import burst_attn_func, comm, masks, volume
 from burst_impl.balance import resolve_layout
 from burst_impl.layout import shard
 from burst_impl.plan import step_plan
@@ -168,3 +168,125 @@ def test_fully_masked_rows_give_zeros_not_nan():
         assert torch.isfinite(t).all()
     ref = attention_reference(*(t.detach().double() for t in (q, k, v, do)), False, mask=m)
     assert max_err(out, ref["out"]) < 1e-5 and max_err(q.grad, ref["dq"]) < 1e-5
+
+
+# ---------------------------------------------------------------- the double ring (burst_impl.topology)
+
+# (nodes E, ranks per node I): the smallest double ring, and one with an odd intra-node ring
+DOUBLE_GRIDS = [(2, 2), (2, 3)]
+# per backward, two layouts: every layout meets every mask once over the two backwards
+DOUBLE_LAYOUTS = {"burst": ("zigzag", "balanced:2"), "ring": ("contiguous", "striped")}
+
+
+def double_cases(world: int) -> list[dict]:
+    out = []
+    for m, (name, (causal, mask)) in enumerate(mask_cases(seqlen(world)).items()):
+        for backward, layouts in DOUBLE_LAYOUTS.items():
+            for l, layout in enumerate(layouts):
+                hk = ("mha", "gqa")[(m + l) % 2]
+                out.append(dict(name=name, causal=causal, mask=mask, backward=backward, layout=layout,
+                                heads=heads(world, hk)))
+    return out
+
+
+def _run_double(batch: list[dict], node_size: int) -> list[dict]:
+    rank, G = dist.get_rank(), dist.get_world_size()
+    n = seqlen(G)
+    results = []
+    for cfg in batch:
+        z, zkv = cfg["heads"]
+        q, k, v, do = make_inputs(B, n, z, zkv, D, torch.float32, seed=7)
+        lay = resolve_layout(cfg["layout"], masks.resolve(cfg["causal"], cfg["mask"], n), n, G)
+        ql, kl, vl, dol = [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+        with comm.count_bytes() as counts:
+            out, lse = burst_attn_func(ql, kl, vl, causal=cfg["causal"], mask=cfg["mask"], layout=cfg["layout"],
+                                       backward=cfg["backward"], topology="double", node_size=node_size,
+                                       return_lse=True)
+            out.backward(dol)
+        results.append(dict(out=out.detach(), lse=lse.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad,
+                            counts=dict(counts), links=counts.link_dict(), notes=dict(counts.notes)))
+    return results
+
+
+@pytest.mark.parametrize("grid", DOUBLE_GRIDS, ids=lambda g: f"{g[0]}x{g[1]}")
+def test_every_mask_on_the_double_ring(pools, grid):
+    """burst_double_ring (intra-node rings, the next round's block crossing nodes meanwhile) with every
+    mask: out, lse, dq, dk, dv of every rank against the fp64 reference; bytes per (phase, kind) and per
+    link class as without a mask (a fully masked block still travels); skipped pairs as the plans say."""
+    E, I = grid
+    world = E * I
+    n = seqlen(world)
+    batch = double_cases(world)
+    per_rank = pools.run(world, _run_double, batch, I, timeout=600)
+    failures = []
+    for i, cfg in enumerate(batch):
+        z, zkv = cfg["heads"]
+        ref = _reference(world, cfg["name"], z, zkv)
+        the_mask = masks.resolve(cfg["causal"], cfg["mask"], n)
+        lay = resolve_layout(cfg["layout"], the_mask, n, world)
+        tol = {k: FP32_RTOL * max(ref[k][torch.isfinite(ref[k])].abs().max().item(), 1.0) for k in ref}
+        s = AttnShape(B, n, z, zkv, D, world, dtype="float32", causal=cfg["causal"])
+        for rank in range(world):
+            res = per_rank[rank][i]
+            what = f"{cfg['name']}/{cfg['backward']}/{cfg['layout']}/{cfg['heads']} rank {rank}"
+            assert res["notes"]["burst.topology"].startswith("double ring"), (what, res["notes"])
+            for key in ("out", "lse", "dq", "dk", "dv"):
+                assert not torch.isnan(res[key]).any(), (what, key)
+                err = max_err(res[key], shard(ref[key], lay, rank, world, dim=2 if key == "lse" else 1))
+                if err > tol[key]:
+                    failures.append(f"{what} {key}: {err:.3g} > {tol[key]:.3g}")
+            want = volume.expected_bytes(s, cfg["backward"])
+            links = volume.expected_link_bytes(s, cfg["backward"], topology="double", node_size=I, rank=rank)
+            if res["counts"] != want or res["links"] != links:
+                failures.append(f"{what}: bytes {res['counts']} / {res['links']} != formula {want} / {links}")
+            empty = sum(step_plan(the_mask, lay, rank, b, n, world).empty for b in range(world))
+            empty_bwd = sum(step_plan(the_mask, lay, a, rank, n, world).empty for a in range(world))
+            assert res["notes"]["burst.skipped_blocks.forward"] == empty, what
+            assert res["notes"]["burst.skipped_blocks.backward"] == (empty_bwd if cfg["backward"] == "burst"
+                                                                     else empty), what
+    assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures of {len(batch)} cases)"
+
+
+USP_DOUBLE_MASKS = ("window_lt_chunk", "docs_edge", "bsparse_empty_rows")
+
+
+def _run_usp_double(names: tuple[str, ...]) -> list[dict]:
+    """World 8 as 2 nodes x 4 ranks, usp with u = 2: its ring (4 ranks, 2 per node) is a double ring."""
+    rank, G = dist.get_rank(), dist.get_world_size()
+    n = seqlen(G)
+    results = []
+    for name, layout in itertools.product(names, ("zigzag", "balanced:2")):
+        causal, mask = mask_cases(n)[name]
+        q, k, v, do = make_inputs(B, n, 4, 2, D, torch.float32, seed=7)
+        lay = resolve_layout(layout, masks.resolve(causal, mask, n), n, G)
+        ql, kl, vl, dol = [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+        with comm.count_bytes() as counts:
+            out = get("usp").call(ql, kl, vl, causal=causal, mask=mask, layout=layout, ulysses_degree=2,
+                                  node_size=4)
+            out.backward(dol)
+        results.append(dict(name=name, layout=layout, out=out.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad,
+                            notes=dict(counts.notes)))
+    return results
+
+
+def test_masks_through_usp_with_a_double_ring_inside(pools):
+    """usp at 2 nodes x 4 ranks, u = 2: a window smaller than a chunk, documents with length-1 docs and
+    one spanning all ranks, block-sparse with fully masked rows; zigzag and the balanced layout (the
+    ring level gets the union of each Ulysses group's chunks). out, dq, dk, dv against fp64."""
+    world = 8
+    n = seqlen(world)
+    per_rank = pools.run(world, _run_usp_double, USP_DOUBLE_MASKS, timeout=600)
+    failures = []
+    for i, res0 in enumerate(per_rank[0]):
+        ref = _reference(world, res0["name"], 4, 2)
+        causal, mask = mask_cases(n)[res0["name"]]
+        lay = resolve_layout(res0["layout"], masks.resolve(causal, mask, n), n, world)
+        assert res0["notes"]["burst.topology"].startswith("double ring over 2 nodes x 2 ranks"), res0["notes"]
+        for rank in range(world):
+            res = per_rank[rank][i]
+            for key in ("out", "dq", "dk", "dv"):
+                tol = FP32_RTOL * max(ref[key].abs().max().item(), 1.0)
+                err = max_err(res[key], shard(ref[key], lay, rank, world))
+                if not err <= tol:
+                    failures.append(f"{res['name']}/{res['layout']} rank {rank} {key}: {err:.3g} > {tol:.3g}")
+    assert not failures, "\n".join(failures[:20])

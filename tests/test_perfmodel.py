@@ -96,6 +96,49 @@ def test_slow_hop_paces_ranks_whose_own_hops_are_fast():
     assert min(ends) > 4 * t_inter
 
 
+def test_2x2_double_ring_waits_for_the_inter_node_hop_once_per_round():
+    # round 0: the inter hop of the next round's block (posted at step 0) overlaps steps 0 and 1;
+    # round 1 starts when it lands. Flat ring: 3 t_inter + C (test above). overlap=False serialises.
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    t_inter, t_intra = KV_HOP / 1e8, KV_HOP / 1e10
+    assert t_intra < C_FWD and 2 * C_FWD < t_inter
+    for method, want in [("burst_double_ring", t_inter + 2 * C_FWD),
+                         ("burst_double_ring_no_overlap", t_inter + t_intra + 4 * C_FWD),
+                         ("burst_no_overlap", 3 * (t_inter + C_FWD) + C_FWD)]:
+        p = predict_case(method, shape(4, 4096), mode="forward", level="op", hardware=hw)
+        assert p.time_s == pytest.approx(want, rel=REL), method
+
+
+def test_2x2_double_ring_backward_dq_crosses_at_the_round_boundary_and_comes_home():
+    # Q, dO, lse, delta: the inter hop lands at t_b (> 2 c); round 1's chain sends dQ intra after step 2,
+    # inter after step 3; the last inter hop meets the kept round-0 sum, one intra hop home.
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    c = 2.5 * C_FWD
+    t_b = (2 * 1024 * 128 * 2 + 2 * 1024 * 4) / 1e8
+    t_dq_inter, t_dq_intra = 1024 * 128 * 4 / 1e8, 1024 * 128 * 4 / 1e10
+    p = predict_case("burst_double_ring", shape(4, 4096), mode="backward", level="op", hardware=hw)
+    assert t_b > 2 * c
+    assert p.time_s == pytest.approx(t_b + 2 * c + t_dq_inter + t_dq_intra, rel=REL)
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (2, 4), (4, 2)])
+def test_double_ring_sends_per_link_class_as_the_registry_says(grid):
+    E, I = grid
+    hw = toy(nodes=E, per_node=I)
+    s = shape(E * I, 1024 * E * I, Z=2, causal=True, layout="zigzag")
+    for method in ("burst", "burst_double_ring"):
+        p = predict_case(method, s, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True)
+        for g in range(E * I):
+            sent = {"intra": 0, "inter": 0}
+            for t in p.schedule.tasks:
+                if t.kind == "comm" and t.rank == g:
+                    sent[t.resource.split("/")[0].removeprefix("send.")] += sum(t.nbytes.values())
+            want = {"intra": 0, "inter": 0}
+            for (_, _, link), b in get(method).links(s, g, I).items():
+                want[link] += b
+            assert sent == want, (method, g)
+
+
 def test_all_reduce_is_2g_minus_2_steps_of_one_gth():
     hw = toy(per_node=4, intra_bytes_s=1e9)
     s = shape(4, 4096)

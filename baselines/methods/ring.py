@@ -21,7 +21,7 @@ from burst_impl import burst_attn_func, volume
 from burst_impl.layout import LAYOUT_NAMES
 
 from ..method import Method
-from .burst import ring_family_memory
+from .burst import burst_link_bytes, ring_family_memory
 
 ORDER = 10
 Tensor = torch.Tensor
@@ -29,10 +29,12 @@ Tensor = torch.Tensor
 
 def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                    softmax_scale: float | None = None, group=None, layout="contiguous",
-                   backend: str | None = None, grad_comm_dtype: torch.dtype | None = None) -> Tensor:
+                   backend: str | None = None, grad_comm_dtype: torch.dtype | None = None,
+                   node_size: int | None = None, overlap: bool = True) -> Tensor:
     """Blockwise ring attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d)."""
     return burst_attn_func(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group,
-                           layout=layout, backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype)
+                           layout=layout, backward="ring", backend=backend, grad_comm_dtype=grad_comm_dtype,
+                           node_size=node_size, overlap=overlap)
 
 
 def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
@@ -42,6 +44,7 @@ def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
 METHODS = (Method(
     name="ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func, comm_bytes=ring_comm_bytes,
     memory_bytes=ring_family_memory,
+    link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "ring"),
     description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",
     external="PyTorch context parallel (_templated_ring_attention), forward",

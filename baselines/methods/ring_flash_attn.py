@@ -7,7 +7,10 @@ entry, backward when the gradient passes back; ``collectives.record_formula``),
 from our reading of its source: K, V make G-1 hops forward and again backward
 in the input dtype; the dK, dV accumulators are sent at every one of the G
 backward steps (the last send returns them home) in fp32. Its zigzag function
-asserts ``causal=True``; we raise ValueError instead.
+asserts ``causal=True``; we raise ValueError instead. ring-flash-attn needs a
+process group even with no peer: at world size 1 under plain ``python`` (no
+group initialised) the adapter starts a single-process one on an in-memory
+store (no network), so the package runs unchanged at G = 1.
 """
 from __future__ import annotations
 
@@ -46,6 +49,15 @@ def ring_flash_attn_comm_bytes(s: AttnShape, **_) -> dict:
             ("backward", "dk"): acc, ("backward", "dv"): acc}
 
 
+def _start_single_process_group(device: torch.device) -> None:
+    """World size 1 without torchrun: a one-rank default group on an in-memory store."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device if device.type == "cuda" else None)
+
+
 def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                             softmax_scale: float | None = None, group=None,
                             layout: str = "contiguous") -> Tensor:
@@ -63,6 +75,8 @@ def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
     table = ring_flash_attn_comm_bytes(AttnShape.from_tensors(q, k, G, causal=causal, layout=layout))
     q, k, v = record_formula(table, q, k, v)
     fn = rfa.zigzag_ring_flash_attn_func if layout == "zigzag" else rfa.ring_flash_attn_func
+    if group is None and not dist.is_initialized():
+        _start_single_process_group(q.device)
     pg = group if group is not None else dist.group.WORLD
     return fn(q, k, v, dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, group=pg)
 
@@ -71,6 +85,7 @@ METHODS = (Method(
     name="ring_flash_attn", level="op", fn=ring_flash_attn_adapter,
     comm_bytes=ring_flash_attn_comm_bytes, memory_bytes=ring_family_memory,
     available=ring_flash_attn_available, external="ring-flash-attn", bytes_by_formula=True,
+    kernel="flash_attn (ring-flash-attn's own calls)",
     description="The ring-flash-attn package (CUDA); bytes recorded by formula, not instrumented",
     travels="fwd: K, V; bwd: K, V + dK, dV (fp32, G sends)",
 ),)

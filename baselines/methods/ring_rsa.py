@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from burst_impl import comm
+from burst_impl import comm, volume
 from burst_impl.attention import check_inputs, circulate
+from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.heads import expand_kv, fold_kv
 from burst_impl.layout import LAYOUT_NAMES, positions
 from burst_impl.masks import Full
@@ -57,8 +58,8 @@ def _masked_out(mask, layout, rank, G, s, device) -> Tensor:
 
 class _RingSelfAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale, group, layout, grad_dtype):
-        ring = comm.Ring(group)
+    def forward(ctx, q, k, v, mask, scale, group, layout, grad_dtype, nodes, overlap):
+        ring = comm.Ring(group, nodes=nodes, overlap=overlap)
         b, s, z, d = q.shape
         G = ring.size
         qf = q.float()
@@ -84,14 +85,14 @@ class _RingSelfAttn(torch.autograd.Function):
 
         circulate(ring, [v], "forward", ("v",), pv)
         ctx.save_for_backward(q, k, v, probs)
-        ctx.cfg = (scale, group, grad_dtype)
+        ctx.cfg = (scale, group, grad_dtype, nodes, overlap)
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, probs = ctx.saved_tensors
-        scale, group, grad_dtype = ctx.cfg
-        ring = comm.Ring(group)
+        scale, group, grad_dtype, nodes, overlap = ctx.cfg
+        ring = comm.Ring(group, nodes=nodes, overlap=overlap)
         b, s, z, d = q.shape
         zkv, G = k.shape[2], ring.size
         do = dout.float()
@@ -118,26 +119,32 @@ class _RingSelfAttn(torch.autograd.Function):
 
         circulate(ring, [k], "backward", ("k",), with_k)
         own = slice(ring.rank * s, (ring.rank + 1) * s)
-        dk = all_reduce_(dk_all, group, "backward", "dk")[:, own]
-        dv = all_reduce_(dv_all, group, "backward", "dv")[:, own]
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
+        dk = all_reduce_(dk_all, group, "backward", "dk", nodes)[:, own]
+        dv = all_reduce_(dv_all, group, "backward", "dv", nodes)[:, own]
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *([None] * 7)
 
 
 def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                        softmax_scale: float | None = None, group=None, layout="contiguous",
-                       grad_comm_dtype: torch.dtype = torch.float32, backend: str | None = None) -> Tensor:
+                       grad_comm_dtype: torch.dtype = torch.float32, backend: str | None = None,
+                       node_size: int | None = None, overlap: bool = True) -> Tensor:
     """Ring self-attention on local shards: q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) -> (B, N/G, Z, d).
 
     ``backend`` is accepted for a uniform signature and must be None or
     "reference": this method materialises the scores by design (no flash kernel).
+    ``node_size`` (ranks per node; None: ``LOCAL_WORLD_SIZE``) sets the link class of
+    the counted sends; ``overlap=False`` waits for each ring transfer before computing.
     """
     if backend not in (None, "reference"):
         raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
                          "pass None or 'reference'")
     the_mask, layout = check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale,
                                     grad_comm_dtype=grad_comm_dtype, group=group, causal=causal, mask=mask)
+    if not isinstance(overlap, bool):
+        raise ValueError(f"overlap={overlap!r} must be True or False")
+    nodes = Nodes.of(group, node_size)
     return _RingSelfAttn.apply(q, k, v, the_mask, default_scale(q.shape[-1], softmax_scale), group, layout,
-                               grad_comm_dtype)
+                               grad_comm_dtype, nodes, overlap)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -153,16 +160,31 @@ def ring_rsa_comm_bytes(s, grad_elem_size: int = 4, **_) -> dict[tuple[str, str]
     return {k: v for k, v in out.items() if v}
 
 
+def ring_rsa_link_bytes(s, rank: int, node_size=None, **_) -> dict:
+    """Everything on the rank's flat-ring link: the K, V rings and the ring all-reduces."""
+    return volume.split_by_link(ring_rsa_comm_bytes(s), volume.ring_hops(formula_nodes(s.world_size, node_size),
+                                                                         rank))
+
+
 def ring_rsa_memory_bytes(s, **_) -> int:
     # Kept for backward: P (B, Z, N/G, N) in the input dtype plus the inputs q, k, v.
     rows = s.batch * s.local_seqlen
     return rows * (s.heads * s.seqlen + (s.heads + 2 * s.kv_heads) * s.head_dim) * s.elem_size
 
 
-METHODS = (Method(
-    name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func, comm_bytes=ring_rsa_comm_bytes,
-    memory_bytes=ring_rsa_memory_bytes,
-    description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
-                "materialises the (B, Z, N/G, N) scores",
-    travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
-),)
+METHODS = (
+    Method(
+        name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
+        comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes, kernel="matmul (materialised scores)",
+        description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
+                    "materialises the (B, Z, N/G, N) scores",
+        travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
+    ),
+    Method(
+        name="ring_rsa_no_overlap", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
+        comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes,
+        kernel="matmul (materialised scores)", options={"overlap": False}, variant_of="ring_rsa",
+        description="ring_rsa with overlap=False: each ring transfer is waited for before the step computes",
+        travels="as ring_rsa, serialised with the compute",
+    ),
+)

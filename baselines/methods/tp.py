@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from burst_impl import comm
-from burst_impl import masks
+from burst_impl import comm, masks, volume
 from burst_impl.layout import LAYOUTS, check_layout, check_seqlen
+from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 
 from .. import reorder
@@ -78,32 +78,37 @@ def _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask=No
 
 def tp_v1_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
-                  layout: str = "contiguous", backend: str | None = None, mask=None) -> Tensor:
+                  layout: str = "contiguous", backend: str | None = None, mask=None,
+                  node_size: int | None = None) -> Tensor:
     """Megatron V1 attention layer: x (B, N, H) replicated -> y (B, N, H) replicated.
 
     ``wq`` (H, Z/G*d), ``wk``/``wv`` (H, Zkv'/G*d), ``wo`` (Z/G*d, H): this rank's slices.
     ``layout`` is accepted for a uniform signature; the sequence is not split.
+    ``node_size`` (ranks per node; None: ``LOCAL_WORLD_SIZE``) sets the link class of the counted bytes.
     """
     check_layout(layout)
     masks.resolve(causal, mask, x.shape[1])   # ValueError before any communication
-    x = all_reduce_backward(x, group, grad_kind="dx")
+    nodes = Nodes.of(group, node_size)
+    x = all_reduce_backward(x, group, grad_kind="dx", nodes=nodes)
     y = _attend(x, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask)
-    return all_reduce_forward(y, group, kind="out")
+    return all_reduce_forward(y, group, kind="out", nodes=nodes)
 
 
 def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, head_dim: int,
                   causal: bool = False, softmax_scale: float | None = None, group=None,
-                  layout: str = "contiguous", backend: str | None = None, mask=None) -> Tensor:
+                  layout: str = "contiguous", backend: str | None = None, mask=None,
+                  node_size: int | None = None) -> Tensor:
     """Megatron V3 (sequence-parallel) attention layer: x (B, N/G, H) ``layout`` shard -> y (B, N/G, H)."""
     _, G = comm.world(group)
     n = x.shape[1] * G
     check_seqlen(n, layout, G, name="global seqlen (x.shape[1]*G)")
     masks.resolve(causal, mask, n)            # ValueError before any communication
+    nodes = Nodes.of(group, node_size)
     perm = reorder.gather_perm(layout, G, n, tuple(range(G)), 0, 1)
-    xg = reorder.apply(all_gather(x, 1, group, kind="x", grad_kind="dx"), perm)   # (B, N, H) in order
+    xg = reorder.apply(all_gather(x, 1, group, kind="x", grad_kind="dx", nodes=nodes), perm)   # (B, N, H) in order
     y = _attend(xg, wq, wk, wv, wo, head_dim, causal, softmax_scale, backend, mask)
     y = reorder.apply(y, None if perm is None else reorder.inverse(perm))          # rank-shard order
-    return reduce_scatter(y, 1, group, kind="out", grad_kind="dout")             # (B, N/G, H)
+    return reduce_scatter(y, 1, group, kind="out", grad_kind="dout", nodes=nodes)  # (B, N/G, H)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -120,6 +125,12 @@ def tp_comm_bytes(s: AttnShape, version: str) -> dict[tuple[str, str], int]:
     part = full * (G - 1) // G
     return {("forward", "x"): part, ("forward", "out"): part, ("backward", "dx"): part,
             ("backward", "dout"): part}
+
+
+def tp_link_bytes(s: AttnShape, rank: int, node_size, version: str) -> dict[tuple[str, str, str], int]:
+    """Ring collectives over the group: all of a rank's bytes on its hop to the next rank."""
+    return volume.split_by_link(tp_comm_bytes(s, version), volume.ring_hops(formula_nodes(s.world_size, node_size),
+                                                                             rank))
 
 
 def tp_memory_bytes(s: AttnShape, version: str) -> int:
@@ -144,6 +155,7 @@ METHODS = (
     Method(
         name="tp_v1", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v1_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"),
+        link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v1"),
         check=_check, layer_input="replicated",
         description="Megatron TP V1 attention layer: column-parallel QKV, row-parallel output, all-reduce",
         travels="fwd: all-reduce of the layer output (B, N, H); bwd: all-reduce of dX",
@@ -151,6 +163,7 @@ METHODS = (
     Method(
         name="tp_v3", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v3_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"),
+        link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v3"),
         check=_check,
         description="Megatron TP V3 (sequence parallel) attention layer: all-gather before, reduce-scatter after",
         travels="fwd: all-gather of X, reduce-scatter of the output; bwd: reduce-scatter of dX, all-gather of dY",

@@ -33,6 +33,7 @@ import torch
 from burst_impl import comm, volume
 from burst_impl.attention import check_inputs
 from burst_impl.layout import LAYOUT_NAMES, check_seqlen
+from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 
 from .. import reorder
@@ -71,7 +72,8 @@ def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout, degree: int, world_si
 
 def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, members: tuple[int, ...],
                  world_size: int, layout, inner_rank: int, inner_size: int,
-                 inner: Callable[[Tensor, Tensor, Tensor], Tensor], prefix: str = "", inner_layout=None) -> Tensor:
+                 inner: Callable[[Tensor, Tensor, Tensor], Tensor], prefix: str = "", inner_layout=None,
+                 nodes: Nodes | None = None) -> Tensor:
     """Sequence shard -> head shard, ``inner`` attention, head shard -> sequence shard.
 
     q (B, S, Z, d), k/v (B, S, Zkv, d) with S = N/world_size; ``members`` are
@@ -79,6 +81,7 @@ def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, member
     the gathered sequence is reordered to the ``inner_layout`` shard of
     ``inner_rank`` of ``inner_size`` (the ring level; for pure Ulysses, inner
     size 1: position order, where any mask applies as is).
+    ``nodes``: the node map of ``a2a_group`` (link classes of the counted bytes).
     """
     seqlen = q.shape[1] * world_size
     perm = reorder.gather_perm(layout, world_size, seqlen, members, inner_rank, inner_size, inner_layout)
@@ -86,30 +89,34 @@ def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, member
         k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)  # (B, S, Zkv*rep, d)
 
     def to_heads(x, name):  # (B, S, z, d) -> (B, S*u, z/u, d), tokens in inner-layout order
-        y = all_to_all(x, 2, 1, a2a_group, kind=prefix + name, grad_kind=prefix + "d" + name)
+        y = all_to_all(x, 2, 1, a2a_group, kind=prefix + name, grad_kind=prefix + "d" + name, nodes=nodes)
         return reorder.apply(y, perm)
 
     qh, kh, vh = to_heads(q, "q"), to_heads(k, "k"), to_heads(v, "v")
     oh = inner(qh, kh, vh)                                   # (B, S*u, Z/u, d)
     oh = reorder.apply(oh, None if perm is None else reorder.inverse(perm))
-    return all_to_all(oh, 1, 2, a2a_group, kind=prefix + "out", grad_kind=prefix + "dout")  # (B, S, Z, d)
+    return all_to_all(oh, 1, 2, a2a_group, kind=prefix + "out", grad_kind=prefix + "dout",
+                      nodes=nodes)  # (B, S, Z, d)
 
 
 def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                       softmax_scale: float | None = None, group=None, layout="contiguous",
-                      backend: str | None = None) -> Tensor:
+                      backend: str | None = None, node_size: int | None = None) -> Tensor:
     """DeepSpeed-Ulysses on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
 
     Any mask (``burst_impl.masks``): after the all-to-all every rank holds the whole sequence in
-    position order for its heads, so the mask applies as over a single device (mask-agnostic)."""
+    position order for its heads, so the mask applies as over a single device (mask-agnostic).
+    ``node_size`` (ranks per node; None: ``LOCAL_WORLD_SIZE``, else one node) sets the
+    link class of the counted all-to-all pieces."""
     rank, G = comm.world(group)
     rep, the_mask, layout = check_ulysses(q, k, v, layout, G, G, softmax_scale, backend, group, causal, mask)
+    nodes = Nodes.of(group, node_size)
 
     def inner(qh, kh, vh):
         return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
 
     return ulysses_core(q, k, v, rep=rep, a2a_group=group, members=tuple(range(G)), world_size=G,
-                        layout=layout, inner_rank=0, inner_size=1, inner=inner)
+                        layout=layout, inner_rank=0, inner_size=1, inner=inner, nodes=nodes)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -137,6 +144,17 @@ def ulysses_comm_bytes(s: AttnShape, **_) -> dict[tuple[str, str], int]:
     return a2a_bytes(s, s.world_size)
 
 
+def a2a_link_bytes(table: dict, nodes: Nodes, rank: int) -> dict[tuple[str, str, str], int]:
+    """All-to-all bytes of ``rank`` in a group on ``nodes`` by link class: of its G-1 equal pieces,
+    one per peer, (same-node peers) go intra-node and the rest inter-node."""
+    same = nodes.same_node(rank)
+    return volume.split_by_link(table, {"intra": same - 1, "inter": nodes.size - same})
+
+
+def ulysses_link_bytes(s: AttnShape, rank: int, node_size=None, **_) -> dict[tuple[str, str, str], int]:
+    return a2a_link_bytes(ulysses_comm_bytes(s), formula_nodes(s.world_size, node_size), rank)
+
+
 def ulysses_memory_bytes(s: AttnShape, **_) -> int:
     # Saved for backward per rank: head-sharded q, out (Z/G heads) and k, v
     # (Zkv*rep/G heads) over all N tokens: the ring family's count with Zkv*rep kv heads.
@@ -148,8 +166,9 @@ def _check(s: AttnShape, **_) -> None:
 
 
 METHODS = (Method(
-    name="ulysses", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func, comm_bytes=ulysses_comm_bytes,
-    memory_bytes=ulysses_memory_bytes, check=_check,
+    name="ulysses", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func,
+    comm_bytes=ulysses_comm_bytes,
+    memory_bytes=ulysses_memory_bytes, check=_check, link_bytes=ulysses_link_bytes,
     description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
     travels="fwd: all-to-all of Q, K, V, O; bwd: all-to-all of dO, dQ, dK, dV",
     external="DeepSpeed DistributedAttention (deepspeed.sequence.layer)",

@@ -16,6 +16,20 @@ ring part is our BurstAttention (``burst_attn_func``) over the ring group
 with the same layout; with r == 1 it is local attention (pure Ulysses), with
 u == 1 it is pure Burst.
 
+Node-aware degrees (BurstEngine's Burst-USP, PAPER.md §2/§4). When the group
+spans several nodes of I ranks each (``node_size=``, else ``LOCAL_WORLD_SIZE``;
+``burst_impl.nodes``), the default Ulysses degree is u = I, or the largest
+divisor of I the heads split over (``kv_replication``): every all-to-all
+stays inside a node, on the fast links, and only the ring crosses nodes. Its
+ranks are the G/u ranks with the same index j in their Ulysses group, one per
+node when u = I (then every ring hop crosses nodes, but each rank's ring sends
+are 1/u of a G-rank Burst ring's: Z/u heads over N/r tokens per block), or
+I/u per node when u < I, where the ring runs as a double ring
+(``ring_topology="double"``, the default; it falls back to the flat ring,
+noted, when the ring group has one rank per node or one node). When the
+group is one node the default is unchanged: the largest divisor u <= min(8,
+G/2) that splits the heads (a ring of at least 2 ranks).
+
 Sub-groups: ``dist.new_group`` must be called by every process of the default
 group in the same order, so the groups are created on first use for each
 (sequence group, u) and cached; call ``usp_attn_func`` collectively on every
@@ -28,11 +42,13 @@ import torch.distributed as dist
 
 from burst_impl import burst_attn_func, comm, volume
 from burst_impl.layout import group_layout
+from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
+from burst_impl.topology import check_transport
 
 from ..local import local_attn
-from ..method import Method
-from .ulysses import a2a_bytes, check_ulysses, kv_replication, ulysses_core
+from ..method import CHUNKED_LAYOUTS, Method
+from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
 Tensor = torch.Tensor
@@ -84,34 +100,53 @@ def subgroups(group, u: int):
 def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                   softmax_scale: float | None = None, group=None, layout="contiguous",
                   ulysses_degree: int | None = None, ring_degree: int | None = None,
-                  backward: str = "auto", backend: str | None = None) -> Tensor:
+                  backward: str = "auto", backend: str | None = None, node_size: int | Nodes | None = None,
+                  ring_topology: str = "double", overlap: bool = True) -> Tensor:
     """USP on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
 
     ``ulysses_degree`` u (required) ranks per all-to-all group; the ring
     degree is G/u (``ring_degree``, if given, must agree). ``backward`` is
-    the Burst ring's backward scheme ("auto", "burst" or "ring").
+    the Burst ring's backward scheme ("auto", "burst" or "ring");
+    ``ring_topology`` its ring ("double": the double ring where the ring group
+    has >= 2 nodes of >= 2 ranks, else the flat ring; or "flat"); ``overlap``
+    as in ``burst_attn_func``. ``node_size``: ranks of ``group`` per node
+    (None: ``LOCAL_WORLD_SIZE``, else one node).
     """
     g, G = comm.world(group)
     u, r = check_degrees(G, ulysses_degree, ring_degree)
     rep, the_mask, layout = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group, causal, mask)
-    uly_group, ring_group = subgroups(group, u)
+    if isinstance(layout, str) and layout not in CHUNKED_LAYOUTS and u > 1 and r > 1:
+        raise ValueError(f"layout={layout!r} is not supported by usp with ulysses_degree={u} and ring degree {r}: "
+                         "the all-to-all of u consecutive ranks gathers tokens that are not a ring-level "
+                         f"{layout} shard; use one of {CHUNKED_LAYOUTS} or balanced")
     i, j = divmod(g, u)
+    nodes = Nodes.of(group, node_size)
+    uly_nodes, ring_nodes = nodes.sub([i * u + m for m in range(u)]), nodes.sub([m * u + j for m in range(r)])
+    check_transport(ring_nodes, ring_topology, overlap)   # before the first all-to-all sends a byte
+    uly_group, ring_group = subgroups(group, u)
     ring_layout = group_layout(layout, G, u)   # what ring index i holds once its Ulysses group gathered
 
     def inner(qh, kh, vh):  # (B, N/r, Z/u, d) in ring-level layout order
         if r == 1:
             return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
         return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
-                               layout=ring_layout, backward=backward, backend=backend)
+                               layout=ring_layout, backward=backward, backend=backend, topology=ring_topology,
+                               node_size=ring_nodes, overlap=overlap)
 
     if u == 1:
         return inner(q, k, v)
     return ulysses_core(q, k, v, rep=rep, a2a_group=uly_group, members=tuple(i * u + m for m in range(u)),
                         world_size=G, layout=layout, inner_rank=i, inner_size=r, inner=inner, prefix="a2a_",
-                        inner_layout=ring_layout if r > 1 else None)
+                        inner_layout=ring_layout if r > 1 else None, nodes=uly_nodes)
 
 
 # ---------------------------------------------------------------- closed forms
+
+
+def _ring_shape(s: AttnShape, u: int, r: int) -> AttnShape:
+    """The ring level: r ranks, N/r tokens each, Z/u query heads, Zkv*rep/u kv heads."""
+    return s.replace(heads=s.heads // u, kv_heads=s.kv_heads * kv_replication(s.heads, s.kv_heads, u) // u,
+                     world_size=r)
 
 
 def usp_comm_bytes(s: AttnShape, ulysses_degree: int, backward: str = "auto") -> dict[tuple[str, str], int]:
@@ -119,13 +154,28 @@ def usp_comm_bytes(s: AttnShape, ulysses_degree: int, backward: str = "auto") ->
     u, r = check_degrees(s.world_size, ulysses_degree)
     out = a2a_bytes(s, u, prefix="a2a_")
     if r > 1:
-        # Ring level: r ranks, N/r tokens each, Z/u query heads, Zkv*rep/u kv heads.
-        ring = s.replace(heads=s.heads // u, kv_heads=s.kv_heads * kv_replication(s.heads, s.kv_heads, u) // u,
-                         world_size=r)
+        ring = _ring_shape(s, u, r)
         chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
         for key, b in volume.expected_bytes(ring, backward=chosen).items():
             out[key] = out.get(key, 0) + b
     return {k: v for k, v in out.items() if v}
+
+
+def usp_link_bytes(s: AttnShape, rank: int, node_size=None, ulysses_degree: int | None = None,
+                   backward: str = "auto", ring_topology: str = "double", **_) -> dict[tuple[str, str, str], int]:
+    """Per link class: the all-to-alls on the nodes of rank's Ulysses group (ranks i*u..i*u+u-1),
+    the ring on the nodes of its ring group (ranks j, u+j, ...) with ``ring_topology``."""
+    nodes = formula_nodes(s.world_size, node_size)
+    u, r = check_degrees(s.world_size, _degree(s, ulysses_degree, nodes))
+    i, j = divmod(rank, u)
+    out = a2a_link_bytes(a2a_bytes(s, u, prefix="a2a_"), nodes.sub([i * u + m for m in range(u)]), j)
+    if r > 1:
+        ring = _ring_shape(s, u, r)
+        chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
+        ring_nodes = nodes.sub([m * u + j for m in range(r)])
+        out.update(volume.split_by_link(volume.expected_bytes(ring, backward=chosen),
+                                        volume.ring_hops(ring_nodes, i, ring_topology)))
+    return out
 
 
 def usp_memory_bytes(s: AttnShape, ulysses_degree: int) -> int:
@@ -137,43 +187,64 @@ def usp_memory_bytes(s: AttnShape, ulysses_degree: int) -> int:
 # ---------------------------------------------------------------- registry entry
 
 
-def default_ulysses_degree(world_size: int, heads: int, kv_heads: int) -> int:
-    """USP's Ulysses degree when none is given: the largest divisor u of G with
-    u <= min(8, G/2) (at most one 8-GPU node of all-to-all, at least a 2-way
-    ring) for which the heads split (``kv_replication``); 1 if none."""
-    best = 1
-    for u in range(1, min(8, world_size // 2) + 1):
-        if world_size % u == 0:
-            try:
-                kv_replication(heads, kv_heads, u)
-            except ValueError:
-                continue
-            best = u
-    return best
+def _splits(heads: int, kv_heads: int, u: int) -> bool:
+    try:
+        kv_replication(heads, kv_heads, u)
+    except ValueError:
+        return False
+    return True
 
 
-def _degree(s: AttnShape, ulysses_degree=None) -> int:
-    return default_ulysses_degree(s.world_size, s.heads, s.kv_heads) if ulysses_degree is None else ulysses_degree
+def default_ulysses_degree(world_size: int, heads: int, kv_heads: int, node_size: int | Nodes | None = None) -> int:
+    """USP's Ulysses degree when none is given.
+
+    Group on several nodes of I ranks (``node_size``, else ``LOCAL_WORLD_SIZE``): the largest
+    divisor u of I for which the heads split (``kv_replication``): Ulysses inside a node, the ring
+    across nodes. Group on one node (or not split into equal nodes): the largest divisor u of G with
+    u <= min(8, G/2) (at most one 8-GPU node of all-to-all, at least a 2-way ring) for which the
+    heads split. 1 if none.
+    """
+    grid = formula_nodes(world_size, node_size).grid()
+    if grid is not None and grid[0] >= 2:
+        candidates = [u for u in range(1, grid[1] + 1) if grid[1] % u == 0]
+    else:
+        candidates = [u for u in range(1, min(8, world_size // 2) + 1) if world_size % u == 0]
+    return max([u for u in candidates if _splits(heads, kv_heads, u)], default=1)
 
 
-def _usp_fn(q, k, v, *, group=None, ulysses_degree=None, **kw):
+def _degree(s: AttnShape, ulysses_degree=None, node_size=None) -> int:
+    if ulysses_degree is not None:
+        return ulysses_degree
+    return default_ulysses_degree(s.world_size, s.heads, s.kv_heads, node_size)
+
+
+def _usp_fn(q, k, v, *, group=None, ulysses_degree=None, node_size=None, **kw):
     if ulysses_degree is None:  # q, k that are not 4-D tensors are left to usp_attn_func's checks
         four_d = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
-        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2]) if four_d else 1
-    return usp_attn_func(q, k, v, group=group, ulysses_degree=ulysses_degree, **kw)
+        ulysses_degree = default_ulysses_degree(comm.world(group)[1], q.shape[2], k.shape[2],
+                                                Nodes.of(group, node_size)) if four_d else 1
+    return usp_attn_func(q, k, v, group=group, ulysses_degree=ulysses_degree, node_size=node_size, **kw)
 
 
-def _check(s: AttnShape, ulysses_degree=None, **_) -> None:
-    u, _r = check_degrees(s.world_size, _degree(s, ulysses_degree))
+def _check(s: AttnShape, ulysses_degree=None, node_size=None, **_) -> None:
+    u, _r = check_degrees(s.world_size, _degree(s, ulysses_degree, node_size))
     kv_replication(s.heads, s.kv_heads, u)
 
 
-METHODS = (Method(
-    name="usp", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
-    comm_bytes=lambda s, ulysses_degree=None, backward="auto", **_: usp_comm_bytes(
-        s, _degree(s, ulysses_degree), backward),
-    memory_bytes=lambda s, ulysses_degree=None, **_: usp_memory_bytes(s, _degree(s, ulysses_degree)),
-    check=_check,
-    description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks, Burst ring across them",
-    travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",
-),)
+def _entry(name: str, variant_of: str | None = None, **options) -> Method:
+    return Method(
+        name=name, level="op", fn=_usp_fn, options=options, masks=True,
+        layouts=("contiguous", "zigzag", "balanced"), variant_of=variant_of,
+        comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, **_: usp_comm_bytes(
+            s, _degree(s, ulysses_degree, node_size), backward),
+        memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
+            s, _degree(s, ulysses_degree, node_size)),
+        link_bytes=usp_link_bytes, check=_check,
+        description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks (a node, when the "
+                    "group spans nodes), Burst ring across them (double ring where it has >= 2 ranks per node)"
+                    + ("; overlap=False: each ring transfer waited for before computing" if variant_of else ""),
+        travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",
+    )
+
+
+METHODS = (_entry("usp"), _entry("usp_no_overlap", variant_of="usp", overlap=False))

@@ -31,6 +31,7 @@ Backends (``backend=`` name, or ``None`` for automatic):
 * ``"cpu_flash"``: PyTorch's fused tiled CPU kernels
   (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
 * ``"flash_attn"``: the flash-attn package on CUDA.
+* ``"xformers"``: xFormers' memory-efficient attention on CUDA (``xformers.ops.fmha``).
 * ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
 * ``"reference"``: plain math in fp64, for tests; materialises the scores.
 
@@ -39,7 +40,7 @@ mismatch (a CUDA backend on CPU tensors, flash-attn with fp32 or fp64, a
 package that is not installed) into a ValueError before any communication.
 
 The backends live one per file in this package (``reference.py``, ``cpu_flash.py``,
-``flash_attn.py``, ``cuda_sdpa.py``); the shared helpers (statistics dtype,
+``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``); the shared helpers (statistics dtype,
 strides, ``delta`` and the surrogate ``out`` fed to stock backward kernels)
 are in ``common.py``.
 """
@@ -47,14 +48,15 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_sdpa, flash_attn, masked, reference
+from . import cpu_flash, cuda_sdpa, flash_attn, masked, reference, xformers
 from .common import (FLOAT_DTYPES, Backend, TileMask, compute_delta, default_scale, stats_dtype, surrogate_out,
                      unit_last)
 
 Tensor = torch.Tensor
 
 # name -> backend, in the order the automatic choice and the docs list them
-BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND for m in (reference, cpu_flash, flash_attn, cuda_sdpa)}
+BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND
+                                 for m in (reference, cpu_flash, flash_attn, xformers, cuda_sdpa)}
 
 __all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "TileMask", "attn_backward", "attn_forward", "check_backend",
            "compute_delta", "default_scale", "resolve_backend", "stats_dtype", "surrogate_out", "unit_last"]
@@ -88,10 +90,16 @@ def resolve_backend(device: torch.device, backend: str | None = None,
                     dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
     """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
 
-    On CUDA, flash-attn when importable and the inputs suit it (fp16/bf16,
-    head_dim a multiple of 8 up to 256), PyTorch's efficient-attention kernels
-    for other fp16/bf16/fp32 inputs, and the fp64 ``reference`` math for fp64
-    (no fused CUDA kernel takes fp64). On CPU, PyTorch's fused flash kernels.
+    On CUDA, the first of these that is importable and suits the inputs:
+    flash-attn (fp16/bf16, head_dim a multiple of 8 up to 256: the FlashAttention-2
+    kernels the papers' LAO is), then xformers (fp16/bf16/fp32; its dispatcher
+    picks its own flash kernels where built with them, else cutlass, through a
+    public forward/backward API that takes lse), then PyTorch's efficient-attention
+    kernels (always present, but reached through private aten ops whose argument
+    lists change between releases: the fallback). fp64 gets the ``reference``
+    math (no fused CUDA kernel takes fp64). On CPU, PyTorch's fused flash kernels.
+    ``make gpu-check`` measures all of them side by side (TFLOP/s vs sequence
+    length); the order is a choice to revisit with those numbers.
     """
     if backend is not None:
         check_backend(backend, device, dtype, head_dim)
@@ -99,9 +107,11 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     if device.type == "cuda":
         if dtype == torch.float64:
             return "reference"
-        fa = BACKENDS["flash_attn"]
-        suits = dtype in fa.dtypes and fa.check(head_dim) is None and head_dim is not None
-        return "flash_attn" if suits and fa.available() else "cuda_sdpa"
+        for name in ("flash_attn", "xformers"):
+            b = BACKENDS[name]
+            if head_dim is not None and dtype in b.dtypes and b.check(head_dim) is None and b.available():
+                return name
+        return "cuda_sdpa"
     return "cpu_flash"
 
 

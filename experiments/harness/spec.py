@@ -14,6 +14,7 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     sweep: {seqlen: [...], world_size: [8], batch: 1, heads: 32, kv_heads: 32,
             head_dim: 128, dtype: bfloat16, causal: true, layout: zigzag}
     measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}
+    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names); default automatic
     exclude: [{method: ulysses, world_size: 16}]   # optional: drop combinations explicitly
     warmup: 2
     repeats: 10
@@ -22,7 +23,12 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     timeouts: {case_s: 900, pg_s: 300}
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
-(minus ``exclude``). A method name must be registered in ``baselines.METHODS``.
+(minus ``exclude``), times ``kernels`` when given: each case then passes
+``backend=<kernel>`` to the method (its case name ends in ``.<kernel>``), and a
+method with a fixed kernel of its own (``Method.kernel``: ring_rsa,
+ring_flash_attn) cannot be combined with one. A kernel that cannot run on this
+machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
+the reason. Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
@@ -40,9 +46,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from baselines.registry import METHODS
+from burst_impl.kernels import BACKENDS as KERNELS
+from burst_impl.kernels import check_backend
 from burst_impl.shape import AttnShape
 
 from ..cluster.profile import Profile, load_profile
@@ -104,6 +113,7 @@ class Case:
     measure_comm: bool = True
     case_timeout_s: float = 600.0
     pg_timeout_s: float = 120.0
+    kernel: str | None = None        # local kernel (burst_impl.kernels name) passed as backend=; None: automatic
 
     def __getattr__(self, name: str):
         # case.seqlen, case.world_size, ...: the sweep axes are the shape's fields
@@ -113,7 +123,8 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        return axes.case_id(self.method, self.level, self.mode, self.shape)
+        base = axes.case_id(self.method, self.level, self.mode, self.shape)
+        return f"{base}.{self.kernel}" if self.kernel else base
 
     def to_dict(self) -> dict:
         """Flat: the shape's fields next to the case's own (the records' ``config``)."""
@@ -130,6 +141,15 @@ class Case:
 def _check_name(name: str) -> str | None:
     if not name.replace("_", "").replace("-", "").isalnum():
         return f"{name!r} must be letters, digits, '_' or '-' (it names results/<name>/)"
+    return None
+
+
+def _check_kernels(kernels: tuple[str, ...]) -> str | None:
+    for k in kernels:
+        if k not in KERNELS:
+            return f"{k!r} is not a kernel; kernels: {list(KERNELS)}"
+    if len(set(kernels)) != len(kernels):
+        return "lists a kernel twice"
     return None
 
 
@@ -154,6 +174,7 @@ class Spec:
     paper_ref: str = ""
     baseline: str | None = None
     exclude: tuple[dict, ...] = ()
+    kernels: tuple[str, ...] = field(default=(), metadata={"check": _check_kernels})   # (): automatic
     warmup: int = field(default=2, metadata={"check": _at_least(0)})
     repeats: int = field(default=10, metadata={"check": _at_least(1)})
     seed: int = field(default=0, metadata={"check": _at_least(0)})
@@ -217,8 +238,8 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
         raise err("baseline", f"{kw['baseline']!r} must be one of methods {list(kw['methods'])}")
     for e in kw.get("exclude", ()):
         if not isinstance(e, dict):
-            raise err("exclude", "must be a list of mappings (axis or 'method'/'mode' -> value)")
-        check_keys(e, set(axes.AXES) | {"method", "mode"}, err, "exclude.")
+            raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
+        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel"}, err, "exclude.")
     spec = Spec(path=str(path), **kw)
     validate_cases(spec)
     return spec
@@ -246,13 +267,15 @@ def expand(spec: Spec) -> list[Case]:
     for shape in axes.shapes(spec.sweep):
         for mode in spec.measure.modes:
             for method in spec.methods:
-                values = dict(dataclasses.asdict(shape), mode=mode, method=method)
-                if _excluded(spec, values):
-                    continue
-                out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
-                                shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
-                                measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
-                                case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s))
+                for kernel in spec.kernels or (None,):
+                    values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel)
+                    if _excluded(spec, values):
+                        continue
+                    out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
+                                    shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
+                                    measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
+                                    case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
+                                    kernel=kernel))
     return out
 
 
@@ -262,7 +285,16 @@ def case_problem(case: Case) -> str | None:
     Impossible shapes are load errors (``validate_cases``); what depends on the
     machine makes the case skipped with a recorded reason, re-evaluated by the next run.
     """
-    return METHODS[case.method].problem(case.shape, case.level)
+    why = METHODS[case.method].problem(case.shape, case.level)
+    if why or case.kernel is None:
+        return why
+    # The device the worker will pick on this machine (device "auto"; cpu clusters reject CUDA kernels at load).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        check_backend(case.kernel, device, case.shape.torch_dtype, case.head_dim)
+    except ValueError as e:
+        return f"kernel {case.kernel!r} cannot run here: {e}"
+    return None
 
 
 def validate_cases(spec: Spec) -> None:
@@ -283,6 +315,13 @@ def validate_cases(spec: Spec) -> None:
         except ValueError as e:
             raise err("sweep", f"combination ({where}) is impossible: {e}") from None
         method = METHODS[case.method]
+        if case.kernel is not None and method.kernel is not None:
+            raise err("kernels", f"method {case.method!r} runs its own kernel ({method.kernel}); it takes no "
+                                 f"kernel={case.kernel!r}: drop it with exclude: [{{method: {case.method}, "
+                                 f"kernel: {case.kernel}}}] or measure it in a spec without kernels")
+        if case.kernel is not None and prof.device == "cpu" and KERNELS[case.kernel].devices not in (None, ("cpu",)):
+            raise err("kernels", f"kernel {case.kernel!r} runs on {'/'.join(KERNELS[case.kernel].devices)}, but "
+                                 f"cluster {spec.cluster!r} runs on cpu")
         if case.level == "op" and method.level == "layer":
             raise err("measure.level", f"method {case.method!r} is layer-only (tensor parallelism): "
                                        "it needs measure.level: layer")

@@ -18,6 +18,7 @@ import torch
 from baselines import layer as attn_layer
 from baselines.method import Method
 from baselines.registry import METHODS
+from burst_impl.kernels import resolve_backend
 
 from .spec import Case
 
@@ -33,6 +34,20 @@ class Step:
         if self.setup is not None:
             self.setup()
         self.step()
+
+
+def kernel_options(case: Case) -> dict:
+    """``backend=`` for the method when the case names a kernel (else the method's automatic choice)."""
+    return {"backend": case.kernel} if case.kernel is not None else {}
+
+
+def kernel_used(case: Case, device: torch.device) -> str:
+    """The local kernel this case runs on ``device``: the method's own, the one asked for, or the
+    automatic choice for the case's dtype and head dim (what ``burst_impl.kernels`` resolves)."""
+    fixed = METHODS[case.method].kernel
+    if fixed is not None:
+        return fixed
+    return resolve_backend(device, case.kernel, case.shape.torch_dtype, case.head_dim)
 
 
 def _randn(shape, gen, dtype, device):
@@ -89,7 +104,8 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
     dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
 
     def forward():
-        return method.call(q, k, v, causal=s.causal, mask=s.mask, group=group, layout=s.layout)
+        return method.call(q, k, v, causal=s.causal, mask=s.mask, group=group, layout=s.layout,
+                           **kernel_options(case))
 
     step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
     start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))
@@ -100,7 +116,8 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
     """The attention layer of ``method`` from ``baselines.layer``: hidden states (B, N/G or N, H) in,
     QKV projection, attention, output projection, hidden states out."""
     s = case.shape
-    lay = attn_layer.make_layer(case.method, s, group=group, seed=case.seed, device=device)
+    lay = attn_layer.make_layer(case.method, s, group=group, seed=case.seed, device=device,
+                                **kernel_options(case))
     tokens = s.seqlen if lay.input == "replicated" else s.local_seqlen
     gen = _generator(case.seed, rank)
     hidden = s.heads * s.head_dim

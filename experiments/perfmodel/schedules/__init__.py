@@ -3,17 +3,19 @@
 A builder takes a ``Ctx`` (shape, mode, level, cost model, placement, the
 registry's byte table) and adds the method's tasks for the phases the mode
 asks for. Phase B adds entries here (the double ring, BurstEngine's model
-level schedules) without touching the existing ones.
+level schedules) without touching the existing ones. The double ring's pass is
+``double_ring.routed_pass`` (the runtime's own routes), chosen by ``double_ring.pass_for``.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 from .common import Ctx
-from .ring_family import burst, burst_nolao, ring, ring_flash_attn
-from .ring_rsa import ring_rsa
+from .ring_family import (burst, burst_double_ring, burst_double_ring_no_overlap, burst_no_overlap, burst_nolao, ring,
+                          ring_flash_attn)
+from .ring_rsa import ring_rsa, ring_rsa_no_overlap
 from .tp import tp_v1, tp_v1_noflash, tp_v3, tp_v3_noflash
-from .ulysses import ulysses, usp
+from .ulysses import ulysses, usp, usp_no_overlap
 
 Builder = Callable[[Ctx], dict]
 
@@ -21,12 +23,17 @@ Builder = Callable[[Ctx], dict]
 SCHEDULES: dict[str, Builder] = {
     "burst": burst,
     "burst_qring": burst,            # what travels backward comes from the registry's formula
+    "burst_no_overlap": burst_no_overlap,
+    "burst_double_ring": burst_double_ring,
+    "burst_double_ring_no_overlap": burst_double_ring_no_overlap,
     "ring": ring,
     "ring_flash_attn": ring_flash_attn,
     "ring_rsa": ring_rsa,
+    "ring_rsa_no_overlap": ring_rsa_no_overlap,
     "ulysses": ulysses,
     "deepspeed_ulysses": ulysses,
     "usp": usp,
+    "usp_no_overlap": usp_no_overlap,
     "tp_v1": tp_v1,
     "tp_v3": tp_v3,
 }

@@ -124,7 +124,8 @@ Work = Callable[[int, int, int], list[tuple[str, float, float]]]
 
 
 def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: dict, work: Work,
-              ready: dict[int, int | None], acc: dict | None = None, acc_sends: str = "n-1") -> dict[int, int]:
+              ready: dict[int, int | None], acc: dict | None = None, acc_sends: str = "n-1",
+              overlap: bool = True) -> dict[int, int]:
     """One pass of circulating blocks around each ring in ``rings`` (lists of global ranks, all of
     one length n, running side by side).
 
@@ -134,6 +135,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     ``acc``: registry bytes of the accumulator ring, sent after each step's compute,
     ``acc_sends`` = "n-1" (steps 1..n-1: the owner's own block stays home; burst_impl) or
     "n" (every step, ring-flash-attn).
+    ``overlap=False`` (burst_impl's ``overlap=False``): a step computes only after its own transfer
+    has landed, and the next step starts only after the accumulator send it posted has.
     Returns ``{rank: task}`` after which the pass is over on that rank.
     """
     n = len(rings[0])
@@ -149,6 +152,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             prev = ring[(i - 1) % n]
             deps = [ready.get(g)] if s == 0 else [C[g, s - 1], S.get((g, s - 1)), S.get((prev, s - 1)),
                                                   P.get((g, s - 1))]
+            if s > 0 and not overlap:
+                deps += [A.get((g, s - 1)), A.get((prev, s - 1))]
             B[g, s] = ctx.sch.marker(f"{name}.step[r{g},s{s}]", deps, rank=g, phase=phase)
         if s < n - 1:
             for ring, i, g in members:
@@ -157,6 +162,9 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                                    phase=phase, crossing=crossing)
         for ring, i, g in members:
             last = B[g, s]
+            if not overlap and s < n - 1:
+                prev = ring[(i - 1) % n]
+                last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, S[g, s], S[prev, s]], rank=g, phase=phase)
             for label, seconds, flops in work(i, (i - s) % n, s):
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase,
                                    flops=flops)

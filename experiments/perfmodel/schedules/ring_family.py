@@ -22,7 +22,8 @@ from burst_impl.layout import group_layout
 from burst_impl.plan import StepPlan, step_plan
 
 from ..costs import FP32
-from .common import Ctx, accumulate_bytes, hbm_step, merge_bytes, ring_pass, sequence_parallel
+from .common import Ctx, accumulate_bytes, hbm_step, merge_bytes, sequence_parallel
+from .double_ring import pass_for
 
 QSIDE = ("q", "dout", "lse", "delta")
 KVSIDE = ("k", "v")
@@ -65,7 +66,8 @@ def _rows(plan: StepPlan, local: int) -> int:
 
 
 def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
-                 name: str = "ring_fwd", materialised: bool = False) -> dict:
+                 name: str = "ring_fwd", materialised: bool = False, topology: str = "flat",
+                 overlap: bool = True) -> dict:
     s = ctx.shape
     n = len(rings[0])
     hop = ctx.take("forward", KVSIDE)
@@ -87,11 +89,13 @@ def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, h
     ctx.buffer("forward", "block output of the local kernel", s.batch * local * heads * s.head_dim * ctx.elem)
     if materialised:
         ctx.buffer("forward", "scores and probabilities of one block", 2 * s.batch * heads * local * local * ctx.elem)
-    return ring_pass(ctx, rings, phase="forward", name=name, hop=hop, work=work, ready=ready)
+    return pass_for(ctx, rings, topology=topology, overlap=overlap, phase="forward", name=name, hop=hop, work=work,
+                    ready=ready)
 
 
 def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
-                  default: str, name: str = "ring_bwd", materialised: bool = False, acc_sends: str = "n-1") -> dict:
+                  default: str, name: str = "ring_bwd", materialised: bool = False, acc_sends: str = "n-1",
+                  topology: str = "flat", overlap: bool = True) -> dict:
     """``default``: the scheme when the registry has no backward entries (world size 1)."""
     s = ctx.shape
     n = len(rings[0])
@@ -123,8 +127,8 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
         adds = accumulate_bytes(b, rows, heads, d) + 2 * accumulate_bytes(b, cols, kv_heads, d)
         return [("attn_bwd", t, f), hbm_step(ctx, "accumulate", adds)]
 
-    end = ring_pass(ctx, rings, phase="backward", name=name, hop=hop, work=work, ready=delta, acc=acc,
-                    acc_sends=acc_sends)
+    end = pass_for(ctx, rings, topology=topology, overlap=overlap, phase="backward", name=name, hop=hop, work=work,
+                   ready=delta, acc=acc, acc_sends=acc_sends)
     travelling = heads if scheme == "burst" else 2 * kv_heads
     per_send = sum(hop.values()) // max(1, n - 1)
     per_acc = sum(acc.values()) // max(1, n - (1 if acc_sends == "n-1" else 0))
@@ -140,14 +144,17 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
             for g in end}
 
 
-def _flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str = "n-1") -> dict:
+def _flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str = "n-1", topology: str = "flat",
+          overlap: bool = True) -> dict:
     s = ctx.shape
     rings = [list(range(s.world_size))]
     local = s.seqlen // s.world_size
-    kw = dict(local=local, heads=s.heads, kv_heads=s.kv_heads)
-    if s.world_size > 1:
+    kw = dict(local=local, heads=s.heads, kv_heads=s.kv_heads, topology=topology, overlap=overlap)
+    if s.world_size > 1 and topology == "flat":
         ctx.note("flat ring over all ranks in rank order; a synchronous step waits for its slowest hop "
                  "(the inter-node hop on multi-node runs)")
+    if not overlap:
+        ctx.note("overlap off: every transfer is waited for before the step computes")
     return sequence_parallel(
         ctx,
         lambda ready: ring_forward(ctx, rings, ready, materialised=materialised, **kw),
@@ -166,6 +173,18 @@ def burst_nolao(ctx: Ctx) -> dict:
 
 def ring(ctx: Ctx) -> dict:
     return _flat(ctx, default="ring")
+
+
+def burst_no_overlap(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", overlap=False)
+
+
+def burst_double_ring(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", topology="double")
+
+
+def burst_double_ring_no_overlap(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", topology="double", overlap=False)
 
 
 def ring_flash_attn(ctx: Ctx) -> dict:

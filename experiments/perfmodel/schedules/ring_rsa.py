@@ -18,7 +18,12 @@ from ..costs import FP32
 from .common import Ctx, hbm_step, ring_collective, ring_pass, sequence_parallel
 
 
-def ring_rsa(ctx: Ctx) -> dict:
+def ring_rsa_no_overlap(ctx: Ctx) -> dict:
+    ctx.note("overlap off: every ring transfer is waited for before the step computes")
+    return ring_rsa(ctx, overlap=False)
+
+
+def ring_rsa(ctx: Ctx, overlap: bool = True) -> dict:
     s = ctx.shape
     G, b, d, z, e = s.world_size, s.batch, s.head_dim, s.heads, ctx.elem
     local = s.seqlen // G
@@ -41,14 +46,14 @@ def ring_rsa(ctx: Ctx) -> dict:
         k_hop = ctx.take("forward", ("k",))
         v_hop = ctx.take("forward", ("v",))
         # K ring: S block = Q K_j^T, written in fp32
-        r = ring_pass(ctx, rings, phase="forward", name="rsa_k", hop=k_hop, ready=ready,
+        r = ring_pass(ctx, rings, phase="forward", name="rsa_k", hop=k_hop, ready=ready, overlap=overlap,
                       work=lambda i, o, st: gemm("qk", block * FP32))
         # mask (read/write fp32), softmax (read fp32, write fp32), cast to the input dtype (read, write)
         r = softmax_all(r, "forward", "rsa_softmax", rows * (4 * FP32 + FP32 + e))
         # V ring: O += P_j V_j, reading the block of P and its fp32 copy
         ctx.buffer("forward", "fp32 score rows (B, Z, N/G, N)", rows * FP32)
         ctx.buffer("forward", "fp32 output and one fp32 probability block", b * local * z * d * FP32 + block * FP32)
-        return ring_pass(ctx, rings, phase="forward", name="rsa_v", hop=v_hop, ready=r,
+        return ring_pass(ctx, rings, phase="forward", name="rsa_v", hop=v_hop, ready=r, overlap=overlap,
                          work=lambda i, o, st: gemm("pv", block * (e + 2 * FP32)))
 
     def backward(ready):
@@ -56,12 +61,12 @@ def ring_rsa(ctx: Ctx) -> dict:
         k_hop = ctx.take("backward", ("k",))
         dk, dv = ctx.take("backward", ("dk",)), ctx.take("backward", ("dv",))
         # V ring: dP block = dO V_j^T (fp32 write); dV_j share = P_j^T dO (read P, fp32 copy)
-        r = ring_pass(ctx, rings, phase="backward", name="rsa_bv", hop=v_hop, ready=ready,
+        r = ring_pass(ctx, rings, phase="backward", name="rsa_bv", hop=v_hop, ready=ready, overlap=overlap,
                       work=lambda i, o, st: gemm("dp", block * FP32) + gemm("dv", block * (e + 2 * FP32)))
         # dS = P * (dP - rowsum(dP * P)) over the whole rows: P to fp32, two products, a reduction
         r = softmax_all(r, "backward", "rsa_softmax_bwd", rows * (e + 9 * FP32))
         # K ring: dQ += dS_j K_j; dK_j share = dS_j^T Q
-        r = ring_pass(ctx, rings, phase="backward", name="rsa_bk", hop=k_hop, ready=r,
+        r = ring_pass(ctx, rings, phase="backward", name="rsa_bk", hop=k_hop, ready=r, overlap=overlap,
                       work=lambda i, o, st: gemm("dq", block * FP32) + gemm("dk", block * FP32))
         grp = list(range(G))
         r = ring_collective(ctx, grp, phase="backward", name="rsa_allreduce_dk", nbytes=dk, steps=2 * (G - 1),

@@ -41,7 +41,7 @@ def _reorder(ctx: Ctx, ready: dict, *, phase: str, tensors: float, name: str) ->
             for g in ready}
 
 
-def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str) -> dict:
+def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str, topology: str = "flat", overlap: bool = True) -> dict:
     s = ctx.shape
     G = s.world_size
     r = G // u
@@ -62,7 +62,8 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str) -> dict:
             ready = {g: ctx.compute(g, f"attn_fwd[r{g}]", t, deps=[ready[g]], phase="forward", flops=f)
                      for g in ready}
         else:
-            ready = ring_forward(ctx, rings, ready, local=gathered, heads=z, kv_heads=zkv)
+            ready = ring_forward(ctx, rings, ready, local=gathered, heads=z, kv_heads=zkv, topology=topology,
+                                 overlap=overlap)
         ready = _reorder(ctx, ready, phase="forward", tensors=out, name="reorder_out")
         ctx.buffer("forward", "head-sharded q, k, v, out after the all-to-all", qkv + out)
         return _a2a_phase(ctx, groups, ready, phase="forward", kinds=("out",), prefix=prefix)
@@ -74,7 +75,8 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str) -> dict:
             ready = {g: ctx.compute(g, f"attn_bwd[r{g}]", t, deps=[ready[g]], phase="backward", flops=f)
                      for g in ready}
         else:
-            ready = ring_backward(ctx, rings, ready, local=gathered, heads=z, kv_heads=zkv, default="burst")
+            ready = ring_backward(ctx, rings, ready, local=gathered, heads=z, kv_heads=zkv, default="burst",
+                                  topology=topology, overlap=overlap)
         ctx.buffer("backward", "head-sharded dO, dQ, dK, dV", qkv + out)
         return _a2a_phase(ctx, groups, ready, phase="backward", kinds=("dq", "dk", "dv"), prefix=prefix)
 
@@ -91,7 +93,7 @@ def ulysses(ctx: Ctx) -> dict:
     return _ulysses_schedule(ctx, ctx.shape.world_size, prefix="")
 
 
-def usp(ctx: Ctx) -> dict:
+def usp(ctx: Ctx, overlap: bool = True) -> dict:
     from baselines.registry import get
 
     s = ctx.shape
@@ -99,9 +101,16 @@ def usp(ctx: Ctx) -> dict:
     if u is None:
         # the registry's default degree, read back from its byte formula's all-to-all entries
         u = _usp_degree(get("usp"), s)
+    topology = ctx.options.get("ring_topology", "double")
     ctx.note(f"USP: Ulysses degree u={u} (all-to-all inside {u} consecutive ranks), "
-             f"Burst ring over {s.world_size // u} ranks")
-    return _ulysses_schedule(ctx, u, prefix="a2a_")
+             f"Burst ring over {s.world_size // u} ranks ({topology} ring where it has >= 2 ranks per node)")
+    if not overlap:
+        ctx.note("overlap off: every ring transfer is waited for before the step computes")
+    return _ulysses_schedule(ctx, u, prefix="a2a_", topology=topology, overlap=overlap)
+
+
+def usp_no_overlap(ctx: Ctx) -> dict:
+    return usp(ctx, overlap=False)
 
 
 def _usp_degree(method, s) -> int:
