@@ -65,8 +65,7 @@ def test_case(benchmark, case, device):
         "comm_bwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "backward"),
         "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
         "mem_model_bytes": int(method.memory(case.shape)),
-        "flops": attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
-                                 mode=case.mode),
+        "flops": attention_flops(case.shape, mode=case.mode),
     })
 
     med = benchmark.stats.stats.median if benchmark.stats else None

@@ -74,8 +74,10 @@ def _objective(r_load: Tensor, c_load: Tensor, r_mean: float, c_mean: float) -> 
     return max(float(r_load.max()) / r_mean, float(c_load.max()) / c_mean)
 
 
-def assign(rows: Tensor, cols: Tensor, world_size: int, per_rank: int) -> list[list[int]]:
-    """Chunks -> ranks (``per_rank`` each) minimising max(row max/mean, column max/mean)."""
+def assign(rows: Tensor, cols: Tensor, world_size: int, per_rank: int, *, search: bool = True
+           ) -> list[list[int]]:
+    """Chunks -> ranks (``per_rank`` each) minimising max(row max/mean, column max/mean).
+    ``search=False``: the greedy step alone (the min-heap dispatch, for comparison)."""
     n = rows.numel()
     r_mean = max(float(rows.sum()) / world_size, 1e-30)
     c_mean = max(float(cols.sum()) / world_size, 1e-30)
@@ -93,7 +95,7 @@ def assign(rows: Tensor, cols: Tensor, world_size: int, per_rank: int) -> list[l
         r_load[g] += rn[x]
         c_load[g] += cn[x]
     # 2. local search: best swap of a chunk of the worst rank with a chunk elsewhere
-    for _ in range(_SEARCH_ROUNDS if world_size > 1 else 0):
+    for _ in range(_SEARCH_ROUNDS if world_size > 1 and search else 0):
         cur = _objective(r_load, c_load, 1.0, 1.0)
         w = int(torch.argmax(torch.maximum(r_load, c_load)))
         others = torch.nonzero(owner != w).flatten()

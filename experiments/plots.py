@@ -249,10 +249,11 @@ def _mask_name(r) -> str:
 
 
 def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
-                per_method: bool = True, second: str | None = None) -> Path | None:
+                per_method: bool = True, second: str | None = None, errbars: bool = False) -> Path | None:
     """Grouped bars: x = mask, one bar per layout; one panel per (world size, method), or per world
     size when the quantity is the layout's (``per_method=False``: the work balance). ``second``: a
-    column drawn hatched beside ``ycol`` (the column work next to the row work)."""
+    column drawn hatched beside ``ycol`` (the column work next to the row work); ``errbars``: the
+    p10-p90 interval of the time samples as whiskers."""
     ok = df[(df["status"] == "ok") & df[ycol].notna()] if ycol in df else df.iloc[0:0]
     if ok.empty:
         return None
@@ -270,11 +271,15 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
         part = ok[(ok["world_size"] == g) & ((ok["method"] == method) if per_method else True)]
         for li, lay in enumerate(layouts):
             for si, col in enumerate([ycol] + ([second] if second else [])):
-                vals = [part[(part["mask_name"] == m) & (part["layout"] == lay)][col] for m in masks_]
-                ys = [float(v.iloc[0]) if len(v) else 0.0 for v in vals]
+                sel = [part[(part["mask_name"] == m) & (part["layout"] == lay)] for m in masks_]
+                ys = [float(v[col].iloc[0]) if len(v) else 0.0 for v in sel]
+                yerr = None
+                if errbars and "time_p10_s" in part:
+                    yerr = [[y - float(v["time_p10_s"].iloc[0]) if len(v) else 0.0 for y, v in zip(ys, sel)],
+                            [float(v["time_p90_s"].iloc[0]) - y if len(v) else 0.0 for y, v in zip(ys, sel)]]
                 xs = [i + (li * (2 if second else 1) + si) * width - 0.4 + width / 2 for i in range(len(masks_))]
                 ax.bar(xs, ys, width, color=_PALETTE[li % len(_PALETTE)], hatch="//" if si else "",
-                       alpha=0.5 if si else 1.0, edgecolor="black", linewidth=0.4,
+                       alpha=0.5 if si else 1.0, edgecolor="black", linewidth=0.4, yerr=yerr, capsize=2,
                        label=f"{lay}" + (" (columns)" if si else (" (rows)" if second else "")))
         ax.set_xticks(range(len(masks_)))
         ax.set_xticklabels(masks_, rotation=15, fontsize=8)
@@ -283,12 +288,14 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
         ax.grid(True, axis="y", alpha=0.3)
         if not per_method:
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        ax.legend(fontsize=7)
+        ax.set_ylim(top=ax.get_ylim()[1] * 1.3)      # room for the legend above the bars
+        ax.legend(fontsize=7, ncol=len(layouts), loc="upper center")
     r = ok.iloc[0]
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
     fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype"))
-    fig.suptitle(f"{df['experiment'].iloc[0]}: {title} ({fixed}, {MODE_LABEL.get(r['mode'], r['mode'])}){ref}\n"
-                 f"{_hw_and_date(df)}", fontsize=9)
+    head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title} ({fixed}, {MODE_LABEL.get(r['mode'], r['mode'])})",
+                         110)
+    fig.suptitle(f"{head}{ref}\n{_hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -334,8 +341,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     varies_mask = "mask" in df and (df["mask"].fillna("").nunique() > 1 or df["layout"].nunique() > 1) \
         and (df["mask"].fillna("") != "").any()
     if varies_mask:
-        files.append(mask_figure(df, "time_median_s", "time per step (s, median)", "time per mask and layout", meta,
-                                 out / f"masks_time{sfx}.png"))
+        files.append(mask_figure(df, "time_median_s", "time per step (s, median; bars p10-p90)",
+                                 "time per mask and layout", meta, out / f"masks_time{sfx}.png", errbars=True))
         files.append(mask_figure(df, "tflops_per_rank", "TFLOP/s per rank (live entries only)",
                                  "throughput per mask and layout", meta, out / f"masks_tflops{sfx}.png"))
         files.append(mask_figure(df, "work_imbalance_rows", "work max/mean over ranks (1 = even)",

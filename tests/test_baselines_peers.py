@@ -30,7 +30,7 @@ B, D = 2, 16
 FP32_RTOL = 2e-5
 
 
-def _ours_vs_deepspeed(z, zkv, causal):
+def _ours_vs_deepspeed(z, zkv, causal, mask=None):
     from baselines.methods.deepspeed_ulysses import deepspeed_ulysses_adapter
     from baselines.methods.ulysses import ulysses_attn_func
 
@@ -39,7 +39,7 @@ def _ours_vs_deepspeed(z, zkv, causal):
     res = {}
     for name, fn in (("ours", ulysses_attn_func), ("deepspeed", deepspeed_ulysses_adapter)):
         ql, kl, vl, dol = [shard(t, "contiguous", rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
-        out = fn(ql, kl, vl, causal=causal)
+        out = fn(ql, kl, vl, causal=causal, **({} if mask is None else {"mask": mask}))
         out.backward(dol)
         res[name] = dict(out=out.detach(), dq=ql.grad, dk=kl.grad, dv=vl.grad)
     return res
@@ -49,9 +49,22 @@ def _ours_vs_deepspeed(z, zkv, causal):
 @pytest.mark.parametrize("world_size,causal,heads", [(2, True, (4, 4)), (2, False, (4, 2)), (4, True, (8, 4)),
                                                      (4, False, (4, 4))])
 def test_ulysses_matches_deepspeed(pools, world_size, causal, heads):
+    _check_ulysses_vs_deepspeed(pools, world_size, causal, heads, None)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("causal,heads,mask", [(True, (4, 2), "window:3:0"), (True, (4, 4), "docs:5:1"),
+                                               (False, (4, 4), "bsparse:4:0.3:2")])
+def test_masked_ulysses_matches_deepspeed(pools, causal, heads, mask):
+    """Masks through DeepSpeed's DistributedAttention (its all-to-alls, our masked local kernel on the
+    whole sequence): a causal window of 3 tokens, seeded documents, block-sparse without causal."""
+    _check_ulysses_vs_deepspeed(pools, 2, causal, heads, mask)
+
+
+def _check_ulysses_vs_deepspeed(pools, world_size, causal, heads, mask):
     z, zkv = heads
-    results = pools.run(world_size, _ours_vs_deepspeed, z, zkv, causal)
-    ref = attention_reference(*(t.double() for t in make_inputs(B, 8 * world_size, z, zkv, D)), causal)
+    results = pools.run(world_size, _ours_vs_deepspeed, z, zkv, causal, mask)
+    ref = attention_reference(*(t.double() for t in make_inputs(B, 8 * world_size, z, zkv, D)), causal, mask=mask)
     for rank, res in enumerate(results):
         for name in ("out", "dq", "dk", "dv"):
             scale = max(ref[name].abs().max().item(), 1.0)

@@ -150,7 +150,7 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
     import torch
 
     from burst_impl import kernels
-    from burst_impl.shape import DTYPES
+    from burst_impl.shape import DTYPES, AttnShape
     from experiments.harness.flops import attention_flops
 
     torch.set_num_threads(threads)
@@ -175,7 +175,7 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
         el = time.perf_counter() - t0
         if el >= seconds and n >= 2:
             break
-    return n * attention_flops(1, tokens, heads, head_dim, causal=False, mode="fwd_bwd") / el
+    return n * attention_flops(AttnShape(1, tokens, heads, heads, head_dim, 1, causal=False), mode="fwd_bwd") / el
 
 
 def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: int, dtype: str,

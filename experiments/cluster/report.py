@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from burst_impl.shape import AttnShape
+
 from ..harness import results as R
 from ..harness.env import REPO
 from ..harness.flops import attention_flops
@@ -51,7 +53,9 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
         if (n, method) in base:
             t_comp, comp_src = float(base[(n, method)]["time_median_s"]), "loopback"
         elif cal:
-            fl = attention_flops(r["batch"], n, r["heads"], r["head_dim"], causal=r["causal"], mode=r["mode"])
+            fl = r.get("flops") or attention_flops(
+                AttnShape(r["batch"], n, r["heads"], r.get("kv_heads"), r["head_dim"], r["world_size"],
+                          causal=bool(r["causal"]), mask=r.get("mask") or ""), mode=r["mode"])
             t_comp, comp_src = fl / r["world_size"] / cal, "flops"
         else:
             t_comp, comp_src = math.nan, "-"

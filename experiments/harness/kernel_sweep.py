@@ -119,7 +119,7 @@ def measure_point(case: Case, device: torch.device) -> dict:
             torch.cuda.empty_cache()
     rec = R.base_record(case, "ok", extra_config={"device": device.type, "sweep": "kernel_sweep"})
     stats = summarize(samples)
-    flops = attention_flops(s.batch, s.seqlen, s.heads, s.head_dim, causal=s.causal, mode=case.mode)
+    flops = attention_flops(s, mode=case.mode)
     med = stats["time_median_s"]
     rec.update(stats)
     rec.update({
