@@ -308,7 +308,7 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
-    from .cluster.report import loopback_twin, report
+    from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report
 
     out = []
     for spec in preset.specs:
@@ -321,6 +321,10 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
             continue
         (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
         print(rep["text"])
+        if any(m.endswith(NO_OVERLAP) for m in spec.methods) and spec.baseline in spec.methods:
+            rat = ratios_of(spec.name, results_root=results_root, ref=spec.baseline)
+            (R.experiment_dir(results_root, spec.name) / "ratios.txt").write_text(rat["text"] + "\n")
+            print(rat["text"])
         out.append(rep)
     return out
 

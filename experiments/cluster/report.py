@@ -12,6 +12,15 @@ For each case (one sequence length, one method) of ``results/<experiment>``:
              more work than the FLOP formula, ring_rsa's materialised scores, are then under-predicted);
   and two bounds: serial t_comp + t_comm (no overlap) and overlapped max(t_comp, t_comm).
 Ratios are against ``--ref`` (default burst). A measured ratio whose interval overlaps 1 is not a speedup.
+
+``ratios(records)`` (``python -m experiments.cluster ratios <experiment>``) is the comparison of an
+experiment with overlap variants (cpu_double_ring_emulated): per N, each method's speedup over ``ref``
+(median(ref) / median(method), a bootstrap interval from ``timing.ratio_interval``), and per method with
+a ``<method>_no_overlap`` twin the overlap gain median(off) / median(on) and the fraction of
+communication hidden, (median(off) - median(on)) / c_off, where c_off is the communication time of the
+no-overlap run: the seconds its ranks waited on transfers in the counted step (median over ranks; with
+overlap off every transfer is waited for right after it is posted, so the waits are the serialised
+communication). The hidden fraction's interval maps the gain's: median(on) x (gain - 1) / c_off.
 """
 from __future__ import annotations
 
@@ -21,6 +30,9 @@ from pathlib import Path
 from ..harness import results as R
 from ..harness.env import REPO
 from ..harness.flops import attention_flops
+from ..harness.timing import ratio_interval
+
+NO_OVERLAP = "_no_overlap"
 
 
 def _interval(samples: list[float]) -> tuple[float, float]:
@@ -131,4 +143,73 @@ def figure(rep: dict, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------- speedups and overlap, with intervals
+
+
+def _ok_by_case(records) -> dict[tuple[int, str], dict]:
+    return {(int(r["seqlen"]), r["method"]): r for r in records if r.get("status") == "ok"}
+
+
+def _median(xs) -> float:
+    import statistics
+
+    return statistics.median(xs) if xs else math.nan
+
+
+def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
+    """Speedups over ``ref`` and overlap gains, with bootstrap intervals, from result records (dicts with
+    status, seqlen, method, time_samples_s and, for the hidden fraction, comm_wait_s_per_rank)."""
+    cases = _ok_by_case(records)
+    if not cases:
+        raise ValueError("ratios: no ok records")
+    speed, overlap = [], []
+    for (n, method), r in sorted(cases.items()):
+        base = cases.get((n, ref))
+        if base is not None and method != ref:
+            ri = ratio_interval(list(base["time_samples_s"]), list(r["time_samples_s"]), level=level)
+            speed.append({"seqlen": n, "method": method, "ref": ref, "speedup": ri["ratio"], "lo": ri["lo"],
+                          "hi": ri["hi"], "resolved": not ri["lo"] <= 1.0 <= ri["hi"]})
+        off = cases.get((n, method + NO_OVERLAP))
+        if off is None:
+            continue
+        on_s, off_s = list(r["time_samples_s"]), list(off["time_samples_s"])
+        gi = ratio_interval(off_s, on_s, level=level)
+        c_off = _median([w for w in off.get("comm_wait_s_per_rank") or [] if w is not None])
+        t_on = _median(on_s)
+        hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
+        overlap.append({"seqlen": n, "method": method, "on_s": t_on, "off_s": _median(off_s), "gain": gi["ratio"],
+                        "gain_lo": gi["lo"], "gain_hi": gi["hi"], "comm_off_s": c_off,
+                        "hidden": hid(gi["ratio"]), "hidden_lo": hid(gi["lo"]), "hidden_hi": hid(gi["hi"])})
+    largest = max(n for n, _ in cases)
+    lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval]; "
+             "* = the interval excludes 1",
+             f"{'N':>6} {'method':<30} {'speedup':>8} {'interval':>16}"]
+    lines += [f"{x['seqlen']:>6} {x['method']:<30} {x['speedup']:8.2f} [{x['lo']:6.2f},{x['hi']:6.2f}]"
+              f"{' *' if x['resolved'] else ''}" for x in speed]
+    if overlap:
+        lines += ["", "overlap: gain = median(off) / median(on); hidden = (off - on) / c_off, c_off = the "
+                      "no-overlap run's transfer waits (median over ranks)",
+                  f"{'N':>6} {'method':<22} {'on s':>7} {'off s':>7} {'gain':>6} {'interval':>15} {'c_off s':>8}"
+                  f" {'hidden':>7} {'interval':>15}"]
+        lines += [f"{x['seqlen']:>6} {x['method']:<22} {x['on_s']:7.3f} {x['off_s']:7.3f} {x['gain']:6.2f} "
+                  f"[{x['gain_lo']:5.2f},{x['gain_hi']:5.2f}] {x['comm_off_s']:8.3f} {x['hidden']:7.0%} "
+                  f"[{x['hidden_lo']:5.0%},{x['hidden_hi']:5.0%}]" for x in overlap]
+    return {"ref": ref, "level": level, "largest_seqlen": largest, "speedup": speed, "overlap": overlap,
+            "text": "\n".join(lines)}
+
+
+def ratios_of(experiment: str, *, results_root: str | Path | None = None, ref: str = "burst",
+              level: float = 0.95) -> dict:
+    """``ratios`` of the newest record per case of ``results/<experiment>``, with where it ran."""
+    root = Path(results_root) if results_root else REPO / "results"
+    df = R.load_results(root, experiment)
+    recs = df.to_dict("records") if len(df) else []
+    out = ratios(recs, ref=ref, level=level)
+    ok = [r for r in recs if r.get("status") == "ok"]
+    where = ((ok[0].get("cluster") or {}).get("summary", ""), (ok[0].get("hardware") or {}).get("summary", ""),
+             str(ok[0].get("timestamp", ""))[:16])
+    out["text"] = f"{experiment}: {where[0]}\n{where[1]} · measured {where[2]}\n" + out["text"]
     return out
