@@ -159,6 +159,11 @@ def _median(xs) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+def _wait(r: dict) -> float:
+    """Median over ranks of the seconds waited on transfers in the counted step (nan if not recorded)."""
+    return _median([w for w in r.get("comm_wait_s_per_rank") or [] if w is not None])
+
+
 def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
     """Speedups over ``ref`` and overlap gains, with bootstrap intervals, from result records (dicts with
     status, seqlen, method, time_samples_s and, for the hidden fraction, comm_wait_s_per_rank)."""
@@ -168,16 +173,18 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
     speed, overlap = [], []
     for (n, method), r in sorted(cases.items()):
         base = cases.get((n, ref))
-        if base is not None and method != ref:
+        if base is not None:     # the reference itself too: its interval is the noise of one set of samples
             ri = ratio_interval(list(base["time_samples_s"]), list(r["time_samples_s"]), level=level)
             speed.append({"seqlen": n, "method": method, "ref": ref, "speedup": ri["ratio"], "lo": ri["lo"],
-                          "hi": ri["hi"], "resolved": not ri["lo"] <= 1.0 <= ri["hi"]})
+                          "hi": ri["hi"], "resolved": not ri["lo"] <= 1.0 <= ri["hi"],
+                          "median_s": _median(list(r["time_samples_s"])), "wait_s": _wait(r),
+                          "ref_wait_s": _wait(base)})
         off = cases.get((n, method + NO_OVERLAP))
         if off is None:
             continue
         on_s, off_s = list(r["time_samples_s"]), list(off["time_samples_s"])
         gi = ratio_interval(off_s, on_s, level=level)
-        c_off = _median([w for w in off.get("comm_wait_s_per_rank") or [] if w is not None])
+        c_off = _wait(off)
         t_on = _median(on_s)
         hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
         overlap.append({"seqlen": n, "method": method, "on_s": t_on, "off_s": _median(off_s), "gain": gi["ratio"],
@@ -185,10 +192,11 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
                         "hidden": hid(gi["ratio"]), "hidden_lo": hid(gi["lo"]), "hidden_hi": hid(gi["hi"])})
     largest = max(n for n, _ in cases)
     lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval]; "
-             "* = the interval excludes 1",
-             f"{'N':>6} {'method':<30} {'speedup':>8} {'interval':>16}"]
-    lines += [f"{x['seqlen']:>6} {x['method']:<30} {x['speedup']:8.2f} [{x['lo']:6.2f},{x['hi']:6.2f}]"
-              f"{' *' if x['resolved'] else ''}" for x in speed]
+             "* = the interval excludes 1; wait = seconds a rank waited on transfers (median over ranks, "
+             "counted step; all-to-alls not included), the exposed ring communication",
+             f"{'N':>6} {'method':<30} {'median s':>9} {'wait s':>7} {'speedup':>8} {'interval':>16}"]
+    lines += [f"{x['seqlen']:>6} {x['method']:<30} {x['median_s']:9.3f} {x['wait_s']:7.3f} {x['speedup']:8.2f} "
+              f"[{x['lo']:6.2f},{x['hi']:6.2f}]{' *' if x['resolved'] else ''}" for x in speed]
     if overlap:
         lines += ["", "overlap: gain = median(off) / median(on); hidden = (off - on) / c_off, c_off = the "
                       "no-overlap run's transfer waits (median over ranks)",
