@@ -53,6 +53,7 @@ def test_overlap_gain_and_hidden_fraction():
     assert b["gain"] == pytest.approx(4.0 / 3.0) and b["comm_off_s"] == pytest.approx(2.0)
     assert b["hidden"] == pytest.approx(0.5)
     assert b["hidden_lo"] < 0.5 < b["hidden_hi"] and b["gain_lo"] < b["gain"] < b["gain_hi"]
+    assert b["compute_off_s"] == pytest.approx(2.0) and math.isnan(b["compute_cal_s"])   # no calibration recorded
     d = ov["burst_double_ring"]
     assert d["hidden"] == pytest.approx((2.5 - 2.0) / 1.0)
 

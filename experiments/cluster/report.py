@@ -164,6 +164,18 @@ def _wait(r: dict) -> float:
     return _median([w for w in r.get("comm_wait_s_per_rank") or [] if w is not None])
 
 
+def _calibrated_compute(r: dict) -> float:
+    """Seconds of compute per rank the emulator's calibration implies for this case (FLOPs / G / the
+    calibrated per-rank FLOP/s): the compute the link rates were scaled to. Measured compute far from it
+    means the machine's load changed between bring-up and the run, and so did the compute : communication
+    ratio the scaling rule set."""
+    cal = ((r.get("cluster") or {}).get("calibration") or {}).get("per_rank_flops_s")
+    if not cal or "heads" not in r:
+        return math.nan
+    fl = attention_flops(r["batch"], int(r["seqlen"]), r["heads"], r["head_dim"], causal=r["causal"], mode=r["mode"])
+    return fl / r["world_size"] / cal
+
+
 def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
     """Speedups over ``ref`` and overlap gains, with bootstrap intervals, from result records (dicts with
     status, seqlen, method, time_samples_s and, for the hidden fraction, comm_wait_s_per_rank)."""
@@ -189,6 +201,7 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
         hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
         overlap.append({"seqlen": n, "method": method, "on_s": t_on, "off_s": _median(off_s), "gain": gi["ratio"],
                         "gain_lo": gi["lo"], "gain_hi": gi["hi"], "comm_off_s": c_off,
+                        "compute_off_s": _median(off_s) - c_off, "compute_cal_s": _calibrated_compute(off),
                         "hidden": hid(gi["ratio"]), "hidden_lo": hid(gi["lo"]), "hidden_hi": hid(gi["hi"])})
     largest = max(n for n, _ in cases)
     lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval]; "
@@ -199,12 +212,14 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
               f"[{x['lo']:6.2f},{x['hi']:6.2f}]{' *' if x['resolved'] else ''}" for x in speed]
     if overlap:
         lines += ["", "overlap: gain = median(off) / median(on); hidden = (off - on) / c_off, c_off = the "
-                      "no-overlap run's transfer waits (median over ranks)",
+                      "no-overlap run's transfer waits (median over ranks); compute = off - c_off (measured) next "
+                      "to FLOPs / calibrated rate (what the links were scaled to)",
                   f"{'N':>6} {'method':<22} {'on s':>7} {'off s':>7} {'gain':>6} {'interval':>15} {'c_off s':>8}"
-                  f" {'hidden':>7} {'interval':>15}"]
+                  f" {'hidden':>7} {'interval':>15} {'compute s':>9} {'calib. s':>8}"]
         lines += [f"{x['seqlen']:>6} {x['method']:<22} {x['on_s']:7.3f} {x['off_s']:7.3f} {x['gain']:6.2f} "
                   f"[{x['gain_lo']:5.2f},{x['gain_hi']:5.2f}] {x['comm_off_s']:8.3f} {x['hidden']:7.0%} "
-                  f"[{x['hidden_lo']:5.0%},{x['hidden_hi']:5.0%}]" for x in overlap]
+                  f"[{x['hidden_lo']:5.0%},{x['hidden_hi']:5.0%}] {x['compute_off_s']:9.3f} {x['compute_cal_s']:8.3f}"
+                  for x in overlap]
     return {"ref": ref, "level": level, "largest_seqlen": largest, "speedup": speed, "overlap": overlap,
             "text": "\n".join(lines)}
 
