@@ -162,7 +162,9 @@ def test_torchrun_across_namespaces_shaped_and_a_rank_that_dies(tmp_path, monkey
     assert ring["cluster"]["links"]["inter"]["bytes_per_s"] == 5e5 and ring["cluster"]["ranks_per_core"] > 0
     quota = ring["cluster"]["cpu_quota"]     # each rank capped at its share of the cores (cpuquota.py)
     assert quota["cpus_per_rank"] == os.cpu_count() / 4
-    assert quota["applied"] is (not isinstance(cpuquota._root(), str)), quota
+    assert quota["applied"] or quota["why"], quota          # applied, or the record says why not
+    if os.path.isdir("/sys/fs/cgroup/cpu") and os.access("/sys/fs/cgroup/cpu", os.W_OK):
+        assert quota["applied"], quota                     # a writable cgroup v1 cpu controller (this VM)
     sent = ring["comm_fwd_bytes"] + ring["comm_bwd_bytes"]
     assert sent == ring["comm_fwd_formula_bytes"] + ring["comm_bwd_formula_bytes"] > 0
     assert min(ring["time_samples_s"]) > 0.8 * sent / 5e5     # the ring waits on its inter-node hop
