@@ -88,6 +88,16 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
     return {"experiment": experiment, "rows": out_rows, "text": "\n".join(lines)}
 
 
+def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
+    """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.validate``:
+    this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
+    from ..perfmodel.validate import validate_experiment
+
+    root = Path(results_root) if results_root else REPO / "results"
+    model = validate_experiment(root, rep["experiment"], **kw)
+    return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
+
+
 def loopback_twin(preset, spec) -> str | None:
     """A spec of ``preset`` with exactly ``spec``'s cases on plain loopback (cluster cpu), if there is one."""
     ids = {c.case_id for c in spec.cases()}

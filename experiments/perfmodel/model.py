@@ -76,7 +76,9 @@ class Prediction:
 
 
 def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardware: Hardware | str,
-                 options: dict | None = None, keep_schedule: bool = False) -> Prediction:
+                 options: dict | None = None, keep_schedule: bool = False, costs=None) -> Prediction:
+    """``costs(hw, dtype) -> CostModel`` replaces the profile's cost model (``measured.MeasuredCosts``:
+    this machine's measured kernel times, for validation on the emulated cluster)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is unknown; choose one of {MODES}")
     if level not in LEVELS:
@@ -90,7 +92,7 @@ def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardwa
         raise ValueError(f"level='op': method {method!r} is an attention layer (tensor parallel); "
                          "use level='layer'")
     place = Placement.of(hw, shape.world_size)
-    cost = CostModel(hw, shape.dtype)
+    cost = costs(hw, shape.dtype) if costs is not None else CostModel(hw, shape.dtype)
     table = dict(m.bytes(shape, **options))
     ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
               options=options)
