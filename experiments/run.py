@@ -320,7 +320,7 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
             print(f"{spec.name}: no report: {e}")
             continue
         try:
-            rep = with_model(rep, results_root)
+            rep = with_model(rep, results_root, require_calibration=True)
         except (ValueError, RuntimeError) as e:   # a loopback fallback has no links to model; a timing failed
             rep = {**rep, "text": rep["text"] + f"\n\nperformance model: not compared: {e}"}
         (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")

@@ -123,5 +123,15 @@ def test_report_appends_the_model_table(tmp_path):
 
 def test_measure_times_real_work():
     key = ("attention", 1, 1, 8, 32, 48, True, "backward", "float32")
-    t = measure([key, HBM], procs=1, threads=1, seconds=0.01)
+    t = measure([key, HBM], procs=1, threads=1, seconds=0.01, rounds=2)
     assert t.seconds[key] > 0 and 0 < t.seconds[HBM] < 1e-6   # more than 1 MB/s of memory traffic
+    assert len(t.samples[key]) == 2                            # one per process and round
+
+
+def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):
+    recs = [_record(256, "burst", 0.5)]           # given link rates: no calibration in the cluster block
+    d = tmp_path / "t_emu"
+    d.mkdir()
+    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    with pytest.raises(ValueError, match="no compute calibration"):
+        validate.validate_experiment(tmp_path, "t_emu", require_calibration=True)

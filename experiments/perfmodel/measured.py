@@ -22,7 +22,7 @@ prediction. Instead:
 A backward key times ``attn_backward`` alone (its forward runs once, outside
 the timing); the schedule charges the delta = rowsum(dO * O) step separately.
 
-    python -m experiments.perfmodel.measured bench <keys.json> <sync dir> <id> <seconds> <threads>
+    python -m experiments.perfmodel.measured bench <keys.json> <sync dir> <id> <seconds> <threads> <rounds>
 """
 from __future__ import annotations
 
@@ -73,12 +73,12 @@ class KernelTimes:
     procs: int
     threads: int
     seconds: dict                      # {key tuple: seconds per call}; ("hbm",): seconds per byte
-    samples: dict = field(default_factory=dict)   # {key: [per-process seconds]}
+    samples: dict = field(default_factory=dict)   # {key: [seconds per process and round]}
     host: str = ""
 
     def to_json(self) -> dict:
         return {"procs": self.procs, "threads": self.threads, "host": self.host,
-                "entries": [{"key": list(k), "seconds": v, "per_process": self.samples.get(k, [])}
+                "entries": [{"key": list(k), "seconds": v, "samples": self.samples.get(k, [])}
                             for k, v in sorted(self.seconds.items(), key=lambda kv: str(kv[0]))]}
 
     @classmethod
@@ -86,7 +86,7 @@ class KernelTimes:
         ents = d["entries"]
         return cls(procs=int(d["procs"]), threads=int(d["threads"]), host=d.get("host", ""),
                    seconds={_key(e["key"]): float(e["seconds"]) for e in ents},
-                   samples={_key(e["key"]): list(e.get("per_process", [])) for e in ents})
+                   samples={_key(e["key"]): list(e.get("samples", [])) for e in ents})
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,32 +179,37 @@ def _runner(key: tuple):
     raise ValueError(f"key={key!r}: unknown kind of work; expected attention, gemm or hbm")
 
 
-def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float) -> list[float]:
-    """Seconds per call of each key; before each key every process waits for the others (``go.<i>``)."""
+def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float, rounds: int) -> list[list[float]]:
+    """Seconds per call of each key in each round; before each (round, key) every process waits for the
+    others (``go.<round>.<i>``). Rounds spread every key over the measurement's length, so a change of
+    this machine's load while it runs (other jobs) falls on every key alike instead of on a few."""
     import torch
 
     torch.set_num_threads(threads)
-    out = []
-    for i, key in enumerate(keys):
-        fn = _runner(key)
+    fns = [_runner(key) for key in keys]
+    for fn in fns:
         fn()                                        # warm-up (allocations, kernel selection)
-        (sync / f"ready.{i}.{ident}").touch()
-        while not (sync / f"go.{i}").exists():
-            time.sleep(0.005)
-        t0, n = time.perf_counter(), 0
-        while True:
-            fn()
-            n += 1
-            if time.perf_counter() - t0 >= seconds and n >= 2:
-                break
-        per = (time.perf_counter() - t0) / n
-        out.append(per / (3 * 4 * HBM_ELEMENTS) if key == HBM else per)
+    out: list[list[float]] = [[] for _ in keys]
+    for r in range(rounds):
+        for i, (key, fn) in enumerate(zip(keys, fns)):
+            (sync / f"ready.{r}.{i}.{ident}").touch()
+            while not (sync / f"go.{r}.{i}").exists():
+                time.sleep(0.005)
+            t0, n = time.perf_counter(), 0
+            while True:
+                fn()
+                n += 1
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            per = (time.perf_counter() - t0) / n
+            out[i].append(per / (3 * 4 * HBM_ELEMENTS) if key == HBM else per)
     return out
 
 
-def measure(keys, *, procs: int, threads: int, seconds: float = 0.5, python: str = sys.executable,
+def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3, python: str = sys.executable,
             timeout_s: float = 900) -> KernelTimes:
-    """Time every key in ``procs`` processes at once; the table keeps the median over processes."""
+    """Time every key in ``procs`` processes at once, ``rounds`` times round-robin (at least ``seconds``
+    each); the table keeps the median over processes and rounds."""
     if procs < 1 or threads < 1:
         raise ValueError(f"procs={procs} and threads={threads} must be >= 1")
     keys = sorted({_key(k) for k in keys}, key=str)
@@ -213,18 +218,19 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.5, python: str
         (sync / "keys.json").write_text(json.dumps([list(k) for k in keys]))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
         ps = [subprocess.Popen([python, "-m", "experiments.perfmodel.measured", "bench", str(sync / "keys.json"),
-                                str(sync), str(i), str(seconds), str(threads)],
+                                str(sync), str(i), str(seconds), str(threads), str(rounds)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
               for i in range(procs)]
         try:
             deadline = time.monotonic() + timeout_s
-            for i in range(len(keys)):
-                while len(list(sync.glob(f"ready.{i}.*"))) < procs:
-                    if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
-                        errs = [p.stderr.read()[-800:] for p in ps if p.poll() not in (None, 0)]
-                        raise RuntimeError(f"kernel timing did not reach key {keys[i]}: {errs or 'timeout'}")
-                    time.sleep(0.01)
-                (sync / f"go.{i}").touch()
+            for r in range(rounds):
+                for i in range(len(keys)):
+                    while len(list(sync.glob(f"ready.{r}.{i}.*"))) < procs:
+                        if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
+                            errs = [p.stderr.read()[-800:] for p in ps if p.poll() not in (None, 0)]
+                            raise RuntimeError(f"kernel timing did not reach key {keys[i]}: {errs or 'timeout'}")
+                        time.sleep(0.01)
+                    (sync / f"go.{r}.{i}").touch()
             per_proc = []
             for p in ps:
                 out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
@@ -236,7 +242,7 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.5, python: str
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-    samples = {k: [pp[i] for pp in per_proc] for i, k in enumerate(keys)}
+    samples = {k: [t for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
     return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename,
                        seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples)
 
@@ -245,9 +251,9 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] != "bench":
         print(__doc__)
         return 2
-    keys_file, sync, ident, seconds, threads = argv[1:6]
+    keys_file, sync, ident, seconds, threads, rounds = argv[1:7]
     keys = [_key(k) for k in json.loads(Path(keys_file).read_text())]
-    print(json.dumps(_bench(keys, int(threads), Path(sync), ident, float(seconds))))
+    print(json.dumps(_bench(keys, int(threads), Path(sync), ident, float(seconds), int(rounds))))
     return 0
 
 

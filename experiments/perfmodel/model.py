@@ -84,6 +84,23 @@ def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardwa
     if level not in LEVELS:
         raise ValueError(f"level={level!r} is unknown; choose one of {LEVELS}")
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    # the model level asks again for the layers the attention level predicted: the model is deterministic,
+    # so a prediction with the profile's own costs is kept (keyed by everything it depends on)
+    key = None if costs is not None or keep_schedule else (method, shape, mode, level, repr(hw),
+                                                           repr(sorted((options or {}).items())))
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    pred = _predict(method, shape, mode=mode, level=level, hw=hw, options=options, keep_schedule=keep_schedule,
+                    costs=costs)
+    if key is not None:
+        _CACHE[key] = pred
+    return pred
+
+
+_CACHE: dict = {}
+
+
+def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -> Prediction:
     base, build = builder(method)
     m = get(base)
     options = dict(options or {})

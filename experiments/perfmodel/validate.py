@@ -152,10 +152,13 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
 KERNEL_TIMES_FILE = "kernel_times.json"
 
 
-def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.5) -> dict:
+def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.2,
+                        rounds: int = 3, require_calibration: bool = False) -> dict:
     """``error_table`` of an emulated experiment's latest records. The kernel times are read from
     ``results/<experiment>/kernel_times.json``; keys it lacks are measured here (as many processes as
-    the run had ranks, as many threads each as the worker used) and added to it."""
+    the run had ranks, as many threads each as the worker used) and added to it.
+    ``require_calibration``: refuse a run with given link rates and no compute calibration (nothing
+    then carries the table to the run's load; ``experiments.run`` skips those, e.g. the emulator's tests)."""
     import dataclasses
     from pathlib import Path
 
@@ -167,6 +170,9 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     cases = _cases(records)
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok records from an emulated cluster under {out}")
+    if require_calibration and not all(calibration_key(c.rec["cluster"]) for c in cases):
+        raise ValueError(f"experiment={experiment!r}: the run had given link rates and no compute calibration; "
+                         f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
     procs = max(c.shape.world_size for c in cases)
     threads = max(1, (os.cpu_count() or 1) // int(cases[0].rec["cluster"]["ranks_per_node"]))
@@ -175,7 +181,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     if missing:
         if not measure_missing:
             raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
-        new = measure(missing, procs=procs, threads=threads, seconds=seconds)
+        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds)
         times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
                                     samples={**times.samples, **new.samples}, host=new.host)
         times.save(path)
