@@ -13,6 +13,7 @@ Sparse masks: no sparse mask exists in the suite yet (causal and full only), so 
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
@@ -22,7 +23,8 @@ from baselines import AttnShape
 from ..cluster.hardware import load_hardware
 from ..harness.spec import Case, Spec
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
-from .predict import _record, _write_jsonl, spec_hardware
+from .predict import VARIANTS_FILE, _record, _write_jsonl, spec_hardware
+from .schedules import VARIANTS
 
 SUFFIX = "_model_level"
 BE_HARDWARE = "a800_ib_4x8"         # BurstEngine's cluster: 4 x 8 A800 + InfiniBand
@@ -53,11 +55,13 @@ def _records(exp: str, items, hw) -> list[dict]:
 
 
 def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_root: Path, draw: bool,
-           hw) -> list[Path]:
+           hw, variants: list[dict] = ()) -> list[Path]:
     from .tables import write_model_table
 
     out = results_root / exp
     _write_jsonl(out / "results.jsonl", records)
+    if variants:                      # model-only variants: the tables, not the figures (as at attention level)
+        _write_jsonl(out / VARIANTS_FILE, list(variants))
     (out / "spec.resolved.yaml").write_text(yaml.safe_dump({**meta, "name": exp, "source": "modelled",
                                                             "level": "model", "hardware_profile": hw.name},
                                                            sort_keys=False))
@@ -66,7 +70,7 @@ def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_
         from .. import plots
 
         files.extend(plots.draw_experiment(results_root, plots_root, exp))
-    files.append(write_model_table(exp, meta, hw, records, plots_root / exp))
+    files.append(write_model_table(exp, meta, hw, records + list(variants), plots_root / exp))
     return files
 
 
@@ -79,9 +83,15 @@ def write_spec_model_level(spec: Spec, *, hardware: str | None = None, results_r
     exp = spec.name + SUFFIX + ("" if not hardware else f"__{hw.name}")
     mode_ok = [c for c in spec.cases() if c.mode in ("forward", "fwd_bwd")]
     items = [(with_layer_level(c), cfg, False, {}) for c in mode_ok]
+    extra = [(dataclasses.replace(c, method=name), cfg, False, {"variant_of": base})
+             for c, *_ in items for name, (base, _, _) in VARIANTS.items() if base == c.method]
+    variants = _records(exp, extra, hw)
+    for r in variants:
+        r["config"] = {**r["config"], "variant_of": r["variant_of"]}
+    methods = list(spec.methods) + [v for v in VARIANTS if any(r["method"] == v for r in variants)]
     meta = {"paper_ref": spec.paper_ref, "description": f"{spec.description} — whole {cfg} model",
-            "baseline": spec.baseline, "methods": list(spec.methods), "model": cfg}
-    return _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw)
+            "baseline": spec.baseline, "methods": methods, "model": cfg}
+    return _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw, variants)
 
 
 def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True) -> list[Path]:

@@ -125,6 +125,23 @@ def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostMode
     return ctx.sch, sent, {k: v for k, v in registry.items() if k[0] in ctx.phases}
 
 
+_SYNC: dict = {}
+
+
+def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: int) -> float:
+    """Ring all-reduce of ``params`` gradients (input dtype) over the G ranks, as the simulator runs it
+    (memoised: it depends on the profile, G and the size only, not on the sequence)."""
+    G = shape.world_size
+    key = (repr(cost.hw), G, params, shape.elem_size)
+    if key not in _SYNC:
+        grads = {("backward", "grads"): 2 * (G - 1) * params * shape.elem_size // G}
+        ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode="backward", level="layer", table=grads)
+        ring_collective(ctx, list(range(G)), phase="backward", name="grad_allreduce",
+                        nbytes=ctx.take("backward", ("grads",)), steps=2 * (G - 1), ready={g: None for g in range(G)})
+        _SYNC[key] = ctx.sch.makespan
+    return _SYNC[key]
+
+
 def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
                   recompute: bool = False, options: dict | None = None) -> ModelPrediction:
     """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model."""
@@ -152,13 +169,9 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         recomp = L * (fwd.time_s + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
     sync = 0.0
     if train and not tp and G > 1:
-        grads = {("backward", "grads"): 2 * (G - 1) * num_params(cfg) * shape.elem_size // G}
-        ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode="backward", level="layer", table=grads)
-        ring_collective(ctx, list(range(G)), phase="backward", name="grad_allreduce",
-                        nbytes=ctx.take("backward", ("grads",)), steps=2 * (G - 1), ready={g: None for g in range(G)})
         # the backward is ~2 of the 3 forward-equivalents of the layers' time
         backward = L * (attn.time_s + mlp.makespan) * 2 / 3
-        sync = max(0.0, ctx.sch.makespan - backward)
+        sync = max(0.0, grad_sync_time(cost, place, shape, num_params(cfg)) - backward)
     parts = {"attention": L * attn.time_s, "mlp": L * mlp.makespan, "head": head, "grad_sync_exposed": sync,
              "recompute": recomp}
     total = sum(parts.values())
