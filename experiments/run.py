@@ -308,7 +308,7 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
-    from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report
+    from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report, with_model
 
     out = []
     for spec in preset.specs:
@@ -319,6 +319,10 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
         except ValueError as e:        # nothing measured (all failed): the records say why
             print(f"{spec.name}: no report: {e}")
             continue
+        try:
+            rep = with_model(rep, results_root, require_calibration=True)
+        except (ValueError, RuntimeError) as e:   # a loopback fallback has no links to model; a timing failed
+            rep = {**rep, "text": rep["text"] + f"\n\nperformance model: not compared: {e}"}
         (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
         print(rep["text"])
         if any(m.endswith(NO_OVERLAP) for m in spec.methods) and spec.baseline in spec.methods:
