@@ -13,14 +13,15 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     baseline: ring                    # speedups in figures are relative to it
     sweep: {seqlen: [...], world_size: [8], batch: 1, heads: 32, kv_heads: 32,
             head_dim: 128, dtype: bfloat16, causal: true, layout: zigzag}
-    measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}
-    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names); default automatic
+    measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}   # level op|layer|model
+    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names, or auto); default automatic
     exclude: [{method: ulysses, world_size: 16}]   # optional: drop combinations explicitly
     warmup: 2
     repeats: 10
     seed: 0
     cluster: a100_8                   # "cpu", "local" or experiments/clusters/<name>.yaml
     timeouts: {case_s: 900, pg_s: 300}
+    model: {name: llama2_7b, zero: [false, true]}   # only with measure.level: model (model_cases.py)
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
 (minus ``exclude``), times ``kernels`` when given: each case then passes
@@ -28,7 +29,10 @@ Every sweep axis takes a scalar or a list; the cases are the Cartesian product
 method with a fixed kernel of its own (``Method.kernel``: ring_rsa,
 ring_flash_attn) cannot be combined with one. A kernel that cannot run on this
 machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
-the reason. Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
+the reason. ``auto`` in the list is the automatic choice (no ``backend=``, no
+suffix in the case name), e.g. ``kernels: [auto, math]`` for a row with the
+method's usual kernel beside one with materialised scores (the papers'
+"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
@@ -154,10 +158,13 @@ def _check_name(name: str) -> str | None:
     return None
 
 
+AUTO_KERNEL = "auto"     # in ``kernels:``: the method's automatic choice (Case.kernel None)
+
+
 def _check_kernels(kernels: tuple[str, ...]) -> str | None:
     for k in kernels:
-        if k not in KERNELS:
-            return f"{k!r} is not a kernel; kernels: {list(KERNELS)}"
+        if k not in KERNELS and k != AUTO_KERNEL:
+            return f"{k!r} is not a kernel; kernels: {[*KERNELS, AUTO_KERNEL]}"
     if len(set(kernels)) != len(kernels):
         return "lists a kernel twice"
     return None
@@ -286,9 +293,11 @@ def expand(spec: Spec) -> list[Case]:
     for shape in axes.shapes(spec.sweep):
         for mode in spec.measure.modes:
             for method in spec.methods:
-                for kernel in spec.kernels or (None,):
+                for kernel_name in spec.kernels or (None,):
+                    kernel = None if kernel_name == AUTO_KERNEL else kernel_name
                     for zero in model.zero if model is not None else (False,):
-                        values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel, zero=zero)
+                        values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel_name,
+                                      zero=zero)
                         if _excluded(spec, values):
                             continue
                         extra = dict(model=model.name, zero=zero, optimizer=model.optimizer) if model else {}
