@@ -144,3 +144,16 @@ def test_two_ranks_bytes_equal_formula_and_losses_agree(tmp_path):
     zero = {r["zero"]: r["mem_state_bytes_per_rank"][0] for r in recs if r["method"] == "burst"}
     assert zero[True] < 0.6 * zero[False]          # FSDP2 keeps ~1/G of weights, grads, Adam state
     assert (tmp_path / "p" / "t_model" / "model_comm_per_layer.png").exists()
+
+
+@pytest.mark.parametrize("gpu,peak", [("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA H200", 989e12),
+                                      ("NVIDIA GeForce RTX 4090", None)])
+def test_mfu_peak_from_the_gpu_name(monkeypatch, gpu, peak):
+    """Without a cluster profile in the environment (a SLURM job), MFU's peak comes from the hardware
+    profiles whose accelerator is this GPU's model; none (and no MFU) for a GPU no profile describes."""
+    from experiments.harness.model_record import peak_flops
+
+    monkeypatch.setenv(R.CLUSTER_ENV, "{}")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: gpu)
+    got, source = peak_flops("bfloat16", torch.device("cuda", 0))
+    assert got == peak, source

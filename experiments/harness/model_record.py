@@ -21,6 +21,8 @@ bytes of the per-layer kinds / layers) next to ``comm_layer_formula_bytes``.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from burst_impl.model.flops import model_flops
@@ -35,8 +37,27 @@ FLOPS_CONVENTION = ("6 x matmul params x tokens (train; prefill 2x, LM head on t
                     "4BN^2Zd per layer forward, causal halved, x3.5 forward+backward; recomputation not counted")
 
 
+def _by_gpu_name(dtype: str, device: torch.device) -> tuple[float | None, str]:
+    """The peak of the hardware profiles whose accelerator is this GPU's model (A100, H100, ...), when
+    they agree on it (SXM and PCIe parts of one model may not: then no MFU)."""
+    from ..cluster.hardware import known_hardware, load_hardware
+
+    gpu = torch.cuda.get_device_name(device)
+    model = next((w for w in re.split(r"[\s-]+", gpu) if re.fullmatch(r"[A-Z]+\d{2,4}[A-Z]?", w)), None)
+    peaks = {}
+    for name in known_hardware():
+        acc = load_hardware(name).accelerator
+        if model and model in acc.name.split() and dtype in acc.peak_tflops:
+            peaks[acc.peak_tflops[dtype]] = acc.name
+    if len(peaks) != 1:
+        return None, f"no MFU: no single hardware-profile peak for GPU {gpu!r} in {dtype} ({peaks or 'none'})"
+    (peak, acc_name), = peaks.items()
+    return peak * 1e12, f"{acc_name} {dtype} dense peak (matched by GPU name {gpu!r})"
+
+
 def peak_flops(dtype: str, device: torch.device) -> tuple[float | None, str]:
-    """(peak dense FLOP/s of one device in ``dtype``, where it comes from) for MFU."""
+    """(peak dense FLOP/s of one device in ``dtype``, where it comes from) for MFU: the cluster profile's
+    hardware profile when the run names one, else the hardware profiles matching this GPU's name."""
     if device.type != "cuda":
         return None, "no MFU on CPU: no published peak for this CPU (model TFLOP/s per rank recorded)"
     name = R.cluster_info(1).get("profile")
@@ -46,10 +67,10 @@ def peak_flops(dtype: str, device: torch.device) -> tuple[float | None, str]:
 
         hw = load_profile(name).hardware if name else None
         acc = load_hardware(hw).accelerator if hw else None
-    except ValueError as e:
-        return None, f"no MFU: {e}"
+    except ValueError:
+        acc = None
     if acc is None or dtype not in acc.peak_tflops:
-        return None, f"no MFU: cluster profile {name!r} names no accelerator peak for {dtype}"
+        return _by_gpu_name(dtype, device)
     return acc.peak_tflops[dtype] * 1e12, f"{acc.name} {dtype} dense peak (hardware profile {hw})"
 
 
