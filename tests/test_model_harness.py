@@ -121,6 +121,7 @@ def test_world_size_one_record(mode, tmp_path, monkeypatch):
     assert len(rec["losses"]) == (3 if mode == "train" else 0)           # 2 timed steps + the memory step
 
 
+@pytest.mark.slow
 def test_two_ranks_bytes_equal_formula_and_losses_agree(tmp_path):
     """Sequence parallel (replicated and FSDP2) and TP-V1: counted bytes = the step formula (FSDP2's own
     collectives are a formula apart); every method's first loss is the same global mean (fp32, 1e-5)."""
