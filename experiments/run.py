@@ -317,7 +317,8 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
 
     out = []
     for spec in preset.specs:
-        if spec.profile.scheduler != "emulated":
+        # The report predicts attention steps from bytes and attention FLOPs; model-level records carry their own.
+        if spec.profile.scheduler != "emulated" or spec.measure.level == "model":
             continue
         try:
             rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
