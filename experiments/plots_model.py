@@ -10,6 +10,8 @@ FlashAttention" for TP on it). ``plots/<experiment>/`` gets, where the sweep has
 * ``model_memory_vs_seqlen.png``: peak memory per rank: weights + gradients + optimizer state, plus the
   step's peak above them (measured);
 * ``model_tokens_per_s_vs_batch.png``: throughput vs batch (Fig. 4b);
+* ``model_summary.png`` (one sequence length and batch, e.g. Fig. 3's rows): tokens/s per rank and memory
+  per rank as bars per row;
 * ``model_comm_per_layer.png``: bytes per layer, measured next to the formula;
 * ``prefill_latency.md`` / ``.csv``: first-token latency table (rows x sequence lengths), Tables 2/3 style.
 """
@@ -145,6 +147,8 @@ def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]
                                 meta, out / f"model_mfu_vs_seqlen{sfx}.png"))
             files.append(_lines(part, "seqlen", "mem_total_gib", "GiB per rank (state + step peak, measured)",
                                 "peak memory per rank", meta, out / f"model_memory_vs_seqlen{sfx}.png", logy=True))
+        if part["seqlen"].nunique() == 1 and part["batch"].nunique() == 1:
+            files.append(_summary_bars(part, meta, out / f"model_summary{sfx}.png"))
         if part["batch"].nunique() > 1:
             files.append(_lines(part, "batch", "tok_rank", "tokens/s per rank", "throughput vs batch", meta,
                                 out / f"model_tokens_per_s_vs_batch{sfx}.png", band=("tok_rank_lo", "tok_rank_hi")))
@@ -172,6 +176,37 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(_title(sel, meta, f"bytes per layer at N={P._human(int(n))}"), fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
+    """Tokens/s per rank (p10/p90 step times as whiskers) and memory per rank (state + step peak), one bar per row."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        return None
+    ok = ok.sort_values("row", key=lambda s: [(P._method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
+    xs = list(range(len(ok)))
+    cols = [P.color(m) for m in ok["method"]]
+    a1.bar(xs, ok["tok_rank"], color=cols, yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]],
+           capsize=4)
+    a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
+    if "mem_total_gib" in ok:
+        state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)
+        a2.bar(xs, state, color=cols, alpha=0.5, label="weights + grads + optimizer state")
+        a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
+        a2.set_ylabel("GiB per rank (measured)")
+        a2.legend(fontsize=8)
+    for ax in (a1, a2):
+        ax.set_xticks(xs)
+        ax.set_xticklabels(list(ok["row"]), rotation=20, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(_title(ok, meta, f"N={P._human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
+                 fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
