@@ -39,7 +39,12 @@ from .harness.spec import Case, Preset, Spec, case_problem, load_any
 def _cost(c: Case) -> float:
     """Rough relative cost of a case, so the progress bar's time-left estimate is sensible."""
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
-    mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[c.mode]
+    # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
+    mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5, "prefill": 1.0, "train": 3.5}[c.mode]
+    if c.level == "model":
+        from burst_impl.model import get_config
+
+        work *= get_config(c.model).n_layers
     return 1.0 + (c.warmup + c.repeats + 3) * mode * work / 2e9
 
 
@@ -312,7 +317,8 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
 
     out = []
     for spec in preset.specs:
-        if spec.profile.scheduler != "emulated":
+        # The report predicts attention steps from bytes and attention FLOPs; model-level records carry their own.
+        if spec.profile.scheduler != "emulated" or spec.measure.level == "model":
             continue
         try:
             rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
