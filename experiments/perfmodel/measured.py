@@ -52,10 +52,11 @@ class RecordingCosts(CostModel):
 
     seen: set = field(default_factory=set, compare=False, hash=False)
 
-    def attention(self, batch, heads, head_dim, rows, cols, causal, mode):
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
+        # a masked tile (``entries`` given, burst_impl.plan) is timed as its whole unmasked tile, scaled
         if rows > 0 and cols > 0:
             self.seen.add(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
-        return super().attention(batch, heads, head_dim, rows, cols, causal, mode)
+        return super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
 
     def gemm(self, m, n, k, *, dtype=None):
         self.seen.add(("gemm", m, n, k, dtype or self.dtype))
@@ -117,11 +118,14 @@ class MeasuredCosts(CostModel):
             raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.measured)")
         return self.times.seconds[key] * self.scale
 
-    def attention(self, batch, heads, head_dim, rows, cols, causal, mode):
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
         if rows <= 0 or cols <= 0:
             return 0.0, 0.0
-        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode)
-        return self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype)), flops
+        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
+        t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
+        # a masked tile (burst_impl.plan): the measured whole tile, scaled to its live entries (an
+        # approximation: the exact masked path is slower per entry than the fused kernel)
+        return (t if entries is None else t * entries / (rows * cols)), flops
 
     def gemm(self, m, n, k, *, dtype=None):
         return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
