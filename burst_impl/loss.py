@@ -44,6 +44,8 @@ loss is the all-reduced sum over the all-reduced count.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -65,11 +67,11 @@ DEFAULT_CHUNK_VOCAB = 4096
 
 
 def _check_chunk(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be a positive int")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name}={value!r} must be a positive int, got {type(value).__name__}")
     if value <= 0:
         raise ValueError(f"{name}={value} must be a positive int")
-    return value
+    return int(value)
 
 
 def check_loss_inputs(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Tensor | None = None,
@@ -110,7 +112,7 @@ def check_loss_inputs(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: T
     devices = {t.device for t in (hidden, weight, labels) + ((bias,) if bias is not None else ())}
     if len(devices) != 1:
         raise ValueError(f"hidden, weight, labels (and bias) must be on one device, got {sorted(map(str, devices))}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
         raise ValueError(f"ignore_index={ignore_index!r} must be an int")
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r} is unknown; choose one of {REDUCTIONS}")
