@@ -10,7 +10,8 @@ the step of ``python -m burst_impl.loss_bench``. Sizes from the environment
 LOSS_BENCH_MODES, LOSS_BENCH_ROUNDS; defaults 8192, 1024, 32768,131072, float32,
 every mode, 3). ``extra_info`` carries the measured peak memory and the size of
 the logits. Runs only when this file is named on the command line, so that
-``pytest benchmarks --spec ...`` stays the spec's session.
+``pytest benchmarks --spec ...`` stays the spec's session (the parameter is
+``loss_case``: conftest.py generates every ``case``).
 """
 from __future__ import annotations
 

@@ -162,6 +162,16 @@ def test_all_ignored_gives_zero_loss_and_zero_gradients(reduction):
         assert torch.isnan(ref)
 
 
+def test_no_tokens_at_all():
+    w = torch.randn(9, 4, requires_grad=True)
+    h = torch.randn(0, 4, requires_grad=True)
+    for reduction in ("mean", "sum"):
+        out, n = fused_linear_cross_entropy(h, w, torch.zeros(0, dtype=torch.long), reduction=reduction,
+                                            return_count=True)
+        out.backward()
+        assert out.item() == 0 and int(n) == 0 and bool((w.grad == 0).all()) and h.grad.shape == (0, 4)
+
+
 def test_sum_with_external_count_is_the_global_mean():
     """Two 'ranks' each take half the tokens: sum_r / global count == the mean over all tokens."""
     hidden, weight, labels, _ = _problem((2, 30), 16, 40, torch.float64)
