@@ -13,6 +13,9 @@ suite's timing module (experiments/harness/timing.py). Cases are timed
 interleaved, one step of each per round, so that a machine whose load drifts
 (a shared CPU) shifts all modes alike; median and p10/p90 of the rounds are
 printed, and ratios against ``unfused`` at the same size and dtype.
+On CPU the process's CPU time per step is recorded next to the wall time (a
+diagnostic for a shared machine: with one thread it excludes the time the
+step waited for a core; it is not the suite's timing).
 Modes that cannot run here (Liger, CCE without CUDA) are listed as skipped.
 """
 from __future__ import annotations
@@ -20,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -113,7 +118,10 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
     for r in range(repeats):                              # interleaved rounds
         for c, b in list(built.items()):
             try:
+                cpu0 = time.process_time()
                 records[c]["samples_s"] += time_steps(b.step, warmup=0, repeats=1, device=device)
+                if device.type == "cpu":
+                    records[c].setdefault("cpu_samples_s", []).append(time.process_time() - cpu0)
             except Exception as e:  # noqa: BLE001
                 built.pop(c)
                 records[c].update(status="oom" if is_oom(e) else "failed", reason=f"{type(e).__name__}: {e}")
@@ -122,10 +130,14 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
     for c, rec in records.items():
         if rec.get("samples_s"):
             rec.update(summarize(rec["samples_s"]))
+        if rec.get("cpu_samples_s"):
+            rec["cpu_median_s"] = statistics.median(rec["cpu_samples_s"])
         base = records.get(LossCase("unfused", c.tokens, c.hidden, c.vocab, c.dtype, seed=c.seed,
                                     ignore_frac=c.ignore_frac))
         if base and base.get("time_median_s") and rec.get("time_median_s"):
             rec["time_ratio_to_unfused"] = rec["time_median_s"] / base["time_median_s"]
+        if base and base.get("cpu_median_s") and rec.get("cpu_median_s"):
+            rec["cpu_ratio_to_unfused"] = rec["cpu_median_s"] / base["cpu_median_s"]
         if base and base.get("mem_peak_bytes") and rec.get("mem_peak_bytes") is not None:
             rec["mem_ratio_to_unfused"] = rec["mem_peak_bytes"] / base["mem_peak_bytes"]
         rec["logits_bytes"] = c.logits_bytes
@@ -133,20 +145,22 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
 
 
 def table(records: list[dict]) -> str:
-    head = ("| mode | vocab | dtype | peak MiB | x unfused | time median s [p10, p90] | x unfused |\n"
-            "|---|---:|---|---:|---:|---|---:|")
+    head = ("| mode | vocab | dtype | peak MiB | x unfused | time median s [p10, p90] | x unfused | CPU s | x unfused |\n"
+            "|---|---:|---|---:|---:|---|---:|---:|---:|")
     rows = []
     for r in records:
         c = r["case"]
         if r["status"] != "ok":
-            rows.append(f"| {r['name']} | {c['vocab']} | {c['dtype']} | {r['status']}: {r['reason'][:60]} | | | |")
+            rows.append(f"| {r['name']} | {c['vocab']} | {c['dtype']} | {r['status']}: {r['reason'][:60]} | | | | | |")
             continue
         mem = r.get("mem_peak_bytes")
-        rows.append("| {} | {} | {} | {} | {} | {:.2f} [{:.2f}, {:.2f}] | {} |".format(
+        rows.append("| {} | {} | {} | {} | {} | {:.2f} [{:.2f}, {:.2f}] | {} | {} | {} |".format(
             r["name"], c["vocab"], c["dtype"], f"{mem / 2**20:.0f}" if mem is not None else "-",
             f"{r['mem_ratio_to_unfused']:.3f}" if "mem_ratio_to_unfused" in r else "-",
             r["time_median_s"], r["time_p10_s"], r["time_p90_s"],
-            f"{r['time_ratio_to_unfused']:.2f}" if "time_ratio_to_unfused" in r else "-"))
+            f"{r['time_ratio_to_unfused']:.2f}" if "time_ratio_to_unfused" in r else "-",
+            f"{r['cpu_median_s']:.2f}" if "cpu_median_s" in r else "-",
+            f"{r['cpu_ratio_to_unfused']:.2f}" if "cpu_ratio_to_unfused" in r else "-"))
     return "\n".join([head, *rows])
 
 
