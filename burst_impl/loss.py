@@ -190,9 +190,10 @@ def _mm_wide(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
 class _Tiles:
     """The operands of one call, as the tile loops need them.
 
-    x (n, H): the hidden rows of counted tokens; y (n,): their labels, int64;
-    weight/bias chunks via ``w(v0, v1)`` / ``b(v0, v1)``; ``buf(tc, vc)`` a
-    contiguous (tc, vc) view of one reused tile buffer in the compute dtype.
+    x (n, H): the hidden rows of counted tokens (upcast to the compute dtype on
+    CPU); y (n,): their labels, int64; weight/bias chunks via ``w(v0, v1)`` /
+    ``b(v0, v1)``; ``logits(...)`` writes a tile into a contiguous view of one
+    reused (chunk_tokens * chunk_vocab) buffer in the compute dtype.
     """
 
     def __init__(self, hidden2d: Tensor, weight: Tensor, bias: Tensor | None, labels1d: Tensor,
