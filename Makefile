@@ -12,17 +12,33 @@ PIP := $(VENV)/bin/pip
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# REQUIRE_GPU=1: fail instead of building a CPU venv where no GPU is visible (a SLURM job's per-node setup
+# runs `make venv VENV=.venv-gpu REQUIRE_GPU=1` on each compute node, experiments/cluster/slurm.py).
+REQUIRE_GPU ?=
+ifeq ($(REQUIRE_GPU),1)
+ifneq ($(HAS_GPU),1)
+$(error REQUIRE_GPU=1 but no GPU is visible on $(shell hostname) (nvidia-smi -L failed): build the GPU venv on a GPU node)
+endif
+endif
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce plots clean
+.PHONY: venv test reproduce plots model gpu-check clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 ifeq ($(HAS_GPU),1)
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	$(PIP) install -q -e '.[dev]'
+	# Reuse the CUDA torch of the system (module or base image); without one, PyPI's default Linux
+	# wheel, which is a CUDA build. The pin keeps every later install from replacing it.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch
+	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ' cannot use CUDA here')"
+	$(PIP) install -q -c $(VENV)/torch-pin.txt -e '.[dev]'
+	# The GPU extras (flash-attn, ring-flash-attn, xformers), built against that torch.
+	$(PIP) install -q setuptools wheel ninja packaging psutil
+	$(PIP) install -q -c $(VENV)/torch-pin.txt --no-build-isolation -e '.[gpu]'
 else
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH_SPEC)
@@ -37,18 +53,42 @@ endif
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# `make reproduce`: the CPU preset end to end (results/ and plots/). With PROFILE=<name>
-# (a100_8, a100_32, a800_32: experiments/presets/<name>.yaml) the cluster sweeps go through
-# the SLURM template instead; RUN_ARGS passes options (e.g. --dry-run, --force).
-PROFILE ?= cpu
+# `make reproduce`: the CPU preset end to end (results/ and plots/). PRESET=<name> picks another
+# preset (a named list of specs: experiments/presets/<name>.yaml, e.g. a100_8, a100_32, a800_32,
+# whose specs run on SLURM cluster profiles); CLUSTER=<name> runs every spec of the preset on that
+# cluster profile (experiments/clusters/<name>.yaml); RUN_ARGS passes options (--dry-run, --force).
+# PROFILE= is the old name of PRESET= and still works.
+PRESET ?= cpu
+CLUSTER ?=
 RUN_ARGS ?=
+ifdef PROFILE
+$(warning PROFILE=$(PROFILE) is deprecated: it picks a preset, so call it PRESET=$(PROFILE))
+PRESET := $(PROFILE)
+endif
 
 reproduce: $(STAMP)
-	$(PY) -m experiments.run $(PROFILE) $(RUN_ARGS)
+	$(PY) -m experiments.run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
 
 # Redraw every figure from the results files; runs nothing.
 plots: $(STAMP)
 	$(PY) -m experiments.plots
+
+# `make model`: the performance model (experiments/perfmodel) predicts every paper-size spec on the
+# hardware profile its cluster profile names: results/modelled/ and plots/modelled/ (figures and tables, all
+# labelled "modelled"). Runs nothing on any device. MODEL_ARGS passes options (e.g. --hardware NAME).
+MODEL_ARGS ?=
+
+model: $(STAMP)
+	$(PY) -m experiments.perfmodel paper $(MODEL_ARGS)
+
+# `make gpu-check`: every CUDA kernel and peer once, on this machine's GPUs (experiments/gpu_check.py):
+# package report, tests/test_cuda_path.py, the world-size-1 harness per kernel, ring-flash-attn,
+# NCCL at world size > 1 when more than one GPU is visible, the kernel TFLOP/s sweep. Installs nothing;
+# writes results/gpu_check/<gpu>/ and plots/gpu_check/<gpu>/. Without a GPU: says so, exits 0.
+GPU_CHECK_ARGS ?=
+
+gpu-check: $(STAMP)
+	$(PY) -m experiments.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,4 +1,7 @@
 """Baseline attention methods behind BurstAttention's call signature, and the method registry."""
-from .registry import METHODS, AttnShape, Method, get, register
+from burst_impl.shape import AttnShape
 
-__all__ = ["METHODS", "AttnShape", "Method", "get", "register"]
+from .method import Method
+from .registry import METHODS, get
+
+__all__ = ["METHODS", "AttnShape", "Method", "get"]

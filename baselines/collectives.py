@@ -13,6 +13,12 @@ The autograd wrappers record their forward under phase "forward" and the
 collective their backward runs under phase "backward", with the kind names
 given by the caller (e.g. ``kind="q", grad_kind="dq"``). With G == 1 nothing
 is sent and nothing is recorded, and no collective is called.
+
+Link classes (``burst_impl.nodes``; ``nodes`` = the group's node map, default
+``Nodes.of(group)``: ``LOCAL_WORLD_SIZE`` or one node): the ring algorithms
+(all-gather, reduce-scatter, all-reduce) send everything to the next rank of
+the group, so a rank's bytes are on the link class of that hop; an all-to-all
+sends one piece (n/G) to each peer, (I-1) pieces intra-node and G-I inter-node.
 """
 from __future__ import annotations
 
@@ -20,20 +26,25 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
+from burst_impl.nodes import Nodes, a2a_split, ring_links
 
 Tensor = torch.Tensor
-
-
 
 
 def _size(group) -> int:
     return comm.world(group)[1]
 
 
+def _ring_link(group, nodes: Nodes | None) -> str:
+    """Link class of this rank's sends in a ring collective over ``group``."""
+    return ring_links(nodes or Nodes.of(group), comm.world(group)[0])
+
+
 # ---------------------------------------------------------------- plain counted calls
 
 
-def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str, kind: str) -> Tensor:
+def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str, kind: str,
+                nodes: Nodes | None = None) -> Tensor:
     """Split ``x`` in G parts along ``scatter_dim``, send part j to rank j, concatenate
     the received parts along ``gather_dim`` in rank order. Not differentiable."""
     G = _size(group)
@@ -44,24 +55,24 @@ def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str,
     # (G, ...) with the part for rank j at index j, contiguous for all_to_all_single.
     send = torch.stack(x.chunk(G, dim=scatter_dim), dim=0).contiguous()
     recv = torch.empty_like(send)
-    comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G)
+    comm.record_split(phase, kind, a2a_split(nodes or Nodes.of(group), comm.world(group)[0], comm.nbytes(send) // G))
     dist.all_to_all_single(recv, send, group=group)
     return torch.cat(recv.unbind(0), dim=gather_dim)
 
 
-def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor:
+def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: Nodes | None = None) -> Tensor:
     """Concatenate every rank's ``x`` along ``dim`` in rank order. Not differentiable."""
     G = _size(group)
     if G == 1:
         return x
     x = x.contiguous()
     out = torch.empty(G * x.numel(), dtype=x.dtype, device=x.device)  # flat: rank j's x at block j
-    comm.record(phase, kind, comm.nbytes(x) * (G - 1))
+    comm.record(phase, kind, comm.nbytes(x) * (G - 1), _ring_link(group, nodes))
     dist.all_gather_into_tensor(out, x.view(-1), group=group)
     return torch.cat(out.view((G,) + tuple(x.shape)).unbind(0), dim=dim)
 
 
-def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor:
+def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: Nodes | None = None) -> Tensor:
     """Sum ``x`` over ranks and keep this rank's part of ``dim``. Not differentiable."""
     G = _size(group)
     if G == 1:
@@ -70,18 +81,18 @@ def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str) -> Tensor
         raise ValueError(f"x.shape[{dim}]={x.shape[dim]} must be divisible by the group size {G}")
     send = torch.stack(x.chunk(G, dim=dim), dim=0).contiguous()  # (G, ...) part j for rank j
     out = torch.empty_like(send[0])
-    comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G)
+    comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G, _ring_link(group, nodes))
     dist.reduce_scatter_tensor(out.view(-1), send.view(-1), group=group)
     return out
 
 
-def all_reduce_(x: Tensor, group, phase: str, kind: str) -> Tensor:
+def all_reduce_(x: Tensor, group, phase: str, kind: str, nodes: Nodes | None = None) -> Tensor:
     """Sum ``x`` over ranks (a new tensor). Not differentiable."""
     G = _size(group)
     if G == 1:
         return x
     out = x.contiguous().clone()
-    comm.record(phase, kind, 2 * comm.nbytes(out) * (G - 1) // G)
+    comm.record(phase, kind, 2 * comm.nbytes(out) * (G - 1) // G, _ring_link(group, nodes))
     dist.all_reduce(out, group=group)
     return out
 
@@ -91,85 +102,111 @@ def all_reduce_(x: Tensor, group, phase: str, kind: str) -> Tensor:
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, scatter_dim, gather_dim, group, kind, grad_kind):
-        ctx.cfg = (scatter_dim, gather_dim, group, grad_kind)
-        return all_to_all_(x, scatter_dim, gather_dim, group, "forward", kind)
+    def forward(ctx, x, scatter_dim, gather_dim, group, kind, grad_kind, nodes):
+        ctx.cfg = (scatter_dim, gather_dim, group, grad_kind, nodes)
+        return all_to_all_(x, scatter_dim, gather_dim, group, "forward", kind, nodes)
 
     @staticmethod
     def backward(ctx, g):
-        scatter_dim, gather_dim, group, grad_kind = ctx.cfg
+        scatter_dim, gather_dim, group, grad_kind, nodes = ctx.cfg
         # The transpose of an all-to-all is the all-to-all with the dims swapped.
-        return all_to_all_(g, gather_dim, scatter_dim, group, "backward", grad_kind), None, None, None, None, None
+        return all_to_all_(g, gather_dim, scatter_dim, group, "backward", grad_kind, nodes), *([None] * 6)
 
 
 def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group=None, *, kind: str,
-               grad_kind: str) -> Tensor:
-    return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind)
+               grad_kind: str, nodes: Nodes | None = None) -> Tensor:
+    return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind, nodes)
 
 
-class _AllGather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group, kind, grad_kind):
-        ctx.cfg = (dim, group, grad_kind)
-        return all_gather_(x, dim, group, "forward", kind)
+def _dual_pair(forward_fn, backward_fn, name: str):
+    """An autograd collective whose backward is its dual (all-gather <-> reduce-scatter)."""
 
-    @staticmethod
+    def forward(ctx, x, dim, group, kind, grad_kind, nodes):
+        ctx.cfg = (dim, group, grad_kind, nodes)
+        return forward_fn(x, dim, group, "forward", kind, nodes)
+
     def backward(ctx, g):
-        dim, group, grad_kind = ctx.cfg
-        return reduce_scatter_(g, dim, group, "backward", grad_kind), None, None, None, None
+        dim, group, grad_kind, nodes = ctx.cfg
+        return backward_fn(g, dim, group, "backward", grad_kind, nodes), None, None, None, None, None
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-def all_gather(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
+_AllGather = _dual_pair(all_gather_, reduce_scatter_, "_AllGather")
+_ReduceScatter = _dual_pair(reduce_scatter_, all_gather_, "_ReduceScatter")
+
+
+def all_gather(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str, nodes: Nodes | None = None) -> Tensor:
     """Differentiable all-gather; its backward is a counted reduce-scatter."""
-    return _AllGather.apply(x, dim, group, kind, grad_kind)
+    return _AllGather.apply(x, dim, group, kind, grad_kind, nodes)
 
 
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group, kind, grad_kind):
-        ctx.cfg = (dim, group, grad_kind)
-        return reduce_scatter_(x, dim, group, "forward", kind)
-
-    @staticmethod
-    def backward(ctx, g):
-        dim, group, grad_kind = ctx.cfg
-        return all_gather_(g, dim, group, "backward", grad_kind), None, None, None, None
-
-
-def reduce_scatter(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str) -> Tensor:
+def reduce_scatter(x: Tensor, dim: int, group=None, *, kind: str, grad_kind: str,
+                   nodes: Nodes | None = None) -> Tensor:
     """Differentiable reduce-scatter; its backward is a counted all-gather."""
-    return _ReduceScatter.apply(x, dim, group, kind, grad_kind)
+    return _ReduceScatter.apply(x, dim, group, kind, grad_kind, nodes)
 
 
 class _ReduceFwd(torch.autograd.Function):
     """Megatron's "g": all-reduce forward, identity backward."""
 
     @staticmethod
-    def forward(ctx, x, group, kind):
-        return all_reduce_(x, group, "forward", kind)
+    def forward(ctx, x, group, kind, nodes):
+        return all_reduce_(x, group, "forward", kind, nodes)
 
     @staticmethod
     def backward(ctx, g):
-        return g, None, None
+        return g, None, None, None
 
 
 class _ReduceBwd(torch.autograd.Function):
     """Megatron's "f": identity forward, all-reduce backward."""
 
     @staticmethod
-    def forward(ctx, x, group, grad_kind):
-        ctx.cfg = (group, grad_kind)
+    def forward(ctx, x, group, grad_kind, nodes):
+        ctx.cfg = (group, grad_kind, nodes)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, g):
-        group, grad_kind = ctx.cfg
-        return all_reduce_(g, group, "backward", grad_kind), None, None
+        group, grad_kind, nodes = ctx.cfg
+        return all_reduce_(g, group, "backward", grad_kind, nodes), None, None, None
 
 
-def all_reduce_forward(x: Tensor, group=None, *, kind: str) -> Tensor:
-    return _ReduceFwd.apply(x, group, kind)
+def all_reduce_forward(x: Tensor, group=None, *, kind: str, nodes: Nodes | None = None) -> Tensor:
+    return _ReduceFwd.apply(x, group, kind, nodes)
 
 
-def all_reduce_backward(x: Tensor, group=None, *, grad_kind: str) -> Tensor:
-    return _ReduceBwd.apply(x, group, grad_kind)
+def all_reduce_backward(x: Tensor, group=None, *, grad_kind: str, nodes: Nodes | None = None) -> Tensor:
+    return _ReduceBwd.apply(x, group, grad_kind, nodes)
+
+
+# ---------------------------------------------------------------- formula bytes of adapters
+
+
+class _RecordFormula(torch.autograd.Function):
+    """Identity on (q, k, v) that records formula bytes: forward now, backward when grads pass."""
+
+    @staticmethod
+    def forward(ctx, table, q, k, v):
+        ctx.table = table
+        for (phase, kind), b in table.items():
+            if phase == "forward":
+                comm.record(phase, kind, b)
+        return q.view_as(q), k.view_as(k), v.view_as(v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        for (phase, kind), b in ctx.table.items():
+            if phase == "backward":
+                comm.record(phase, kind, b)
+        return None, dq, dk, dv
+
+
+def record_formula(table: dict, q: Tensor, k: Tensor, v: Tensor):
+    """Identity on (q, k, v) that records ``table``'s bytes (``{(phase, kind): bytes}``): forward
+    bytes now, backward bytes when the gradients pass back. For adapters whose sends happen inside
+    another package (their bytes are formulas, flagged by ``Method.bytes_by_formula``)."""
+    return _RecordFormula.apply(table, q, k, v)
+

@@ -1,6 +1,6 @@
 """Differentiable single-device attention with the shared local kernels.
 
-Ulysses (after its all-to-all), USP with ring degree 1 and the TP blocks run
+Ulysses (after its all-to-all), USP with ring degree 1 and the TP layers run
 attention on the full sequence of their local heads; this is that call, with
 the same kernels (``burst_impl.kernels``) as every ring method so that
 methods differ only in how they distribute work.

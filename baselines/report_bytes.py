@@ -7,7 +7,7 @@ Spawns G local processes (gloo), runs one forward + backward of each method
 and prints, per (phase, kind), the bytes this rank's counters recorded next to
 the method's formula (``registry.get(name).bytes(shape)``). Sequence-parallel
 methods run as operators on (B, N/G, Z, d) shards; TP methods (``tp_v1``,
-``tp_v3``) as attention blocks (``baselines.block``), whose other methods would
+``tp_v3``) as attention layers (``baselines.layer``), whose other methods would
 send exactly their operator's bytes. External adapters that cannot run here are
 listed with their formula only.
 """
@@ -27,14 +27,14 @@ DEFAULT_METHODS = ["burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp",
 
 
 def _shape(a, G):
-    from baselines.registry import AttnShape
+    from burst_impl.shape import AttnShape
 
     return AttnShape(a.batch, a.seqlen, a.heads, a.kv_heads, a.head_dim, G, dtype=a.dtype,
                      causal=not a.non_causal, layout=a.layout)
 
 
 def _measure(name: str, shape, options: dict) -> dict:
-    from baselines.block import block_forward, block_input, make_block
+    from baselines.layer import layer_forward, layer_input, make_layer
     from baselines.registry import get
     from burst_impl import comm
     from burst_impl.layout import shard
@@ -43,13 +43,13 @@ def _measure(name: str, shape, options: dict) -> dict:
     method = get(name)
     g = torch.Generator().manual_seed(0)
     dt = shape.torch_dtype
-    if method.level == "block":
-        blk = make_block(name, shape, seed=0, **options)
+    if method.level == "layer":
+        lay = make_layer(name, shape, seed=0, **options)
         h = shape.heads * shape.head_dim
         x_full = torch.randn(shape.batch, shape.seqlen, h, generator=g).to(dt)
-        x = block_input(blk, x_full).requires_grad_()
+        x = layer_input(lay, x_full).requires_grad_()
         with comm.count_bytes() as counts:
-            y = block_forward(blk, x)
+            y = layer_forward(lay, x)
             y.backward(torch.ones_like(y))
         return dict(counts)
     full = [torch.randn(shape.batch, shape.seqlen, z, shape.head_dim, generator=g).to(dt)

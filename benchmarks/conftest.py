@@ -20,7 +20,7 @@ def pytest_addoption(parser):
     g = parser.getgroup("experiments", "experiment spec benchmarks")
     g.addoption("--spec", default=None,
                 help="experiment spec or preset (name or YAML path), as for python -m experiments.run")
-    g.addoption("--spec-target", default=None, help="override the spec's target (cpu, local, profile)")
+    g.addoption("--spec-cluster", default=None, help="override the spec's cluster profile (cpu, local, <name>)")
     g.addoption("--bench-device", default="auto", choices=("auto", "cpu", "cuda"))
 
 
@@ -56,7 +56,7 @@ def pytest_generate_tests(metafunc):
         return
     from experiments.harness.spec import load_any
 
-    preset = load_any(name, target=metafunc.config.getoption("--spec-target"))
+    preset = load_any(name, cluster=metafunc.config.getoption("--spec-cluster"))
     _, world = _world()
     cases = [c for s in preset.specs for c in s.cases() if c.world_size == world]
     if not cases:

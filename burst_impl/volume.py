@@ -1,4 +1,6 @@
-"""Closed-form communication volume of the ring schemes, in bytes sent per rank.
+"""Closed forms of the ring family: bytes sent per rank, and activation bytes kept per rank.
+
+Every function takes the problem shape (``burst_impl.shape.AttnShape``).
 
 Notation as in PAPER.md: B batch, N global sequence, G ranks, Z query heads,
 Zkv key/value heads, d head dim, e bytes per input element, f bytes per
@@ -11,7 +13,7 @@ Forward (K, V circulate), both schemes:
     k, v:   (G-1)/G * B*N*Zkv*d       elements each, e bytes
 Burst backward (query side circulates; K, V, dK, dV stay):
     q, dout:(G-1)/G * B*N*Z*d         elements each, e bytes
-    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32)
+    lse, delta: (G-1)/G * B*N*Z       elements each, 4 bytes (fp32; 8 for fp64 inputs)
     dq:     (G-1)/G * B*N*Z*d         elements, f bytes. The accumulator starts on
             the rank after the owner (the owner's own block stays home), makes
             G-2 hops and one final hop home: G-1 sends per rank in all.
@@ -22,70 +24,128 @@ Ring backward (key/value side circulates; Q, dO, lse, delta, dQ stay):
 Per rank, over the whole ring, these are (G-1)/G times the paper's figures
 (a factor the paper rounds away): forward 2BZNd; Burst backward 3BZNd + 2BZN
 (with f = e); blockwise ring backward 4BZNd (MHA, f = e).
+
+Per link class (``expected_link_bytes``; E nodes of I ranks, node-major).
+Every circulating tensor and accumulator makes G-1 sends per rank, split as
+``ring_hops`` says:
+    flat ring:   all G-1 on the link to the next rank: inter-node for the rank at
+                 local index I-1 of each node (when E > 1), intra-node for the others;
+    double ring: E*(I-1) intra-node and E-1 inter-node, on every rank
+                 (``burst_impl.topology``; E = 1 or I = 1 is the flat ring).
 """
 from __future__ import annotations
+
+from .nodes import Nodes, formula_nodes
+from .shape import AttnShape
 
 FP32 = 4
 
 
-def _blocks(batch: int, seqlen: int, world_size: int) -> int:
+def stats_size(elem_size: int) -> int:
+    """Bytes per lse/delta element: fp64 (8) for fp64 inputs, fp32 (4) otherwise."""
+    return 8 if elem_size == 8 else FP32
+
+
+def _blocks(s: AttnShape) -> int:
     """Rows of all the blocks one rank sends of one tensor: (G-1) * B * N/G."""
-    if seqlen % world_size:
-        raise ValueError(f"seqlen={seqlen} must be divisible by world_size={world_size}")
-    return (world_size - 1) * batch * (seqlen // world_size)
+    if s.seqlen % s.world_size:
+        raise ValueError(f"seqlen={s.seqlen} must be divisible by world_size={s.world_size}")
+    return (s.world_size - 1) * s.rows
 
 
-def forward_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size) -> dict[str, int]:
-    rows = _blocks(batch, seqlen, world_size)
-    kv = rows * kv_heads * head_dim * elem_size
+def forward_bytes(s: AttnShape) -> dict[str, int]:
+    kv = _blocks(s) * s.kv_heads * s.head_dim * s.elem_size
     return {"k": kv, "v": kv}
 
 
-def burst_backward_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size,
-                         grad_elem_size=FP32) -> dict[str, int]:
-    rows = _blocks(batch, seqlen, world_size)
-    qd = rows * heads * head_dim
+def burst_backward_bytes(s: AttnShape, grad_elem_size: int = FP32) -> dict[str, int]:
+    rows = _blocks(s)
+    qd = rows * s.heads * s.head_dim
     return {
-        "q": qd * elem_size,
-        "dout": qd * elem_size,
-        "lse": rows * heads * FP32,
-        "delta": rows * heads * FP32,
+        "q": qd * s.elem_size,
+        "dout": qd * s.elem_size,
+        "lse": rows * s.heads * stats_size(s.elem_size),
+        "delta": rows * s.heads * stats_size(s.elem_size),
         "dq": qd * grad_elem_size,
     }
 
 
-def ring_backward_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size,
-                        grad_elem_size=FP32) -> dict[str, int]:
-    rows = _blocks(batch, seqlen, world_size)
-    kv = rows * kv_heads * head_dim
-    return {"k": kv * elem_size, "v": kv * elem_size,
-            "dk": kv * grad_elem_size, "dv": kv * grad_elem_size}
+def ring_backward_bytes(s: AttnShape, grad_elem_size: int = FP32) -> dict[str, int]:
+    kv = _blocks(s) * s.kv_heads * s.head_dim
+    return {"k": kv * s.elem_size, "v": kv * s.elem_size, "dk": kv * grad_elem_size, "dv": kv * grad_elem_size}
 
 
 BACKWARD_BYTES = {"burst": burst_backward_bytes, "ring": ring_backward_bytes}
 
 
-def expected_bytes(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size,
-                   backward="burst", grad_elem_size=FP32) -> dict[tuple[str, str], int]:
+def expected_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int = FP32
+                   ) -> dict[tuple[str, str], int]:
     """``{(phase, kind): bytes}`` one rank sends for one forward + backward."""
-    args = (batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size)
-    out = {("forward", k): v for k, v in forward_bytes(*args).items()}
-    out.update({("backward", k): v
-                for k, v in BACKWARD_BYTES[backward](*args, grad_elem_size=grad_elem_size).items()})
+    out = {("forward", k): v for k, v in forward_bytes(s).items()}
+    out.update({("backward", k): v for k, v in BACKWARD_BYTES[backward](s, grad_elem_size).items()})
     return {k: v for k, v in out.items() if v}
 
 
-def cheaper_backward(batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size,
-                     grad_elem_size=FP32) -> str:
+def cheaper_backward(s: AttnShape, grad_elem_size: int = FP32) -> str:
     """The backward scheme that sends fewer bytes; ties go to "burst".
 
     Per token: burst moves Z*(d*(2e+f) + 8) bytes, ring moves Zkv*d*(2e+2f).
     For MHA burst always wins; with GQA (Z >= about 2*Zkv) ring wins.
     """
-    args = (batch, seqlen, heads, kv_heads, head_dim, world_size, elem_size)
-    b = sum(burst_backward_bytes(*args, grad_elem_size=grad_elem_size).values())
-    r = sum(ring_backward_bytes(*args, grad_elem_size=grad_elem_size).values())
-    if b == r == 0:  # G == 1: decide by the per-token cost so the choice is stable
-        b = heads * (head_dim * (2 * elem_size + grad_elem_size) + 2 * FP32)
-        r = kv_heads * head_dim * (2 * elem_size + 2 * grad_elem_size)
+    e = s.elem_size
+    b = s.heads * (s.head_dim * (2 * e + grad_elem_size) + 2 * stats_size(e))
+    r = s.kv_heads * s.head_dim * (2 * e + 2 * grad_elem_size)
     return "burst" if b <= r else "ring"
+
+
+def saved_bytes(s: AttnShape, kv_heads: int | None = None) -> int:
+    """Activation bytes one rank keeps for backward in the ring family (a model, PAPER.md Table 1).
+
+    q and out (Z heads) and k, v (``kv_heads``, default Z_kv: Ulysses/USP pass
+    their replicated count) in the input dtype, over B*N/G rows' worth of
+    elements, plus lse (fp32): about 4BZNd/G + 4BZN/G bytes for MHA. Ulysses
+    keeps head shards over all N tokens: the same element count.
+    """
+    zkv = s.kv_heads if kv_heads is None else kv_heads
+    return s.rows * ((2 * s.heads + 2 * zkv) * s.head_dim * s.elem_size + 4 * s.heads)
+
+
+# ---------------------------------------------------------------- per link class
+
+
+def ring_hops(nodes: Nodes, rank: int, topology: str = "flat") -> dict[str, int]:
+    """``{link class: sends}``: how ``rank``'s G-1 sends of one circulating tensor (or accumulator)
+    split over link classes, for a pass over a group on ``nodes`` (``burst_impl.topology``)."""
+    G = nodes.size
+    if G == 1:
+        return {}
+    if topology == "double":
+        grid = nodes.grid()
+        if grid is None:
+            raise ValueError(f"topology='double' on {nodes.describe()}: the group must split into equal nodes "
+                             "of consecutive ranks")
+        E, I = grid
+        if E >= 2 and I >= 2:
+            return {"intra": E * (I - 1), "inter": E - 1}
+    return {nodes.link(rank, (rank + 1) % G): G - 1}
+
+
+def split_by_link(table: dict[tuple[str, str], int], hops: dict[str, int]) -> dict[tuple[str, str, str], int]:
+    """``{(phase, kind, link): bytes}``: each entry of ``table`` (bytes of G-1 equal sends) spread
+    over the link classes of ``hops`` (``ring_hops``)."""
+    total = sum(hops.values())
+    out: dict[tuple[str, str, str], int] = {}
+    for (phase, kind), b in table.items():
+        for link, h in hops.items():
+            if b and h:
+                out[(phase, kind, link)] = out.get((phase, kind, link), 0) + b * h // total
+    return out
+
+
+def expected_link_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int = FP32, *,
+                        topology: str = "flat", node_size: int | Nodes | None = None, rank: int = 0
+                        ) -> dict[tuple[str, str, str], int]:
+    """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward on a ring of
+    ``topology`` over ``node_size`` ranks per node (None: ``LOCAL_WORLD_SIZE``, else one node)."""
+    nodes = formula_nodes(s.world_size, node_size)
+    return split_by_link(expected_bytes(s, backward, grad_elem_size), ring_hops(nodes, rank, topology))

@@ -11,11 +11,14 @@ backward), time vs world size (scaling) and throughput vs batch. Every figure
 states the hardware and the date in its title; OOM and failed cases are
 marked on the x axis. All numbers are measurements; the only formula drawn is
 the communication formula, beside the measured bytes and labelled as such.
+Records of the performance model (``"source": "modelled"``, experiments.perfmodel)
+are drawn by the same code, with "modelled" in every title and file name.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -26,11 +29,11 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
-from .harness import results as R  # noqa: E402
+from .harness import axes, results as R  # noqa: E402
 from baselines.registry import METHODS  # noqa: E402
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
-FACET_AXES = ("mode", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
+FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
 _PALETTE = plt.get_cmap("tab10").colors
 
 
@@ -44,13 +47,26 @@ def _spec_meta(results_root: Path, exp: str) -> dict:
     return yaml.safe_load(p.read_text()) if p.exists() else {}
 
 
+def _source(df: pd.DataFrame) -> str:
+    """'modelled' when every record comes from the performance model (experiments.perfmodel)."""
+    return "modelled" if "source" in df and (df["source"] == "modelled").all() else "measured"
+
+
 def _hw_and_date(df: pd.DataFrame) -> str:
     hw = df["hardware"].dropna()
     summary = hw.iloc[0].get("summary", "") if len(hw) else "unknown hardware"
     nodes = hw.iloc[0].get("nodes", 1) if len(hw) else 1
     date = str(df["timestamp"].max())[:10] if "timestamp" in df else ""
     extra = f", {nodes} nodes" if nodes and nodes > 1 and "node" not in summary else ""
-    return f"{summary}{extra} · measured {date}"
+    return f"{summary}{extra} · {_source(df)} {date}{_cluster_note(df)}"
+
+
+def _cluster_note(df: pd.DataFrame) -> str:
+    """Emulated cluster (profile, link rates) or its loopback fallback, as the records say."""
+    if "cluster" not in df:
+        return ""
+    infos = [c for c in df["cluster"].dropna() if isinstance(c, dict) and c.get("scheduler") == "emulated"]
+    return "\n" + textwrap.fill(infos[0].get("summary", ""), 95) if infos else ""
 
 
 def _facets(df: pd.DataFrame, x: str) -> list[tuple[str, pd.DataFrame]]:
@@ -66,17 +82,11 @@ def _facets(df: pd.DataFrame, x: str) -> list[tuple[str, pd.DataFrame]]:
 
 
 def _fixed_label(df: pd.DataFrame, x: str) -> str:
+    """What every line of a panel shares: mode, level and the case-name label of each fixed axis."""
     r = df.iloc[0]
     bits = [MODE_LABEL.get(r["mode"], r["mode"]), f"{r['level']}-level"]
-    if x != "world_size":
-        bits.append(f"G={r['world_size']}")
-    if x != "batch":
-        bits.append(f"B={r['batch']}")
-    bits.append(f"Z={r['heads']}" + (f"/{r['kv_heads']}kv" if r["kv_heads"] != r["heads"] else "") + f" d={r['head_dim']}")
-    bits.append(f"{r['dtype']}, {'causal' if r['causal'] else 'full'}, {r['layout']}")
-    if x != "seqlen" and df["seqlen"].nunique() == 1:
-        bits.append(f"N={r['seqlen']}")
-    return ", ".join(bits)
+    bits += [axes.label(a, r[a]) for a in axes.ID_ORDER if a != x and a in df and df[a].nunique() == 1]
+    return ", ".join(b for b in bits if b)
 
 
 def _mark_bad(ax, part: pd.DataFrame, x: str, method: str) -> None:
@@ -201,8 +211,9 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6.5, 1.3 * len(sel) + 2), 4.8))
     width = 0.2
     xs = range(len(sel))
-    series = [("comm_fwd_bytes", "forward, measured", "", 0), ("comm_fwd_formula_bytes", "forward, formula", "//", 1),
-              ("comm_bwd_bytes", "backward, measured", "", 2), ("comm_bwd_formula_bytes", "backward, formula", "//", 3)]
+    word = _source(df)
+    series = [("comm_fwd_bytes", f"forward, {word}", "", 0), ("comm_fwd_formula_bytes", "forward, formula", "//", 1),
+              ("comm_bwd_bytes", f"backward, {word}", "", 2), ("comm_bwd_formula_bytes", "backward, formula", "//", 3)]
     for col, label, hatch, k in series:
         if col not in sel or sel[col].isna().all():
             continue
@@ -219,11 +230,11 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         ax.set_yscale("log")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    r = sel.iloc[0]
+    r = sel.reset_index().iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, measured (solid) vs formula (hatched)\n"
-                 f"N={_human(int(n))}, G={g}, B={r['batch']}, Z={r['heads']}/{r['kv_heads']}kv, d={r['head_dim']}, "
-                 f"{r['dtype']}, {MODE_LABEL[mode]}\n{_hw_and_date(df)}", fontsize=9)
+    ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, {word} (solid) vs formula (hatched)\n"
+                 f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
+                 f"{_hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -245,6 +256,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         reasons = skipped.drop_duplicates("method").set_index("method")["reason"].fillna("")
         meta["skipped_note"] = "not run: " + "; ".join(str(r) or m for m, r in reasons.items())
     out = plots_root / exp
+    sfx = "_modelled" if _source(df) == "modelled" else ""   # a modelled figure says so in its file name
     files: list[Path] = []
     methods = sorted(df["method"].unique(), key=_method_order)
     baseline = meta.get("baseline") or (methods[0] if methods else None)
@@ -252,27 +264,27 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         if baseline in set(df["method"]):
             files.append(_line_figure(df, "seqlen", "speedup", f"speedup over {baseline} (x)",
                                       f"speedup over {baseline} vs sequence length", meta,
-                                      out / "speedup_vs_seqlen.png", logy=False, transform=_speedup(baseline),
+                                      out / f"speedup_vs_seqlen{sfx}.png", logy=False, transform=_speedup(baseline),
                                       ref_line=1.0))
         files.append(_line_figure(df, "seqlen", "time_median_s", "time per step (s, median; bars p10-p90)",
-                                  "time vs sequence length", meta, out / "time_vs_seqlen.png", logy=True,
+                                  "time vs sequence length", meta, out / f"time_vs_seqlen{sfx}.png", logy=True,
                                   errbars=True))
         files.append(_line_figure(df, "seqlen", "tflops_per_rank", "TFLOP/s per rank",
                                   "attention throughput (FLOPs of PAPER.md convention)", meta,
-                                  out / "tflops_vs_seqlen.png", logy=False))
+                                  out / f"tflops_vs_seqlen{sfx}.png", logy=False))
         if "mem_peak_bytes" in df:
             dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
-            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", "peak memory per rank above inputs (MiB, measured)",
+            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", f"peak memory per rank above inputs (MiB, {_source(df)})",
                                       "peak memory per rank vs sequence length", meta,
-                                      out / "memory_vs_seqlen.png", logy=True))
+                                      out / f"memory_vs_seqlen{sfx}.png", logy=True))
     if df["world_size"].nunique() > 1:
         files.append(_line_figure(df, "world_size", "time_median_s", "time per step (s, median; bars p10-p90)",
-                                  "scaling with world size", meta, out / "scaling_world_size.png", logy=True,
+                                  "scaling with world size", meta, out / f"scaling_world_size{sfx}.png", logy=True,
                                   errbars=True))
     if df["batch"].nunique() > 1:
         files.append(_line_figure(df, "batch", "tokens_per_s", "tokens/s", "throughput vs batch size", meta,
-                                  out / "throughput_vs_batch.png", logy=False))
-    files.append(comm_figure(df, meta, out / "comm_volume.png"))
+                                  out / f"throughput_vs_batch{sfx}.png", logy=False))
+    files.append(comm_figure(df, meta, out / f"comm_volume{sfx}.png"))
     return [f for f in files if f is not None]
 
 

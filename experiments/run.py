@@ -13,21 +13,26 @@ and re-evaluated by every run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import OrderedDict
 from pathlib import Path
 
 import yaml
 
-from .cluster.slurm import render_sbatch, write_sbatch
+from .cluster.emulated import CalibrationShape, EmulatedCluster, local_info
+from .cluster.jobs import merge_leftovers
+from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
 from .harness import results as R
 from .harness.env import REPO
-from .harness.launch import run_batch, worker_cmd
+from .harness.launch import run_batch, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
 
 
@@ -64,12 +69,47 @@ def _progress():
 
     # Logs (make reproduce > log) are not terminals: keep one line per case readable there too.
     console = Console(stderr=False, width=None if os.isatty(1) else 150)
-    return console, Progress(TextColumn("[bold]{task.fields[pos]}"), TextColumn("{task.description}"),
+    # Everything shown comes from outside rich's markup language (spec names, case ids, exception
+    # texts such as gloo's "[/__w/pytorch/.../pair.cc:537]"): print it literally (markup=False, Text).
+    return console, Progress(TextColumn("{task.fields[pos]}", style="bold", markup=False),
+                             TextColumn("{task.description}", markup=False),
                              BarColumn(), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
                              console=console, transient=False, refresh_per_second=4)
 
 
+def _calibration_shape(preset: Preset, batches, profile_name: str) -> CalibrationShape | None:
+    """The ring step the emulated links are scaled at: the largest block (N/G tokens) among the cases that
+    run on ``profile_name``, with that case's heads, head dim and dtype."""
+    cases = [c for (name, _), cs in batches.items() for c in cs
+             if next(s for s in preset.specs if s.name == name).cluster == profile_name]
+    if not cases:
+        return None
+    c = max(cases, key=lambda c: (c.seqlen // c.world_size, c.heads * c.head_dim))
+    return CalibrationShape(tokens=c.seqlen // c.world_size, heads=c.heads, head_dim=c.head_dim, dtype=c.dtype)
+
+
+def _set_cluster_env(info: dict) -> None:
+    # The driver writes records too (skipped cases, killed launches): they say where they ran as well.
+    os.environ[R.CLUSTER_ENV] = json.dumps(info)
+
+
 def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
+    """Local and emulated (torchrun) specs; each emulated profile is brought up once, torn down at the end."""
+    with contextlib.ExitStack() as stack:
+        clusters: dict[str, EmulatedCluster] = {}
+
+        def cluster_for(spec: Spec) -> EmulatedCluster:
+            if spec.cluster not in clusters:
+                clusters[spec.cluster] = stack.enter_context(EmulatedCluster(
+                    spec.profile, shape=_calibration_shape(preset, batches, spec.cluster)))
+            return clusters[spec.cluster]
+
+        return _run_local(preset, batches, results_root=results_root, cluster_for=cluster_for)
+
+
+def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> dict[str, int]:
+    from rich.text import Text
+
     console, progress = _progress()
     total_cases = sum(len(v) for v in batches.values())
     counts = {s: 0 for s in R.STATUSES}
@@ -87,15 +127,18 @@ def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
             counts[rec["status"]] = counts.get(rec["status"], 0) + 1
             progress.update(task, advance=cost[key], pos=f"{len(seen)}/{total_cases}")
             t = rec.get("time_median_s")
-            detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else rec.get("reason", "")[:110]
+            reason = " ".join(str(rec.get("reason") or "").split())  # one line per case in logs
+            detail = f"{t * 1e3:9.1f} ms" if rec["status"] == "ok" and t else reason[:110]
             style = {"ok": "green", "oom": "yellow", "failed": "red", "skipped": "dim"}[rec["status"]]
-            console.print(f"[{style}]{rec['status']:>7}[/] {rec['experiment']:<24} {rec['case_id']:<70} {detail}",
+            console.print(Text.assemble((f"{rec['status']:>7}", style),
+                                        f" {rec['experiment']:<24} {rec['case_id']:<70} {detail}"),
                           overflow="ellipsis", no_wrap=True, highlight=False)
 
         def on_start(c: Case) -> None:
             progress.update(task, description=f"{c.experiment} G={c.world_size} {c.case_id}")
 
         for (spec_name, ws), cases in batches.items():
+            _set_cluster_env(local_info(next(s for s in preset.specs if s.name == spec_name).profile, ws))
             runnable = []
             for c in cases:
                 why = case_problem(c)
@@ -106,42 +149,103 @@ def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
                 else:
                     runnable.append(c)
             progress.update(task, description=f"{spec_name} G={ws}: launching {len(runnable)} case(s)")
-            device = next(s for s in preset.specs if s.name == spec_name).profile.device
-            run_batch(runnable, results_root=results_root, device=device, repo=REPO,
-                      on_record=on_record, on_start=on_start)
+            spec = next(s for s in preset.specs if s.name == spec_name)
+            launcher = None
+            if spec.profile.scheduler == "emulated" and runnable:
+                cl = cluster_for(spec)
+                _set_cluster_env(cl.info(ws))
+                launcher = _emulated_launcher(cl, ws, results_root)
+            run_batch(runnable, results_root=results_root, device=spec.profile.device, repo=REPO,
+                      on_record=on_record, on_start=on_start, launcher=launcher)
     return counts
 
 
-def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wait: bool) -> None:
-    for (spec_name, ws), cases in batches.items():
-        spec = next(s for s in preset.specs if s.name == spec_name)
-        prof = spec.profile
-        work = R.work_dir(results_root, spec_name)
-        cases_file = work / f"batch-G{ws}.json"
-        cases_file.write_text(json.dumps([c.to_dict() for c in cases]))
-        script = render_sbatch(spec_name=spec_name, profile=prof, world_size=ws, n_cases=len(cases),
-                               cases_file=str(cases_file.resolve()), results_root=str(results_root.resolve()),
-                               repo=str(REPO), log_dir=str(R.experiment_dir(results_root, spec_name).resolve()),
-                               launch_timeout_s=int(sum(c.case_timeout_s for c in cases) + 600))
-        path = write_sbatch(R.experiment_dir(results_root, spec_name) / "slurm" / f"{spec_name}-G{ws}.sbatch",
-                            script)
-        cmd = ["sbatch", "--parsable", *(["--wait"] if wait else []), str(path)]
-        if dry_run or not shutil.which("sbatch"):
-            print(f"# {spec_name}, world size {ws}: {len(cases)} case(s) -> {path}")
-            print(script)
-            print("$ " + shlex.join(cmd))
-            if not dry_run:
-                print("sbatch is not installed here: submit the script above on the cluster.")
-            continue
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        print(f"{spec_name} G={ws}: {'job ' + out.stdout.strip() if out.returncode == 0 else out.stderr}")
+def _emulated_launcher(cl: EmulatedCluster, ws: int, results_root: Path):
+    def launcher(cases_file: Path, n: int):
+        args = ["--cases", str(cases_file), "--results", str(results_root), "--device", "cpu", "--force"]
+        env = {**worker_env(ws, "cpu", REPO), **cl.env(ws)}
+        # A fresh port per launch: a relaunch must not meet the previous launch's TIME_WAIT sockets.
+        return [(cmd, env) for cmd in cl.launches(ws, args, port=29600 + n % 1000)]
+    return launcher
+
+
+def _slurm_files(spec_name: str, ws: int, cases: list[Case], prof, *, results_root: Path, out_dir: Path | None
+                 ) -> tuple[Path, str]:
+    """Write the cases file and the job script of one batch; ``out_dir`` (dry run) keeps them out of results/."""
+    work = out_dir if out_dir is not None else R.work_dir(results_root, spec_name)
+    cases_file = work / f"{spec_name}-G{ws}.cases.json"
+    cases_file.write_text(json.dumps([c.to_dict() for c in cases]))
+    script = render_sbatch(spec_name=spec_name, profile=prof, world_size=ws, n_cases=len(cases),
+                           cases_file=str(cases_file.resolve()), results_root=str(results_root.resolve()),
+                           repo=str(REPO), log_dir=str(R.experiment_dir(results_root, spec_name).resolve()),
+                           case_budget_s=sum(c.case_timeout_s for c in cases))
+    where = out_dir if out_dir is not None else R.experiment_dir(results_root, spec_name) / "slurm"
+    return write_sbatch(where / f"{spec_name}-G{ws}.sbatch", script), script
+
+
+def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wait: bool) -> dict[str, int]:
+    """One job per (spec, world size). A real cluster's profile must have no placeholders left (checked before
+    anything is submitted); an emulated one brings its SLURM cluster up here and waits for each job."""
+    specs = {s.name: s for s in preset.specs}
+    profiles = {specs[name].cluster: specs[name].profile for name, _ in batches}
+    out_dir = Path(tempfile.mkdtemp(prefix="burst-dry-run-")) if dry_run else None
+    for prof in profiles.values():
+        if prof.scheduler == "slurm":
+            try:
+                check_submittable(prof)
+            except ValueError as e:
+                if not dry_run:
+                    raise SystemExit(f"refusing to submit: {e}") from None
+                print(f"WARNING (dry run): {e}", file=sys.stderr)
+    if dry_run:
+        print(f"# dry run: job scripts and cases files in {out_dir} (nothing written under {results_root})")
+    counts = {s: 0 for s in R.STATUSES}
+    with contextlib.ExitStack() as stack:
+        clusters: dict[str, EmulatedCluster] = {}
+        for (spec_name, ws), cases in batches.items():
+            prof = specs[spec_name].profile
+            path, script = _slurm_files(spec_name, ws, cases, prof, results_root=results_root, out_dir=out_dir)
+            emulated = prof.scheduler == "emulated"
+            cmd = ["sbatch", "--parsable", *(["--wait"] if wait or emulated else []), str(path)]
+            if dry_run or (not emulated and not shutil.which("sbatch")):
+                print(f"# {spec_name}, world size {ws}: {len(cases)} case(s) -> {path}")
+                print(script)
+                print("$ " + shlex.join(cmd))
+                if not dry_run:
+                    print("sbatch is not installed here: submit the script above on the cluster.")
+                continue
+            if not emulated:
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                print(f"{spec_name} G={ws}: {'job ' + out.stdout.strip() if out.returncode == 0 else out.stderr}")
+                continue
+            if specs[spec_name].cluster not in clusters:
+                clusters[specs[spec_name].cluster] = stack.enter_context(EmulatedCluster(
+                    prof, shape=_calibration_shape(preset, batches, specs[spec_name].cluster)))
+            cl = clusters[specs[spec_name].cluster]
+            if cl.slurm is None:
+                raise SystemExit(f"profile {prof.name}: no emulated SLURM cluster here ({cl.fallback}); "
+                                 "run its specs with launcher: torchrun or on a machine that permits namespaces")
+            env = {**worker_env(ws, "cpu", REPO), **cl.env(ws)}
+            t0 = time.monotonic()
+            job = cl.slurm.sbatch(path, env=env)
+            print(f"{spec_name} G={ws}: job {job} submitted to emulated SLURM cluster {cl.topo.run_id}")
+            state, code = cl.slurm.wait(job, timeout_s=prof.time_limit_s + 120)
+            recs = R.latest_by_case(R.read_records(R.experiment_dir(results_root, spec_name) / R.RESULTS_FILE))
+            mine = [recs[c.case_id] for c in cases if c.case_id in recs]
+            for r in mine:
+                counts[r["status"]] += 1
+            print(f"{spec_name} G={ws}: job {job} {state} (exit {code}) after {time.monotonic() - t0:.0f} s: "
+                  + ", ".join(f"{r['status']} {r['case_id']}" for r in mine))
+    return counts
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="preset name (experiments/presets/<name>.yaml), spec name or spec file")
-    ap.add_argument("--target", help="override the specs' target (cpu, local or a profile name)")
+    ap.add_argument("--cluster", "--target", dest="cluster",
+                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>); "
+                         "--target is its old name")
     ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results/)")
     ap.add_argument("--plots", default=str(REPO / "plots"), help="figures root (default: plots/)")
     ap.add_argument("--dry-run", action="store_true", help="print the launch commands / SLURM scripts only")
@@ -151,41 +255,74 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", action="store_true", help="SLURM: sbatch --wait (block until each job ends)")
     args = ap.parse_args(argv)
 
-    preset = load_any(args.what, target=args.target)
+    preset = load_any(args.what, cluster=args.cluster)
     results_root = Path(args.results)
+    if not args.dry_run:
+        merged = merge_leftovers(results_root)
+        if merged:
+            print(f"merged {merged} record(s) that earlier SLURM jobs left in {results_root / '.jobs'}")
     batches = plan(preset, results_root=results_root, force=args.force, retry_failed=args.retry_failed)
     n = sum(len(v) for v in batches.values())
     total = sum(len(s.cases()) for s in preset.specs)
     print(f"{preset.name}: {len(preset.specs)} spec(s), {total} case(s), {n} to run "
           f"({total - n} already have results{'' if not args.force else '; --force'})")
-    profiles = {s.profile.scheduler for s in preset.specs}
-    if len(profiles) > 1:
-        raise SystemExit("a preset must not mix local and SLURM targets")
+    via_slurm = {s.profile.via_slurm for s in preset.specs}
+    if len(via_slurm) > 1:
+        raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or emulated-torchrun "
+                         "ones; use --cluster to run it on one of them")
     if not args.dry_run:
         for spec in preset.specs:
             write_resolved(spec, results_root)
-    if profiles == {"slurm"}:
-        run_slurm(preset, batches, results_root=results_root, dry_run=args.dry_run, wait=args.wait)
-        return 0
+    t0 = time.monotonic()
+    if via_slurm == {True}:
+        counts = run_slurm(preset, batches, results_root=results_root, dry_run=args.dry_run, wait=args.wait)
+        if args.dry_run or not any(s.profile.scheduler == "emulated" for s in preset.specs):
+            return 0
+        return _finish(preset, counts, t0, args)
     if args.dry_run:
         for (spec_name, ws), cases in batches.items():
             spec = next(s for s in preset.specs if s.name == spec_name)
-            dev = spec.profile.device
             cmd = worker_cmd(R.experiment_dir(results_root, spec_name) / ".work" / f"batch-G{ws}.json",
-                             results_root, ws, dev)
-            print(f"# {spec_name}, world size {ws}: {len(cases)} case(s)")
+                             results_root, ws, spec.profile.device)
+            where = (f" (on emulated cluster {spec.cluster}: one torchrun per node namespace)"
+                     if spec.profile.scheduler == "emulated" else "")
+            print(f"# {spec_name}, world size {ws}: {len(cases)} case(s){where}")
             print("$ " + shlex.join(cmd))
         return 0
-    t0 = time.monotonic()
     counts = run_local(preset, batches, results_root=results_root)
+    return _finish(preset, counts, t0, args)
+
+
+def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
+        from .cluster.report import figure
         from .plots import draw_all
 
-        files = draw_all(results_root, Path(args.plots), experiments=[s.name for s in preset.specs])
+        files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
+        files += [figure(rep, Path(args.plots) / rep["experiment"] / "emulated_vs_modelled.png") for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
 
+
+def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
+    """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
+    from .cluster.report import loopback_twin, report
+
+    out = []
+    for spec in preset.specs:
+        if spec.profile.scheduler != "emulated":
+            continue
+        try:
+            rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
+        except ValueError as e:        # nothing measured (all failed): the records say why
+            print(f"{spec.name}: no report: {e}")
+            continue
+        (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
+        print(rep["text"])
+        out.append(rep)
+    return out
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,12 @@
+import os
+from pathlib import Path
+
 import pytest
+
+# DeepSpeed JIT-compiles a CPU extension on first use (about 35 s). A per-checkout build folder keeps
+# checkouts of different paths from rebuilding each other's copy, and a build killed half-way in one
+# checkout from leaving a stale lock that hangs the others.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parents[1] / ".torch_extensions"))
 
 from tests.distpool import Pools
 

@@ -182,7 +182,7 @@ def test_bad_input_raises_before_communication(pools, method, heads, kv_heads, o
 
 
 def test_usp_default_degree_and_registry_checks():
-    from baselines.registry import default_ulysses_degree
+    from baselines.methods.usp import default_ulysses_degree
 
     assert default_ulysses_degree(4, 8, 8) == 2
     assert default_ulysses_degree(32, 32, 8) == 8
@@ -230,7 +230,7 @@ def test_formulas_reproduce_the_papers_ratios():
 
 
 def _usp_twice():
-    from baselines import usp
+    from baselines.methods import usp
 
     q, k, v, _ = make_inputs(1, 16, 4, 4, 8)
     rank, G = dist.get_rank(), dist.get_world_size()
@@ -249,7 +249,7 @@ def test_usp_subgroups_are_created_once(pools):
 
 def test_layout_support_is_declared_and_enforced():
     """striped needs position-generic masks: USP's 2-D split cannot form it and says so up front."""
-    from baselines.registry import AttnShape
+    from baselines import AttnShape
 
     assert "striped" in get("burst").layouts and "striped" not in get("usp").layouts
     with pytest.raises(ValueError, match="layout='striped' is not supported by method 'usp'"):

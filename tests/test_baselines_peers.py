@@ -19,7 +19,7 @@ from burst_impl import burst_attn_func
 from burst_impl.layout import shard
 from tests.refs import attention_reference, make_inputs, max_err
 
-from baselines.external import deepspeed_available
+from baselines.methods.deepspeed_ulysses import deepspeed_available
 
 needs_deepspeed = pytest.mark.skipif(not deepspeed_available(), reason="deepspeed not installed (make venv installs it)")
 
@@ -31,8 +31,8 @@ FP32_RTOL = 2e-5
 
 
 def _ours_vs_deepspeed(z, zkv, causal):
-    from baselines.external import deepspeed_ulysses_adapter
-    from baselines.ulysses import ulysses_attn_func
+    from baselines.methods.deepspeed_ulysses import deepspeed_ulysses_adapter
+    from baselines.methods.ulysses import ulysses_attn_func
 
     rank, G = dist.get_rank(), dist.get_world_size()
     q, k, v, do = make_inputs(B, 8 * G, z, zkv, D)
@@ -65,7 +65,7 @@ def _deepspeed_uneven_heads(z):
     """DeepSpeed with a head count not divisible by G and an explicit group."""
     import datetime
 
-    from baselines.external import _LocalAttnModule, _ensure_deepspeed_comm
+    from baselines.methods.deepspeed_ulysses import _LocalAttnModule, _ensure_deepspeed_comm
     from deepspeed.sequence.layer import DistributedAttention
     from deepspeed.utils import groups
 
@@ -107,7 +107,7 @@ def test_deepspeed_uneven_heads_ignores_the_group_it_is_given(pools):
 def _ours_vs_torch_cp(cfg):
     from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
-    from baselines.ring import ring_attn_func
+    from baselines.methods.ring import ring_attn_func
 
     rank, G = dist.get_rank(), dist.get_world_size()
     z, zkv, layout, causal = cfg["heads"], cfg["kv_heads"], cfg["layout"], cfg["causal"]

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import burst_attn_func, comm, volume
+from burst_impl.shape import DTYPE_NAMES, AttnShape
 from burst_impl.layout import shard
 from tests.refs import attention_reference, make_inputs, max_err
 
@@ -58,8 +59,9 @@ def _check(results, cfg, ref, tol_of):
 def _check_counts(results, cfg, elem_size):
     G = len(results)
     grad_elem = torch.empty((), dtype=cfg.get("grad_comm_dtype", torch.float32)).element_size()
-    expect = volume.expected_bytes(B, cfg["seqlen"], cfg["heads"], cfg["kv_heads"], D, G, elem_size,
-                                   backward=results[0]["notes"]["burst.backward"],
+    shape = AttnShape(B, cfg["seqlen"], cfg["heads"], cfg["kv_heads"], D, G, dtype=DTYPE_NAMES[cfg["dtype"]])
+    assert shape.elem_size == elem_size
+    expect = volume.expected_bytes(shape, backward=results[0]["notes"]["burst.backward"],
                                    grad_elem_size=grad_elem)
     for rank, res in enumerate(results):
         assert res["counts"] == expect, f"rank {rank}: counted {res['counts']} != formula {expect}"
@@ -130,10 +132,10 @@ def test_auto_picks_fewer_bytes(heads, expect):
     z, zkv = HEADS[heads]
     # Per token, fp32 inputs and accumulators: burst Z*(12d+8), ring Zkv*16d;
     # Z=4, Zkv=2, d=64: burst 3104 > ring 2048 bytes, so GQA at ratio 2 already favours ring.
-    assert volume.cheaper_backward(1, 4096, z, zkv, 64, 4, 4) == expect
+    assert volume.cheaper_backward(AttnShape(1, 4096, z, zkv, 64, 4, dtype="float32")) == expect
     # bf16, Z=8, Zkv=2: burst 8*(64*8+8)=4160 > ring 2*64*12=1536 per token.
-    assert volume.cheaper_backward(1, 4096, 8, 2, 64, 4, 2) == "ring"
-    assert volume.cheaper_backward(1, 4096, 8, 8, 64, 4, 2) == "burst"
+    assert volume.cheaper_backward(AttnShape(1, 4096, 8, 2, 64, 4, dtype="bfloat16")) == "ring"
+    assert volume.cheaper_backward(AttnShape(1, 4096, 8, 8, 64, 4, dtype="bfloat16")) == "burst"
 
 
 @pytest.mark.parametrize("G", [2, 3, 4, 8])
@@ -141,11 +143,12 @@ def test_closed_form_matches_paper_table(G):
     """Per rank, the formulas are (G-1)/G times PAPER.md's table (MHA, elements)."""
     b, n, z, d = 2, 4096 * 3, 8, 64
     c = (G - 1) / G
-    # 1-byte elements and 1-byte accumulators: bytes = elements for the d-wide tensors;
-    # lse and delta are always fp32, so the paper's 2BZN scalars count 4 bytes each.
-    fwd = volume.forward_bytes(b, n, z, z, d, G, 1)
-    burst = volume.burst_backward_bytes(b, n, z, z, d, G, 1, grad_elem_size=1)
-    ring = volume.ring_backward_bytes(b, n, z, z, d, G, 1, grad_elem_size=1)
-    assert sum(fwd.values()) == c * 2 * b * z * n * d                            # 2BZNd
-    assert sum(burst.values()) == c * (3 * b * z * n * d + 2 * b * z * n * 4)    # 3BZNd + 2BZN
-    assert sum(ring.values()) == c * 4 * b * z * n * d                           # 4BZNd
+    # bf16 elements (e = 2 bytes) and bf16 accumulators: bytes = 2 x elements for the d-wide
+    # tensors; lse and delta are always fp32, so the paper's 2BZN scalars count 4 bytes each.
+    s, e = AttnShape(b, n, z, z, d, G, dtype="bfloat16"), 2
+    fwd = volume.forward_bytes(s)
+    burst = volume.burst_backward_bytes(s, grad_elem_size=e)
+    ring = volume.ring_backward_bytes(s, grad_elem_size=e)
+    assert sum(fwd.values()) == c * 2 * b * z * n * d * e                            # 2BZNd
+    assert sum(burst.values()) == c * (3 * b * z * n * d * e + 2 * b * z * n * 4)    # 3BZNd + 2BZN
+    assert sum(ring.values()) == c * 4 * b * z * n * d * e                           # 4BZNd

@@ -1,8 +1,17 @@
 """The CUDA kernels against the fp64 reference; skipped on machines without a GPU.
 
-CI has no GPU; these run on GPU machines (``make test`` there) and check the
-flash-attn and PyTorch-SDPA block kernels, including the surrogate-``out``
-trick that feeds ``delta`` to their backward.
+CI has no GPU; these run on GPU machines (``make test`` or ``make gpu-check``
+there) and check every CUDA block kernel that is importable (``cuda_sdpa``
+always; ``flash_attn`` and ``xformers`` where installed): out, lse, dq, dk, dv
+in bf16 and fp16 (and fp32 where the kernel takes it), causal and not, MHA and
+GQA, and the use a ring makes of them: blocks of unequal length whose
+backward gets the GLOBAL lse and delta (through the surrogate ``out``); and
+the ring-flash-attn adapter at world size 1 where that package is installed.
+
+Error budget, the same as the distributed low-precision tests: twice the
+error of plain single-process attention in the same dtype (PyTorch's CPU
+flash kernels) plus half an ulp of the dtype at the tensor's scale: a CUDA
+kernel may round differently, not worse.
 """
 from __future__ import annotations
 
@@ -10,34 +19,125 @@ import pytest
 import torch
 
 from burst_impl import burst_attn_func
-from burst_impl.kernels import _flash_attn_available
+from burst_impl.attention import merge_partial
+from burst_impl.kernels import BACKENDS as _ALL
+from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale
 from tests.refs import attention_reference, make_inputs, max_err
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-BACKENDS = ["cuda_sdpa"] + (["flash_attn"] if _flash_attn_available() else [])
+CUDA_BACKENDS = [n for n, b in _ALL.items() if b.devices == ("cuda",)]
+CASES = [(b, dt) for b in CUDA_BACKENDS for dt in (torch.bfloat16, torch.float16, torch.float32)
+         if dt in _ALL[b].dtypes]
+
+
+def _need(backend: str | None) -> None:
+    """Skip, naming the reason, when the backend's package is missing (the GPU check reports it too)."""
+    if backend is not None and not _ALL[backend].available():
+        from burst_impl.kernels import xformers
+
+        why = xformers.unavailable_reason() if backend == "xformers" else _ALL[backend].requirement
+        pytest.skip(f"backend {backend!r} is unavailable here: {why}")
+
+
+def _budget(plain, ref, dtype) -> float:
+    return 2 * max_err(plain, ref) + torch.finfo(dtype).eps / 2 * max(ref.abs().max().item(), 1.0)
 
 
 @cuda
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend,dtype", CASES, ids=[f"{b}-{str(d)[6:]}" for b, d in CASES])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads", [(8, 8), (8, 2)])
-def test_cuda_block_kernels(backend, causal, heads):
-    inputs = make_inputs(2, 200, *heads, 64, torch.bfloat16)
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_cuda_block_kernels(backend, dtype, causal, heads):
+    _need(backend)
+    inputs = make_inputs(2, 200, *heads, 64, dtype)      # 200 rows: not a multiple of any kernel's tile
     ref = attention_reference(*(t.double() for t in inputs), causal)
     got = attention_reference(*(t.cuda() for t in inputs), causal, backend=backend)
     plain = attention_reference(*inputs, causal, backend="cpu_flash")
     for name in ref:
-        # same budget as the distributed bf16 tests: 2x plain bf16 error + one bf16 ulp
-        budget = 2 * max_err(plain[name], ref[name]) + 2.0 ** -8 * max(ref[name].abs().max().item(), 1.0)
-        assert max_err(got[name].cpu(), ref[name]) <= budget, (backend, name)
+        assert got[name].shape == ref[name].shape, (backend, name)
+        assert max_err(got[name].cpu(), ref[name]) <= _budget(plain[name], ref[name], dtype), (backend, name)
+
+
+def _ring_like(q, k, v, do, backend, split):
+    """A query block against kv blocks of lengths ``split`` (non-causal, as off-diagonal ring steps):
+    forwards merged with the online-softmax rule, backwards from the merged (global) lse and delta."""
+    scale = default_scale(q.shape[-1], None)
+    kb, vb = k.split(split, dim=1), v.split(split, dim=1)
+    out = lse = None
+    for kj, vj in zip(kb, vb):
+        o, l = attn_forward(q, kj, vj, causal=False, scale=scale, backend=backend)
+        if out is None:
+            out, lse = o.to(l.dtype).clone(), l.clone()      # accumulate in the statistics dtype
+        else:
+            merge_partial(out, lse, o, l)
+    delta = compute_delta(do, out)
+    grads = [attn_backward(do, q, kj, vj, lse, delta, causal=False, scale=scale, backend=backend)
+             for kj, vj in zip(kb, vb)]
+    return dict(out=out, lse=lse, dq=sum(g[0].float() for g in grads),
+                dk=torch.cat([g[1] for g in grads], 1), dv=torch.cat([g[2] for g in grads], 1))
 
 
 @cuda
-def test_operator_on_cuda_world_size_one():
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_cuda_block_backward_with_global_lse(backend, heads):
+    """What a ring asks of a kernel: P = exp(S - lse_global) on each block (a kernel that recomputes
+    its own softmax, or ignores the surrogate out, gives block gradients that do not sum up)."""
+    _need(backend)
+    dtype = torch.bfloat16
+    q, k, v, do = make_inputs(1, 192, *heads, 64, dtype)
+    split = [120, 72]                                  # unequal blocks, as zigzag's half blocks are
+    ref = attention_reference(*(t.double() for t in (q, k, v, do)), False)
+    got = _ring_like(*(t.cuda() for t in (q, k, v, do)), backend, split)
+    plain = _ring_like(q, k, v, do, "cpu_flash", split)
+    for name in ref:
+        assert max_err(got[name].cpu(), ref[name]) <= _budget(plain[name], ref[name], dtype), (backend, name)
+
+
+@cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS + [None])
+def test_operator_on_cuda_world_size_one(backend):
+    _need(backend)
     q, k, v, do = (t.cuda().requires_grad_(i < 3) for i, t in
                    enumerate(make_inputs(1, 256, 8, 2, 64, torch.bfloat16)))
-    out = burst_attn_func(q, k, v, causal=True)
+    out = burst_attn_func(q, k, v, causal=True, backend=backend)
     out.backward(do)
     ref = attention_reference(*(t.detach().double().cpu() for t in (q, k, v, do)), True)
+    # bf16: outputs within a few ulps of values of order 1; gradients of order 1-3
     assert max_err(out.detach().cpu(), ref["out"]) < 3e-2
     assert max_err(q.grad.cpu(), ref["dq"]) < 6e-2
+    assert max_err(k.grad.cpu(), ref["dk"]) < 6e-2
+    assert max_err(v.grad.cpu(), ref["dv"]) < 6e-2
+
+
+@cuda
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=["mha", "gqa"])
+def test_ring_flash_attn_adapter_world_size_one(causal, heads):
+    """The ring-flash-attn package through our adapter, alone (G = 1: no hop, its kernels and its
+    bookkeeping), against the fp64 reference; the adapter starts a one-rank group for it."""
+    import torch.distributed as dist
+
+    from baselines.registry import get
+
+    m = get("ring_flash_attn")
+    if not m.available():
+        pytest.skip(f"ring_flash_attn is unavailable here (needs {m.external} and flash-attn)")
+    had_group = dist.is_initialized()
+    inputs = make_inputs(1, 256, *heads, 64, torch.bfloat16)
+    q, k, v, do = (t.cuda().requires_grad_(i < 3) for i, t in enumerate(inputs))
+    try:
+        out = m.call(q, k, v, causal=causal)
+        out.backward(do)
+    finally:
+        if dist.is_initialized() and not had_group:
+            dist.destroy_process_group()
+    ref = attention_reference(*(t.double() for t in inputs), causal)
+    plain = attention_reference(*inputs, causal, backend="cpu_flash")
+    for name, got in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert max_err(got.detach().cpu(), ref[name]) <= _budget(plain[name], ref[name], torch.bfloat16), name
+
+
+def test_every_cuda_backend_is_listed():
+    """The GPU check covers every registered CUDA kernel (runs everywhere: no GPU needed)."""
+    assert {"flash_attn", "xformers", "cuda_sdpa"} <= set(CUDA_BACKENDS)

@@ -23,7 +23,7 @@ SPEC = {
     "warmup": 0,
     "repeats": 2,
     "seed": 1,
-    "target": "cpu",
+    "cluster": "cpu",
     "timeouts": {"case_s": 60, "pg_s": 30},
 }
 
@@ -76,7 +76,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     # gets killed); burst at N=64 raises on rank 0; burst at N=128 hangs past its budget.
     monkeypatch.setenv("EXPERIMENTS_INJECT_FAULT",
                        "ring.op.fwd_bwd.N64.:oom:1;burst.op.fwd_bwd.N64.:error:0;burst.op.fwd_bwd.N128.:hang")
-    spec = _spec(tmp_path, name="t_fail", timeouts={"case_s": 4, "pg_s": 10})
+    spec = _spec(tmp_path, name="t_fail", timeouts={"case_s": 8, "pg_s": 10})
     recs = {r["case_id"].split(".G")[0]: r for r in _run(tmp_path, spec, "--no-plots")}
     assert recs["ring.op.fwd_bwd.N64"]["status"] == "oom", recs["ring.op.fwd_bwd.N64"]["reason"]
     assert "rank 1" in recs["ring.op.fwd_bwd.N64"]["reason"]
@@ -100,7 +100,7 @@ def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
 def test_pytest_benchmark_smoke(tmp_path):
     spec = _spec(tmp_path, name="t_bench", methods=["burst", "tp_v3"], baseline="burst",
                  sweep={"seqlen": [64], "world_size": 1, "heads": 2, "head_dim": 16},
-                 measure={"modes": ["fwd_bwd"], "level": "block"})
+                 measure={"modes": ["fwd_bwd"], "level": "layer"})
     out = tmp_path / "bench.json"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "benchmarks",

@@ -23,7 +23,7 @@ GOOD = {
     "measure": {"modes": ["fwd_bwd"], "level": "op"},
     "warmup": 0,
     "repeats": 2,
-    "target": "cpu",
+    "cluster": "cpu",
 }
 
 
@@ -90,13 +90,13 @@ def _bad(tmp_path, patch: dict, drop: tuple = ()) -> str:
     ({"methods": ["burst", "nonsense"]}, "methods", "'nonsense' is not registered"),
     ({"baseline": "ring"}, "baseline", "must be one of methods"),
     ({"sweep.seqlen": [98]}, "sweep", "multiple of 4"),               # zigzag at G=2: 2G chunks
-    ({"sweep.world_size": 16, "target": "a100_8"}, "sweep.world_size", "exceeds"),
-    ({"sweep.world_size": 12, "target": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
+    ({"sweep.world_size": 16, "cluster": "a100_8"}, "sweep.world_size", "exceeds"),
+    ({"sweep.world_size": 12, "cluster": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
     ({"measure.modes": ["sideways"]}, "measure.modes", "unknown"),
-    ({"measure.level": "model"}, "measure.level", "must be one of"),
+    ({"measure.level": "galaxy"}, "measure.level", "unknown"),
     ({"repeats": 0}, "repeats", ">= 1"),
     ({"sweep.heads": 3, "sweep.kv_heads": 2}, "sweep", "multiple of kv_heads"),
-    ({"target": "nowhere"}, "target", "no such profile"),
+    ({"cluster": "nowhere"}, "cluster", "no such cluster profile"),
     ({"sweep.dtype": "float8"}, "sweep.dtype", "unknown"),
     ({"sweep.causal": "yes"}, "sweep.causal", "true or false"),
 ])
@@ -105,14 +105,25 @@ def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
     assert f"key {key!r}" in msg and rule in msg, msg
 
 
+def test_old_key_and_level_names_still_load(tmp_path):
+    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) load, with a deprecation warning."""
+    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+    raw["target"] = raw.pop("cluster")
+    with pytest.warns(DeprecationWarning):
+        spec = parse_spec(raw, "old.yaml")
+    assert spec.cluster == "cpu" and spec.measure.level == "layer"
+    with pytest.raises(ValueError, match="key 'target': is the old name of 'cluster'"):
+        parse_spec(dict(GOOD, target="cpu"), "both.yaml")
+
+
 def test_missing_required_key(tmp_path):
     msg = _bad(tmp_path, {}, drop=("sweep",))
     assert "key 'sweep'" in msg and "required" in msg
 
 
-def test_block_only_method_at_op_level_is_an_error(tmp_path):
+def test_layer_only_method_at_op_level_is_an_error(tmp_path):
     msg = _bad(tmp_path, {"methods": ["burst", "tp_v1"]})
-    assert "key 'measure.level'" in msg and "block-only" in msg
+    assert "key 'measure.level'" in msg and "layer-only" in msg
 
 
 def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):
@@ -236,18 +247,19 @@ def test_slurm_script_for_a_4_node_profile(tmp_path):
     prof = load_profile("a100_32")
     assert (prof.nodes, prof.gpus_per_node) == (4, 8)
     text = render_sbatch(spec_name="fig3", profile=prof, world_size=32, n_cases=5, cases_file="/x/cases.json",
-                         results_root="/x/results", repo="/x/repo", log_dir="/x/logs", launch_timeout_s=999)
+                         results_root="/x/results", repo="/x/repo", log_dir="/x/logs", case_budget_s=999)
     for needle in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
                    "#SBATCH --partition=", "#SBATCH --account=", "#SBATCH --time=08:00:00",
                    'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
                    '--nnodes "$SLURM_NNODES"', '--node-rank "$SLURM_NODEID"', "--nproc-per-node 8",
-                   '--master-addr "$MASTER_ADDR"', "-m experiments.harness.worker", "--finalize-only", "timeout 999"):
+                   '--master-addr "$MASTER_ADDR"', "-m experiments.harness.worker", "--finalize-only",
+                   'timeout "$LAUNCH_TIMEOUT"', "1599"):
         assert needle in text, needle
     p = tmp_path / "job.sbatch"
     p.write_text(text)
     assert subprocess.run(["bash", "-n", str(p)]).returncode == 0
     one = render_sbatch(spec_name="fig4a", profile=prof, world_size=4, n_cases=1, cases_file="c", results_root="r",
-                        repo="/x", log_dir="l", launch_timeout_s=10)
+                        repo="/x", log_dir="l", case_budget_s=10)
     assert "#SBATCH --nodes=1" in one and "--nproc-per-node 4" in one
 
 

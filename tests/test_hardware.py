@@ -50,6 +50,8 @@ def test_cluster_profiles_name_their_hardware():
     (lambda d: d["accelerator"].update(attn_efficiency=[[4096, 0.5], [1024, 0.4]]), "accelerator.attn_efficiency"),
     (lambda d: d["accelerator"]["peak_tflops"].update(bfloat16=-1), "accelerator.peak_tflops.bfloat16"),
     (lambda d: d.pop("inter"), "inter"),
+    (lambda d: d["accelerator"].update(gemm_efficiency=1.2), "accelerator.gemm_efficiency"),
+    (lambda d: d["accelerator"].update(attn_efficiency_forward=[[512, 0.0]]), "accelerator.attn_efficiency_forward"),
     (lambda d: d.update(gpus=8), "gpus"),
 ])
 def test_bad_profiles_name_the_key(edit, key):
@@ -58,6 +60,12 @@ def test_bad_profiles_name_the_key(edit, key):
     edit(raw)
     with pytest.raises(ValueError, match=f"key '{key}'"):
         parse_hardware(raw, "bad.yaml")
+
+
+def test_forward_table_is_optional():
+    h100, a100 = load_hardware("h100_sxm_ib_4x8").accelerator, load_hardware("a100_pcie_8").accelerator
+    assert h100.forward_efficiency(16384) > h100.efficiency(16384)   # forward alone runs closer to peak
+    assert a100.attn_efficiency_forward is None and a100.forward_efficiency(4096) == a100.efficiency(4096)
 
 
 def test_unknown_name_lists_known():

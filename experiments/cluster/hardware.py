@@ -37,6 +37,19 @@ HARDWARE_DIR = Path(__file__).resolve().parents[1] / "hardware"
 LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet", "veth")
 
 
+def _interp(pts: tuple[tuple[int, float], ...], tokens: float) -> float:
+    """Linear in log2(tokens) between the table's points, clamped at both ends."""
+    xs = [t for t, _ in pts]
+    if tokens <= xs[0]:
+        return pts[0][1]
+    if tokens >= xs[-1]:
+        return pts[-1][1]
+    i = bisect.bisect_right(xs, tokens)
+    (t0, e0), (t1, e1) = pts[i - 1], pts[i]
+    w = (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
+    return e0 + w * (e1 - e0)
+
+
 @dataclass(frozen=True)
 class Accelerator:
     name: str
@@ -47,18 +60,17 @@ class Accelerator:
     # head dim 128; interpolated linearly in log2(tokens), clamped at both ends.
     attn_efficiency: tuple[tuple[int, float], ...]
     source: str = ""
+    # Optional, same form, forward pass only (None: the forward + backward table serves every
+    # mode). With it the performance model derives the backward efficiency from the two.
+    attn_efficiency_forward: tuple[tuple[int, float], ...] | None = None
+    # Optional: fraction of peak a large dense GEMM reaches (projections of the attention block).
+    gemm_efficiency: float | None = None
 
     def efficiency(self, tokens: int) -> float:
-        pts = self.attn_efficiency
-        xs = [t for t, _ in pts]
-        if tokens <= xs[0]:
-            return pts[0][1]
-        if tokens >= xs[-1]:
-            return pts[-1][1]
-        i = bisect.bisect_right(xs, tokens)
-        (t0, e0), (t1, e1) = pts[i - 1], pts[i]
-        w = (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
-        return e0 + w * (e1 - e0)
+        return _interp(self.attn_efficiency, tokens)
+
+    def forward_efficiency(self, tokens: int) -> float:
+        return _interp(self.attn_efficiency_forward or self.attn_efficiency, tokens)
 
     def attention_flops_per_s(self, dtype: str, tokens: int) -> float:
         """FLOP/s a flash kernel sustains on blocks of ``tokens`` rows (peak x efficiency)."""
@@ -146,6 +158,15 @@ def _link(path, where: str, raw) -> Link:
     return Link(**d)
 
 
+def _efficiency_table(path, key: str, pts) -> tuple[tuple[int, float], ...]:
+    if not isinstance(pts, list) or not pts or not all(isinstance(p, list) and len(p) == 2 for p in pts):
+        raise _err(path, key, "must be a non-empty list of [tokens, fraction]")
+    pts = tuple((int(t), float(e)) for t, e in pts)
+    if any(t <= 0 or not 0 < e <= 1 for t, e in pts) or [t for t, _ in pts] != sorted({t for t, _ in pts}):
+        raise _err(path, key, "tokens must be positive and strictly increasing, fractions in (0, 1]")
+    return pts
+
+
 def _accelerator(path, raw) -> Accelerator:
     d = _keys(path, "accelerator", raw, Accelerator)
     for key in ("name", "peak_tflops", "hbm_gib", "hbm_gbytes_s", "attn_efficiency"):
@@ -157,14 +178,15 @@ def _accelerator(path, raw) -> Accelerator:
         _positive(path, f"accelerator.peak_tflops.{k}", v)
     _positive(path, "accelerator.hbm_gib", d["hbm_gib"])
     _positive(path, "accelerator.hbm_gbytes_s", d["hbm_gbytes_s"])
-    pts = d["attn_efficiency"]
-    if not isinstance(pts, list) or not pts or not all(isinstance(p, list) and len(p) == 2 for p in pts):
-        raise _err(path, "accelerator.attn_efficiency", "must be a non-empty list of [tokens, fraction]")
-    pts = tuple((int(t), float(e)) for t, e in pts)
-    if any(t <= 0 or not 0 < e <= 1 for t, e in pts) or [t for t, _ in pts] != sorted({t for t, _ in pts}):
-        raise _err(path, "accelerator.attn_efficiency",
-                   "tokens must be positive and strictly increasing, fractions in (0, 1]")
-    d["attn_efficiency"] = pts
+    d["attn_efficiency"] = _efficiency_table(path, "accelerator.attn_efficiency", d["attn_efficiency"])
+    if d.get("attn_efficiency_forward") is not None:
+        d["attn_efficiency_forward"] = _efficiency_table(path, "accelerator.attn_efficiency_forward",
+                                                         d["attn_efficiency_forward"])
+    if d.get("gemm_efficiency") is not None:
+        g = d["gemm_efficiency"]
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+            raise _err(path, "accelerator.gemm_efficiency", f"{g!r} must be in (0, 1]")
+        d["gemm_efficiency"] = float(g)
     d["peak_tflops"] = {str(k): float(v) for k, v in d["peak_tflops"].items()}
     return Accelerator(**d)
 

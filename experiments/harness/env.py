@@ -53,6 +53,7 @@ def versions() -> dict:
         "nccl": nccl,
         "flash_attn": _pkg_version("flash-attn") or _pkg_version("flash_attn"),
         "ring_flash_attn": _pkg_version("ring-flash-attn") or _pkg_version("ring_flash_attn"),
+        "xformers": _pkg_version("xformers"),
         "deepspeed": _pkg_version("deepspeed"),
     }
 

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,13 +29,6 @@ from .spec import Case
 GRACE_S = 30.0
 STARTUP_S = 120.0
 POLL_S = 0.25
-
-
-@dataclass
-class Launch:
-    cmd: list[str]
-    env: dict[str, str]
-    log: Path
 
 
 def worker_cmd(cases_file: Path, results_root: Path, world_size: int, device: str,
@@ -109,14 +101,62 @@ def _tail(path: Path, n: int = 1500) -> str:
     return "\n".join(lines)[-n:]
 
 
+# A launcher turns (cases file, launch number) into the commands of one launch: one per node, each with
+# its environment. The default is one ``torchrun --standalone`` on this machine; the emulated cluster
+# (experiments.cluster.emulated) gives one torchrun per node namespace.
+Launcher = Callable[[Path, int], list[tuple[list[str], dict[str, str]]]]
+
+
+def _local_launcher(results_root: Path, ws: int, device: str, repo: Path) -> Launcher:
+    return lambda cases_file, n: [(worker_cmd(cases_file, results_root, ws, device), worker_env(ws, device, repo))]
+
+
+class _Procs:
+    """The processes of one launch (one per node). One that fails gives the others ``GRACE_S`` to notice
+    (their collectives fail once a peer is gone) before they are killed too."""
+
+    def __init__(self, specs, repo: Path, log: Path):
+        self.logs = [log if len(specs) == 1 else log.with_name(f"{log.stem}-node{i}{log.suffix}")
+                     for i in range(len(specs))]
+        self.files = [open(lg, "w") for lg in self.logs]
+        self.procs = [subprocess.Popen(cmd, cwd=repo, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                       start_new_session=True) for (cmd, env), f in zip(specs, self.files)]
+        self._failed_at: float | None = None
+
+    def poll(self) -> int | None:
+        rcs = [p.poll() for p in self.procs]
+        bad = [rc for rc in rcs if rc not in (None, 0)]
+        if bad and any(rc is None for rc in rcs):
+            self._failed_at = self._failed_at or time.monotonic()
+            if time.monotonic() - self._failed_at > GRACE_S:
+                self.kill()
+                rcs = [p.poll() for p in self.procs]
+        if any(rc is None for rc in rcs):
+            return None
+        return next((rc for rc in rcs if rc != 0), 0)
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                _kill(p)
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def tail(self, n: int) -> str:
+        return "\n".join(_tail(lg, n // len(self.logs)) for lg in self.logs)
+
+
 def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
               on_record: Callable[[dict], None], on_start: Callable[[Case], None],
-              max_launches: int | None = None) -> None:
+              max_launches: int | None = None, launcher: Launcher | None = None) -> None:
     """Run ``cases`` (one experiment, one world size) to a record each."""
     if not cases:
         return
     exp, ws = cases[0].experiment, cases[0].world_size
     assert all(c.experiment == exp and c.world_size == ws for c in cases), "one experiment, one world size"
+    launcher = launcher or _local_launcher(results_root, ws, device, repo)
     work = R.work_dir(results_root, exp)
     by_id = {c.case_id: c for c in cases}
     pending = list(cases)
@@ -128,20 +168,23 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
         cases_file = work / f"batch-G{ws}.json"
         cases_file.write_text(json.dumps([c.to_dict() for c in pending]))
         log = work / f"launch-G{ws}-{time.strftime('%Y%m%dT%H%M%S')}-{launches}.log"
-        cmd = worker_cmd(cases_file, results_root, ws, device)
         deadline = time.monotonic() + STARTUP_S + sum(c.case_timeout_s for c in pending)
         recorded: set[str] = set()
         started_seen: set[str] = set()
         killed_for = ""
-        with open(log, "w") as logf:
-            proc = subprocess.Popen(cmd, cwd=repo, env=worker_env(ws, device, repo), stdout=logf,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+        def collect() -> None:
+            """Hand every new record of this batch to ``on_record`` (the one record-reading loop)."""
+            for rec in watcher.poll():
+                if rec.get("case_id") in by_id:
+                    recorded.add(rec["case_id"])
+                    on_record(rec)
+
+        procs = _Procs(launcher(cases_file, launches), repo, log)
+        try:
             while True:
-                rc = proc.poll()
-                for rec in watcher.poll():
-                    if rec.get("case_id") in by_id:
-                        recorded.add(rec["case_id"])
-                        on_record(rec)
+                rc = procs.poll()
+                collect()
                 for c in pending:
                     m = R.marker_path(results_root, c)
                     if c.case_id in recorded or not m.exists():
@@ -156,32 +199,27 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
                     if age > c.case_timeout_s + GRACE_S and not killed_for:
                         killed_for = (f"timeout: no result after {age:.0f} s (budget {c.case_timeout_s:.0f} s); "
                                       "launch killed by the driver")
-                        _kill(proc)
+                        procs.kill()
                 if rc is not None:
                     break
                 if time.monotonic() > deadline and not killed_for:
                     killed_for = "timeout: the launch exceeded its wall-clock deadline; killed by the driver"
-                    _kill(proc)
+                    procs.kill()
                 time.sleep(POLL_S)
-        for rec in watcher.poll():
-            if rec.get("case_id") in by_id:
-                recorded.add(rec["case_id"])
-                on_record(rec)
-        reason = killed_for or f"worker launch exited with code {rc} before the case finished: {_tail(log, 600)}"
-        for cid in R.finalize_unfinished(results_root, pending, reason):
-            recorded.add(cid)
-        for rec in watcher.poll():
-            if rec.get("case_id") in by_id:
-                on_record(rec)
+        finally:
+            procs.kill()
+            procs.close()
+        collect()
+        reason = killed_for or f"worker launch exited with code {rc} before the case finished: {procs.tail(600)}"
+        R.finalize_unfinished(results_root, pending, reason)
+        collect()
         before = len(pending)
         pending = [c for c in pending if c.case_id not in recorded]
         if pending and len(pending) == before:
             # Nothing recorded at all: the launch itself is broken (import error, rendezvous...).
-            why = f"launch failed (exit code {rc}), no case ran: {_tail(log)}"
+            why = f"launch failed (exit code {rc}), no case ran: {procs.tail(1500)}"
             for c in pending:
                 rec = R.base_record(c, "failed", why)
                 R.append_record(results_root, rec)
-            for rec in watcher.poll():
-                if rec.get("case_id") in by_id:
-                    on_record(rec)
+            collect()
             pending = []

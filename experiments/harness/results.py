@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from . import env
+from .axes import AXES
 from .spec import Case
 
 SCHEMA_VERSION = 1
@@ -28,12 +29,11 @@ DONE_STATUSES = ("ok", "oom", "failed")
 RESULTS_FILE = "results.jsonl"
 
 # Keys every record has (tests check the schema against this list).
-REQUIRED_KEYS = (
-    "schema", "experiment", "case_id", "status", "reason", "timestamp",
-    "method", "level", "mode", "batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size",
-    "dtype", "causal", "layout", "warmup", "repeats", "seed",
-    "time_samples_s", "config", "git", "versions", "hardware",
-)
+CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")   # copied to the top level
+# ``kernel``: the local attention kernel that ran (the worker resolves it on its device); in records
+# written without running (skipped, or failed before the worker) the one asked for, or "auto".
+REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS, "kernel",
+                 "time_samples_s", "config", "git", "versions", "hardware")
 
 
 def experiment_dir(results_root: Path | str, experiment: str) -> Path:
@@ -44,6 +44,21 @@ def work_dir(results_root: Path | str, experiment: str) -> Path:
     d = experiment_dir(results_root, experiment) / ".work"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+# Where a record ran, beyond the machine: the cluster profile, the emulated link rates per class, ranks per
+# core. The launcher sets it (JSON, experiments.cluster.emulated) for the driver and every rank.
+CLUSTER_ENV = "EXPERIMENTS_CLUSTER"
+
+
+def cluster_info(world_size: int) -> dict:
+    try:
+        info = json.loads(os.environ.get(CLUSTER_ENV) or "{}")
+    except json.JSONDecodeError:
+        info = {}
+    info.setdefault("profile", None)
+    info.setdefault("ranks_per_core", world_size / (os.cpu_count() or 1))
+    return info
 
 
 def now() -> str:
@@ -63,14 +78,14 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "status": status,
         "reason": reason,
         "timestamp": now(),
-        **{k: cfg[k] for k in ("method", "level", "mode", "batch", "seqlen", "heads", "kv_heads",
-                               "head_dim", "world_size", "dtype", "causal", "layout", "warmup",
-                               "repeats", "seed")},
+        **{k: cfg[k] for k in CASE_KEYS},
+        "kernel": cfg.get("kernel") or "auto",
         "time_samples_s": [],
         "config": cfg,
         "git": env.git_info(),
         "versions": env.versions(),
         "hardware": env.hardware(world_size or case.world_size),
+        "cluster": cluster_info(world_size or case.world_size),
     }
     return rec
 
@@ -165,6 +180,15 @@ def clear_work(results_root, case: Case) -> None:
         p.unlink(missing_ok=True)
 
 
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "read error", "broken pipe",
+              "socket closed", "connection refused")
+
+
+def _peer_lost(reason: str) -> bool:
+    r = reason.lower()
+    return any(x in r for x in _PEER_LOST)
+
+
 def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[str, str]:
     """(status, reason) of a case that did not finish: OOM if any rank ran out of memory."""
     errs = rank_errors(results_root, case)
@@ -172,7 +196,9 @@ def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[
     if ooms:
         return "oom", f"rank {ooms[0]['rank']}: {ooms[0]['reason']}"
     timeouts = [e for e in errs if "timeout" in e.get("reason", "").lower()]
-    pick = (errs[0] if errs and not timeouts else timeouts[0] if timeouts else None)
+    # A rank that died takes its connections with it: the others' errors are consequences, not the cause.
+    causes = [e for e in errs if not _peer_lost(e.get("reason", ""))]
+    pick = (timeouts[0] if timeouts else causes[0] if causes else errs[0] if errs else None)
     if pick is not None:
         return "failed", f"rank {pick['rank']}: {pick['reason']}"
     return "failed", default_reason

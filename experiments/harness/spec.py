@@ -1,8 +1,10 @@
 """Experiment specs: YAML -> typed dataclasses, validated on load.
 
-A spec names the methods (registry names), the sweep axes, what to measure,
-warm-up/repeat counts, the seed and the target. Every error names the file,
-the key and the rule, and is a ``ValueError``.
+A spec names the methods (registry names), the sweep, what to measure,
+warm-up/repeat counts, the seed and the cluster profile it runs on. The
+dataclasses below are the schema (``experiments.harness.schema``); the sweep
+axes are the fields of the problem shape (``experiments.harness.axes``).
+Every error names the file, the key and the rule, and is a ``ValueError``.
 
     name: fig2_train_7b_8gpu          # results/<name>/
     description: ...
@@ -11,72 +13,88 @@ the key and the rule, and is a ``ValueError``.
     baseline: ring                    # speedups in figures are relative to it
     sweep: {seqlen: [...], world_size: [8], batch: 1, heads: 32, kv_heads: 32,
             head_dim: 128, dtype: bfloat16, causal: true, layout: zigzag}
-    measure: {modes: [fwd_bwd], level: op, memory: true, comm: true}
+    measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}
+    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names); default automatic
     exclude: [{method: ulysses, world_size: 16}]   # optional: drop combinations explicitly
     warmup: 2
     repeats: 10
     seed: 0
-    target: a100_8                    # "cpu", "local" or experiments/profiles/<name>.yaml
+    cluster: a100_8                   # "cpu", "local" or experiments/clusters/<name>.yaml
     timeouts: {case_s: 900, pg_s: 300}
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
-(minus ``exclude``). A method name must be registered in ``baselines.METHODS``.
+(minus ``exclude``), times ``kernels`` when given: each case then passes
+``backend=<kernel>`` to the method (its case name ends in ``.<kernel>``), and a
+method with a fixed kernel of its own (``Method.kernel``: ring_rsa,
+ring_flash_attn) cannot be combined with one. A kernel that cannot run on this
+machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
+the reason. Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
-is missing) has its cases recorded as skipped with the reason; skipped cases
-are re-evaluated by every run.
+is missing) has its cases recorded as skipped with the reason
+(``Method.problem``); skipped cases are re-evaluated by every run.
+
+Names: a *preset* (``experiments/presets/``) is a named list of specs; a
+*cluster profile* (``experiments/clusters/``, ``experiments.cluster.profile``)
+is where a spec runs. ``target:`` is the old name of ``cluster:`` and is
+still accepted.
 """
 from __future__ import annotations
 
 import dataclasses
-import itertools
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
-from baselines.registry import DTYPES, METHODS, AttnShape
-from burst_impl.layout import LAYOUTS
+from baselines.registry import METHODS
+from burst_impl.kernels import BACKENDS as KERNELS
+from burst_impl.kernels import check_backend
+from burst_impl.shape import AttnShape
 
-from .flops import MODES
 from ..cluster.profile import Profile, load_profile
+from . import axes
+from .flops import MODES
+from .schema import FileErr, check_keys, fields_from, from_mapping, plain
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
-LEVELS = ("op", "block")
-AXES = ("seqlen", "world_size", "batch", "heads", "kv_heads", "head_dim", "dtype", "causal", "layout")
-_AXIS_TYPES = {"seqlen": int, "world_size": int, "batch": int, "heads": int, "kv_heads": int,
-               "head_dim": int, "dtype": str, "causal": bool, "layout": str}
-_TOP_KEYS = {"name", "description", "paper_ref", "methods", "baseline", "sweep", "measure", "exclude",
-             "warmup", "repeats", "seed", "target", "timeouts"}
-_MEASURE_KEYS = {"modes", "level", "memory", "comm"}
-_TIMEOUT_KEYS = {"case_s", "pg_s"}
+LEVELS = ("op", "layer")
+# Old names still accepted in YAML, mapped to the current ones (with a DeprecationWarning).
+_LEVEL_ALIASES = {"block": "layer"}
+_KEY_ALIASES = {"target": "cluster"}
 
 
-@dataclass(frozen=True)
-class Sweep:
-    seqlen: tuple[int, ...]
-    world_size: tuple[int, ...] = (1,)
-    batch: tuple[int, ...] = (1,)
-    heads: tuple[int, ...] = (32,)
-    kv_heads: tuple[int | None, ...] = (None,)   # None: equal to heads (MHA)
-    head_dim: tuple[int, ...] = (128,)
-    dtype: tuple[str, ...] = ("bfloat16",)
-    causal: tuple[bool, ...] = (True,)
-    layout: tuple[str, ...] = ("contiguous",)
+def _one_of(choices):
+    return lambda values: next((f"{v!r} is unknown; choose from {list(choices)}"
+                                for v in (values if isinstance(values, tuple) else (values,))
+                                if v not in choices), None)
+
+
+def _at_least(low):
+    return lambda v: None if v >= low else f"{v!r} must be an integer >= {low}"
+
+
+def _positive_seconds(v):
+    return None if v > 0 else f"{v!r} must be a positive number of seconds"
 
 
 @dataclass(frozen=True)
 class Measure:
-    modes: tuple[str, ...] = ("fwd_bwd",)   # forward | backward | fwd_bwd
-    level: str = "op"                       # op: the attention operator; block: attention block
-    memory: bool = True                     # measure peak memory in a separate untimed step
-    comm: bool = True                       # count bytes sent (burst_impl.comm.count_bytes)
+    modes: tuple[str, ...] = field(default=("fwd_bwd",), metadata={"check": _one_of(MODES)})
+    # op: the attention operator on local shards; layer: the attention layer (projections too)
+    level: str = field(default="op", metadata={"check": _one_of(LEVELS)})
+    memory: bool = True    # measure peak memory in a separate untimed step
+    comm: bool = True      # count bytes sent (burst_impl.comm.count_bytes)
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    case_s: float = 600.0    # wall clock per case (watchdog in the worker, backstop in the runner)
-    pg_s: float = 120.0      # process-group timeout: a rank stuck in a collective errors out
+    # wall clock per case (watchdog in the worker, backstop in the runner)
+    case_s: float = field(default=600.0, metadata={"check": _positive_seconds})
+    # process-group timeout: a rank stuck in a collective errors out
+    pg_s: float = field(default=120.0, metadata={"check": _positive_seconds})
 
 
 @dataclass(frozen=True)
@@ -87,15 +105,7 @@ class Case:
     method: str
     level: str
     mode: str
-    batch: int
-    seqlen: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    world_size: int
-    dtype: str
-    causal: bool
-    layout: str
+    shape: AttnShape
     warmup: int
     repeats: int
     seed: int
@@ -103,211 +113,145 @@ class Case:
     measure_comm: bool = True
     case_timeout_s: float = 600.0
     pg_timeout_s: float = 120.0
+    kernel: str | None = None        # local kernel (burst_impl.kernels name) passed as backend=; None: automatic
 
-    @property
-    def shape(self) -> AttnShape:
-        return AttnShape(batch=self.batch, seqlen=self.seqlen, heads=self.heads, kv_heads=self.kv_heads,
-                         head_dim=self.head_dim, world_size=self.world_size, dtype=self.dtype,
-                         causal=self.causal, layout=self.layout)
+    def __getattr__(self, name: str):
+        # case.seqlen, case.world_size, ...: the sweep axes are the shape's fields
+        if name in axes.AXES:
+            return getattr(self.shape, name)
+        raise AttributeError(name)
 
     @property
     def case_id(self) -> str:
-        """Stable key for resume: what is measured, not how often."""
-        mask = "causal" if self.causal else "full"
-        return (f"{self.method}.{self.level}.{self.mode}.N{self.seqlen}.G{self.world_size}.B{self.batch}"
-                f".Z{self.heads}.kv{self.kv_heads}.d{self.head_dim}.{self.dtype}.{mask}.{self.layout}")
+        base = axes.case_id(self.method, self.level, self.mode, self.shape)
+        return f"{base}.{self.kernel}" if self.kernel else base
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Flat: the shape's fields next to the case's own (the records' ``config``)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shape"}
+        d.update(dataclasses.asdict(self.shape))
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+        shape = AttnShape(**{a: d[a] for a in axes.AXES if a in d})
+        return cls(shape=shape, **{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def _check_name(name: str) -> str | None:
+    if not name.replace("_", "").replace("-", "").isalnum():
+        return f"{name!r} must be letters, digits, '_' or '-' (it names results/<name>/)"
+    return None
+
+
+def _check_kernels(kernels: tuple[str, ...]) -> str | None:
+    for k in kernels:
+        if k not in KERNELS:
+            return f"{k!r} is not a kernel; kernels: {list(KERNELS)}"
+    if len(set(kernels)) != len(kernels):
+        return "lists a kernel twice"
+    return None
+
+
+def _check_methods(methods: tuple[str, ...]) -> str | None:
+    for m in methods:
+        if m not in METHODS:
+            return f"{m!r} is not registered; registered: {sorted(METHODS)}"
+    if len(set(methods)) != len(methods):
+        return "lists a method twice"
+    return None
 
 
 @dataclass(frozen=True)
 class Spec:
-    name: str
-    path: str
-    methods: tuple[str, ...]
-    sweep: Sweep
-    measure: Measure
-    target: str
+    name: str = field(metadata={"check": _check_name})
+    methods: tuple[str, ...] = field(metadata={"check": _check_methods})
+    sweep: dict = field(metadata={"parsed_by": "axes.parse_sweep"})   # {axis: tuple of values}
+    cluster: str = field(metadata={"check": lambda c: _cluster_problem(c)})
+    path: str = "<memory>"
+    measure: Measure = field(default_factory=Measure)
     description: str = ""
     paper_ref: str = ""
     baseline: str | None = None
     exclude: tuple[dict, ...] = ()
-    warmup: int = 2
-    repeats: int = 10
-    seed: int = 0
+    kernels: tuple[str, ...] = field(default=(), metadata={"check": _check_kernels})   # (): automatic
+    warmup: int = field(default=2, metadata={"check": _at_least(0)})
+    repeats: int = field(default=10, metadata={"check": _at_least(1)})
+    seed: int = field(default=0, metadata={"check": _at_least(0)})
     timeouts: Timeouts = field(default_factory=Timeouts)
 
     @property
     def profile(self) -> Profile:
-        return load_profile(self.target)
+        return load_profile(self.cluster)
 
     def cases(self) -> list[Case]:
         return expand(self)
 
     def resolved(self) -> dict:
         """The spec with every default filled in, for results/<name>/spec.resolved.yaml."""
-        d = dataclasses.asdict(self)
+        d = plain(self)
         d["n_cases"] = len(self.cases())
-        return _plain(d)
+        return d
 
 
-def _plain(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
+def _cluster_problem(name: str) -> str | None:
+    try:
+        load_profile(name)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 # ---------------------------------------------------------------- loading
 
 
-class _Err:
-    def __init__(self, path: Path | str):
-        self.path = str(path)
-
-    def __call__(self, key: str, rule: str) -> ValueError:
-        return ValueError(f"{self.path}: key {key!r}: {rule}")
-
-
-def _as_tuple(value: Any) -> tuple:
-    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-
-
-def _typed(err: _Err, key: str, values: tuple, typ: type) -> tuple:
-    out = []
-    for v in values:
-        if typ is int and (isinstance(v, bool) or not isinstance(v, int)):
-            raise err(key, f"value {v!r} must be an integer")
-        if typ is bool and not isinstance(v, bool):
-            raise err(key, f"value {v!r} must be true or false")
-        if typ is str and not isinstance(v, str):
-            raise err(key, f"value {v!r} must be a string")
-        out.append(v)
-    if not out:
-        raise err(key, "must not be empty")
-    return tuple(out)
+def _renamed(raw: dict, aliases: dict, err, prefix: str = "") -> dict:
+    out = dict(raw)
+    for old, new in aliases.items():
+        if old in out:
+            if new in out:
+                raise err(prefix + old, f"is the old name of {new!r}; give only {new!r}")
+            warnings.warn(f"{getattr(err, 'path', '')}: key {prefix + old!r} is deprecated; call it {new!r}",
+                          DeprecationWarning, stacklevel=3)
+            out[new] = out.pop(old)
+    return out
 
 
-def _check_keys(err: _Err, where: str, raw: dict, allowed: set[str]) -> None:
-    unknown = set(raw) - allowed
-    if unknown:
-        raise err(f"{where}{sorted(unknown)[0]}" if where else sorted(unknown)[0],
-                  f"unknown key; allowed keys{' under ' + where.rstrip('.') if where else ''}: {sorted(allowed)}")
-
-
-def parse_spec(raw: Any, path: Path | str = "<memory>", *, target: str | None = None) -> Spec:
-    """Build and validate a Spec from a YAML mapping. ``target`` overrides the file's."""
-    err = _Err(path)
+def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None = None) -> Spec:
+    """Build and validate a Spec from a YAML mapping. ``cluster`` overrides the file's."""
+    err = FileErr(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a spec must be a YAML mapping")
-    _check_keys(err, "", raw, _TOP_KEYS)
-    for key in ("name", "methods", "sweep", "target"):
-        if key not in raw and not (key == "target" and target):
-            raise err(key, "is required")
-    name = raw["name"]
-    if not isinstance(name, str) or not name.replace("_", "").replace("-", "").isalnum():
-        raise err("name", f"{name!r} must be letters, digits, '_' or '-' (it names results/<name>/)")
-
-    methods = _typed(err, "methods", _as_tuple(raw["methods"]), str)
-    for m in methods:
-        if m not in METHODS:
-            raise err("methods", f"{m!r} is not registered; registered: {sorted(METHODS)}")
-    if len(set(methods)) != len(methods):
-        raise err("methods", "lists a method twice")
-    baseline = raw.get("baseline")
-    if baseline is not None and baseline not in methods:
-        raise err("baseline", f"{baseline!r} must be one of methods {list(methods)}")
-
-    sw = raw["sweep"]
-    if not isinstance(sw, dict):
-        raise err("sweep", "must be a mapping of axis -> value or list of values")
-    _check_keys(err, "sweep.", sw, set(AXES))
-    if "seqlen" not in sw:
-        raise err("sweep.seqlen", "is required")
-    axes = {}
-    for axis in AXES:
-        if axis in sw:
-            vals = _as_tuple(sw[axis])
-            if axis == "kv_heads" and vals == (None,):
-                axes[axis] = vals
-                continue
-            axes[axis] = _typed(err, f"sweep.{axis}", vals, _AXIS_TYPES[axis])
-    sweep = Sweep(**axes)
-    for axis in ("seqlen", "world_size", "batch", "heads", "head_dim"):
-        for v in getattr(sweep, axis):
-            if v <= 0:
-                raise err(f"sweep.{axis}", f"value {v} must be positive")
-    for v in sweep.dtype:
-        if v not in DTYPES:
-            raise err("sweep.dtype", f"{v!r} is unknown; choose one of {sorted(DTYPES)}")
-    for v in sweep.layout:
-        if v not in LAYOUTS:
-            raise err("sweep.layout", f"{v!r} is unknown; choose one of {list(LAYOUTS)}")
-
-    ms = raw.get("measure", {}) or {}
-    if not isinstance(ms, dict):
-        raise err("measure", "must be a mapping")
-    _check_keys(err, "measure.", ms, _MEASURE_KEYS)
-    modes = _typed(err, "measure.modes", _as_tuple(ms.get("modes", "fwd_bwd")), str)
-    for mo in modes:
-        if mo not in MODES:
-            raise err("measure.modes", f"{mo!r} is unknown; choose from {list(MODES)}")
-    level = ms.get("level", "op")
-    if level not in LEVELS:
-        raise err("measure.level", f"{level!r} must be one of {list(LEVELS)}")
-    for key in ("memory", "comm"):
-        if key in ms and not isinstance(ms[key], bool):
-            raise err(f"measure.{key}", "must be true or false")
-    measure = Measure(modes=modes, level=level, memory=ms.get("memory", True), comm=ms.get("comm", True))
-
-    ints = {}
-    for key, default, low in (("warmup", 2, 0), ("repeats", 10, 1), ("seed", 0, 0)):
-        v = raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise err(key, f"{v!r} must be an integer >= {low}")
-        ints[key] = v
-
-    to = raw.get("timeouts", {}) or {}
-    if not isinstance(to, dict):
-        raise err("timeouts", "must be a mapping")
-    _check_keys(err, "timeouts.", to, _TIMEOUT_KEYS)
-    for key, v in to.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise err(f"timeouts.{key}", f"{v!r} must be a positive number of seconds")
-    timeouts = Timeouts(**{k: float(v) for k, v in to.items()})
-
-    exclude = raw.get("exclude", []) or []
-    if not isinstance(exclude, list) or not all(isinstance(e, dict) for e in exclude):
-        raise err("exclude", "must be a list of mappings (axis or 'method'/'mode' -> value)")
-    for e in exclude:
-        _check_keys(err, "exclude.", e, set(AXES) | {"method", "mode"})
-
-    tgt = target or raw["target"]
-    try:
-        load_profile(tgt)
-    except ValueError as e:
-        raise err("target", str(e)) from None
-
-    spec = Spec(name=name, path=str(path), methods=methods, sweep=sweep, measure=measure, target=tgt,
-                description=str(raw.get("description", "")), paper_ref=str(raw.get("paper_ref", "")),
-                baseline=baseline, exclude=tuple(exclude), timeouts=timeouts, **ints)
+    raw = _renamed(raw, _KEY_ALIASES, err)
+    if cluster:
+        raw["cluster"] = cluster
+    measure = raw.get("measure") or {}
+    if isinstance(measure, dict) and measure.get("level") in _LEVEL_ALIASES:
+        warnings.warn(f"{path}: measure.level {measure['level']!r} is deprecated; call it "
+                      f"{_LEVEL_ALIASES[measure['level']]!r}", DeprecationWarning, stacklevel=2)
+        raw["measure"] = dict(measure, level=_LEVEL_ALIASES[measure["level"]])
+    kw = fields_from(Spec, {k: v for k, v in raw.items() if k != "sweep"}, err, skip=("sweep", "path"))
+    if "sweep" not in raw:
+        raise err("sweep", "is required")
+    kw["sweep"] = axes.parse_sweep(raw["sweep"], err)
+    if kw.get("baseline") is not None and kw["baseline"] not in kw["methods"]:
+        raise err("baseline", f"{kw['baseline']!r} must be one of methods {list(kw['methods'])}")
+    for e in kw.get("exclude", ()):
+        if not isinstance(e, dict):
+            raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
+        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel"}, err, "exclude.")
+    spec = Spec(path=str(path), **kw)
     validate_cases(spec)
     return spec
 
 
-def load_spec(path: Path | str, *, target: str | None = None) -> Spec:
+def load_spec(path: Path | str, *, cluster: str | None = None) -> Spec:
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"{p}: not valid YAML: {e}") from None
-    return parse_spec(raw, p, target=target)
+    return parse_spec(raw, p, cluster=cluster)
 
 
 # ---------------------------------------------------------------- cases
@@ -319,50 +263,48 @@ def _excluded(spec: Spec, values: dict) -> bool:
 
 def expand(spec: Spec) -> list[Case]:
     """All cases, grouped by world size (so one launch can run a whole group)."""
-    sw = spec.sweep
     out = []
-    for ws, batch, heads, kvh, hd, dtype, causal, layout, n, mode, method in itertools.product(
-            sw.world_size, sw.batch, sw.heads, sw.kv_heads, sw.head_dim, sw.dtype, sw.causal, sw.layout,
-            sw.seqlen, spec.measure.modes, spec.methods):
-        kv = heads if kvh is None else kvh
-        values = dict(world_size=ws, batch=batch, heads=heads, kv_heads=kv, head_dim=hd, dtype=dtype,
-                      causal=causal, layout=layout, seqlen=n, mode=mode, method=method)
-        if _excluded(spec, values):
-            continue
-        out.append(Case(experiment=spec.name, level=spec.measure.level, warmup=spec.warmup,
-                        repeats=spec.repeats, seed=spec.seed, measure_memory=spec.measure.memory,
-                        measure_comm=spec.measure.comm, case_timeout_s=spec.timeouts.case_s,
-                        pg_timeout_s=spec.timeouts.pg_s, **values))
+    for shape in axes.shapes(spec.sweep):
+        for mode in spec.measure.modes:
+            for method in spec.methods:
+                for kernel in spec.kernels or (None,):
+                    values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel)
+                    if _excluded(spec, values):
+                        continue
+                    out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
+                                    shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
+                                    measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
+                                    case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
+                                    kernel=kernel))
     return out
 
 
 def case_problem(case: Case) -> str | None:
-    """Why ``case`` cannot run on this machine (e.g. an adapter's package is missing), else None.
+    """Why ``case`` cannot run on this machine, else None (``Method.problem``).
 
-    Impossible shapes are load errors (``validate_cases``); this covers what
-    depends on the machine, so those cases are skipped with a recorded reason
-    and re-evaluated by the next run.
+    Impossible shapes are load errors (``validate_cases``); what depends on the
+    machine makes the case skipped with a recorded reason, re-evaluated by the next run.
     """
-    method = METHODS[case.method]
-    if not method.available():
-        return f"method {case.method!r} is unavailable here (needs {method.external or 'an optional package'})"
-    if case.level == "op" and method.level == "block":
-        return f"method {case.method!r} is block-only (tensor parallelism); use measure.level: block"
+    why = METHODS[case.method].problem(case.shape, case.level)
+    if why or case.kernel is None:
+        return why
+    # The device the worker will pick on this machine (device "auto"; cpu clusters reject CUDA kernels at load).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        method.validate(case.shape)
+        check_backend(case.kernel, device, case.shape.torch_dtype, case.head_dim)
     except ValueError as e:
-        return f"method {case.method!r} cannot run this shape: {e}"
+        return f"kernel {case.kernel!r} cannot run here: {e}"
     return None
 
 
 def validate_cases(spec: Spec) -> None:
     """Impossible combinations are errors naming the file, the key and the rule."""
-    err = _Err(spec.path)
+    err = FileErr(spec.path)
     cases = spec.cases()
     if not cases:
         raise err("exclude", "excludes every case of the sweep")
-    prof = load_profile(spec.target)
-    for ws in spec.sweep.world_size:
+    prof = load_profile(spec.cluster)
+    for ws in spec.sweep["world_size"]:
         why = prof.world_size_rule(ws)
         if why:
             raise err("sweep.world_size", why)
@@ -373,9 +315,16 @@ def validate_cases(spec: Spec) -> None:
         except ValueError as e:
             raise err("sweep", f"combination ({where}) is impossible: {e}") from None
         method = METHODS[case.method]
-        if case.level == "op" and method.level == "block":
-            raise err("measure.level", f"method {case.method!r} is block-only (tensor parallelism): "
-                                       "it needs measure.level: block")
+        if case.kernel is not None and method.kernel is not None:
+            raise err("kernels", f"method {case.method!r} runs its own kernel ({method.kernel}); it takes no "
+                                 f"kernel={case.kernel!r}: drop it with exclude: [{{method: {case.method}, "
+                                 f"kernel: {case.kernel}}}] or measure it in a spec without kernels")
+        if case.kernel is not None and prof.device == "cpu" and KERNELS[case.kernel].devices not in (None, ("cpu",)):
+            raise err("kernels", f"kernel {case.kernel!r} runs on {'/'.join(KERNELS[case.kernel].devices)}, but "
+                                 f"cluster {spec.cluster!r} runs on cpu")
+        if case.level == "op" and method.level == "layer":
+            raise err("measure.level", f"method {case.method!r} is layer-only (tensor parallelism): "
+                                       "it needs measure.level: layer")
         try:
             method.validate(case.shape)
         except ValueError as e:
@@ -394,6 +343,14 @@ class Preset:
     description: str = ""
 
 
+@dataclass(frozen=True)
+class _PresetFile:
+    specs: tuple[str, ...]            # spec files, relative to experiments/
+    name: str = ""
+    description: str = ""
+    cluster: str | None = None        # overrides every spec's cluster
+
+
 def resolve_spec_path(name: str) -> Path:
     """A path, or a bare spec name looked up in experiments/specs and experiments/cpu."""
     p = Path(name)
@@ -407,31 +364,25 @@ def resolve_spec_path(name: str) -> Path:
                      f"nor a preset in experiments/presets")
 
 
-def load_preset(path: Path | str, *, target: str | None = None) -> Preset:
+def load_preset(path: Path | str, *, cluster: str | None = None) -> Preset:
     p = Path(path)
-    raw = yaml.safe_load(p.read_text()) or {}
-    err = _Err(p)
-    if not isinstance(raw, dict):
-        raise ValueError(f"{p}: a preset must be a mapping")
-    _check_keys(err, "", raw, {"name", "description", "specs", "target"})
-    if not isinstance(raw.get("specs"), list) or not raw["specs"]:
-        raise err("specs", "must be a non-empty list of spec files (relative to experiments/)")
-    tgt = target or raw.get("target")
-    specs = tuple(load_spec(EXPERIMENTS_DIR / s, target=tgt) for s in raw["specs"])
+    err = FileErr(p)
+    raw = _renamed(yaml.safe_load(p.read_text()) or {}, _KEY_ALIASES, err)
+    pf = from_mapping(_PresetFile, raw, err)
+    specs = tuple(load_spec(EXPERIMENTS_DIR / s, cluster=cluster or pf.cluster) for s in pf.specs)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise err("specs", f"two specs share a name: {names}")
-    return Preset(name=raw.get("name", p.stem), path=str(p), specs=specs,
-                  description=str(raw.get("description", "")))
+    return Preset(name=pf.name or p.stem, path=str(p), specs=specs, description=pf.description)
 
 
-def load_any(name: str, *, target: str | None = None) -> Preset:
+def load_any(name: str, *, cluster: str | None = None) -> Preset:
     """A preset name/file or a single spec, always returned as a Preset."""
     preset_file = EXPERIMENTS_DIR / "presets" / f"{name}.yaml"
     if preset_file.exists():
-        return load_preset(preset_file, target=target)
+        return load_preset(preset_file, cluster=cluster)
     p = Path(name)
     if p.exists() and p.parent.name == "presets":
-        return load_preset(p, target=target)
-    spec = load_spec(resolve_spec_path(name), target=target)
+        return load_preset(p, cluster=cluster)
+    spec = load_spec(resolve_spec_path(name), cluster=cluster)
     return Preset(name=spec.name, path=spec.path, specs=(spec,))

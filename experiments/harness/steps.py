@@ -1,7 +1,7 @@
 """What one step of a case does: inputs, and the callables the timing and
 memory modules run. Generic over the registry: op-level methods are called
-through ``Method.fn``; block-level measurements go through
-``baselines.block`` (attention block: projections + attention + output).
+through ``Method.fn``; layer-level measurements go through
+``baselines.layer`` (attention layer: projections + attention + output).
 
 Modes (PAPER.md, FLOP convention):
 * ``forward``: the forward under ``torch.no_grad`` (inference prefill);
@@ -15,8 +15,10 @@ from typing import Callable
 
 import torch
 
-from baselines import block
-from baselines.registry import METHODS, Method
+from baselines import layer as attn_layer
+from baselines.method import Method
+from baselines.registry import METHODS
+from burst_impl.kernels import resolve_backend
 
 from .spec import Case
 
@@ -32,6 +34,20 @@ class Step:
         if self.setup is not None:
             self.setup()
         self.step()
+
+
+def kernel_options(case: Case) -> dict:
+    """``backend=`` for the method when the case names a kernel (else the method's automatic choice)."""
+    return {"backend": case.kernel} if case.kernel is not None else {}
+
+
+def kernel_used(case: Case, device: torch.device) -> str:
+    """The local kernel this case runs on ``device``: the method's own, the one asked for, or the
+    automatic choice for the case's dtype and head dim (what ``burst_impl.kernels`` resolves)."""
+    fixed = METHODS[case.method].kernel
+    if fixed is not None:
+        return fixed
+    return resolve_backend(device, case.kernel, case.shape.torch_dtype, case.head_dim)
 
 
 def _randn(shape, gen, dtype, device):
@@ -88,28 +104,29 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
     dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
 
     def forward():
-        return method.call(q, k, v, causal=s.causal, group=group, layout=s.layout)
+        return method.call(q, k, v, causal=s.causal, group=group, layout=s.layout, **kernel_options(case))
 
     step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
     start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))
     return Step(step=step, setup=setup, start_bytes=start)
 
 
-def build_block_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
-    """The attention block of ``method`` from ``baselines.block``: hidden states (B, N/G or N, H) in,
+def build_layer_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
+    """The attention layer of ``method`` from ``baselines.layer``: hidden states (B, N/G or N, H) in,
     QKV projection, attention, output projection, hidden states out."""
     s = case.shape
-    blk = block.make_block(case.method, s, group=group, seed=case.seed, device=device)
-    tokens = s.seqlen if blk.input == "replicated" else s.local_seqlen
+    lay = attn_layer.make_layer(case.method, s, group=group, seed=case.seed, device=device,
+                                **kernel_options(case))
+    tokens = s.seqlen if lay.input == "replicated" else s.local_seqlen
     gen = _generator(case.seed, rank)
     hidden = s.heads * s.head_dim
     grad = case.mode != "forward"
     x = _randn((s.batch, tokens, hidden), gen, s.torch_dtype, device).requires_grad_(grad)
-    params = [x, *blk.params.values()]
+    params = [x, *lay.params.values()]
     douts: dict[tuple, torch.Tensor] = {}
 
     def forward():
-        return block.block_forward(blk, x)
+        return attn_layer.layer_forward(lay, x)
 
     def dout_like(out):
         key = tuple(out.shape)
@@ -124,6 +141,6 @@ def build_block_step(case: Case, method: Method, *, rank: int, group, device: to
 
 def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
     method = METHODS[case.method]
-    if case.level == "block":
-        return build_block_step(case, method, rank=rank, group=group, device=device)
+    if case.level == "layer":
+        return build_layer_step(case, method, rank=rank, group=group, device=device)
     return build_op_step(case, method, rank=rank, group=group, device=device)

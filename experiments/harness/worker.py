@@ -7,14 +7,19 @@ Rank 0 writes one record per case. A case that raises is recorded by the
 rank that saw it (``.work/<case>.rank<r>.err``) and the process exits: after a
 failed collective the group cannot be trusted, so the driver relaunches the
 rest of the batch. A watchdog thread ends a case that outlives its wall-clock
-budget; the process-group timeout ends a rank stuck in a collective.
+budget; the process-group timeout ends a rank stuck in a collective. The
+first call of each case runs with the cross-rank shape check on
+(``burst_impl.comm.check_shapes``), so shards that differ between ranks are a
+ValueError, not a hang.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,12 +35,13 @@ from . import results as R
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
-from .steps import build_step
+from .steps import Step, build_step, kernel_used
 from .timing import barrier, summarize, time_steps
 
 EXIT_CASE_FAILED = 3
 EXIT_TIMEOUT = 124
-# Fault injection for the harness's own tests: "<case_id substring>:<oom|error|hang>[:<rank>]".
+# Fault injection for the harness's own tests: "<case_id substring>:<oom|error|hang|kill>[:<rank>]"
+# (kill: the rank ends itself with SIGKILL, as the kernel's OOM killer or an operator would).
 INJECT_ENV = "EXPERIMENTS_INJECT_FAULT"
 
 
@@ -50,6 +56,10 @@ def _inject(case: Case, rank: int) -> None:
                 raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 1 GiB")
             if kind == "hang":
                 time.sleep(3600)
+            if kind == "kill":
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError("injected failure")
 
 
@@ -101,13 +111,42 @@ def _gather(obj, world: int):
     return out
 
 
+def _shape_checked_once(step: Step) -> Step:
+    """``step`` whose first call runs with ``comm.check_shapes`` on: shards of different shapes on
+    different ranks then raise a ValueError on every rank instead of hanging the first transfer.
+    Only the first call: the check is one extra collective per call, and with ``warmup >= 1`` the
+    first call is a warm-up step, so no timed sample contains it."""
+    name = "setup" if step.setup is not None else "step"
+    fn = getattr(step, name)
+    done = False
+
+    def first_checked():
+        nonlocal done
+        if done:
+            return fn()
+        done = True
+        with comm.check_shapes(True):
+            return fn()
+
+    return dataclasses.replace(step, **{name: first_checked})
+
+
+def _warm_up_imports() -> None:
+    """Pay once, outside every case's wall-clock budget, for what torch imports lazily on first use:
+    the first backward pulls in torch.fx's symbolic shapes, the first CPU memory profile torch._dynamo
+    (tens of seconds on a busy 2-core machine)."""
+    w = torch.ones(1, requires_grad=True)
+    (w * 2).sum().backward()
+    measure_peak(lambda: torch.ones(1) * 2, torch.device("cpu"))
+
+
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
     """Measure one case on every rank; the full record on rank 0, None elsewhere."""
     t_start = time.perf_counter()
     _inject(case, rank)
     group = dist.group.WORLD if dist.is_initialized() else None
     torch.manual_seed(case.seed)
-    step = build_step(case, rank=rank, group=group, device=device)
+    step = _shape_checked_once(build_step(case, rank=rank, group=group, device=device))
     samples = time_steps(step.step, setup=step.setup, warmup=case.warmup, repeats=case.repeats,
                          device=device, group=group)
     mem = None
@@ -138,6 +177,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
                                                    "backend": "nccl" if device.type == "cuda" else "gloo"})
+    rec["kernel"] = kernel_used(case, device)
     stats = summarize(samples)
     flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
                             mode=case.mode)
@@ -227,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         pending = box[0]
     todo = [Case.from_dict(d) for d in pending]
 
+    _warm_up_imports()
     dog = Watchdog(root, rank)
     for i, case in enumerate(todo):
         if case.world_size != world:

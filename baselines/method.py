@@ -1,0 +1,129 @@
+"""What defines an attention method: ``Method``, one per registry name.
+
+A method module (``baselines/methods/<name>.py``) holds the implementation
+and a ``METHODS`` tuple of ``Method`` entries, each carrying:
+
+* ``fn``: the function to run. ``level="op"`` methods have the operator
+  signature ``fn(q, k, v, *, causal=False, softmax_scale=None, group=None,
+  layout=..., **kw)`` on local shards (B, N/G, Z, d); ``level="layer"``
+  methods (tensor parallelism) are attention layers (``baselines.layer``);
+* ``comm_bytes(shape, **options)``: bytes ONE rank sends for one forward +
+  backward, ``{(phase, kind): bytes}``, exactly what
+  ``burst_impl.comm.count_bytes`` must count (tests assert equality);
+* ``memory_bytes(shape, **options)``: activation bytes per rank that one
+  attention layer keeps for backward (a model, printed beside the measured peak);
+* ``check(shape, **options)``: ``ValueError`` if the method cannot run that shape;
+* ``available()``: whether it can run on this machine at all (adapters need
+  their package, some need CUDA);
+* ``layouts``: the sequence layouts it accepts;
+* ``kernel``: the local kernel it always runs, for methods that take no
+  ``backend=`` (a peer package's own calls, materialised scores); None: it
+  takes ``backend=``, a ``burst_impl.kernels`` name (None = automatic).
+* ``link_bytes(shape, rank, node_size, **options)``: the same bytes of rank
+  ``rank``, split by link class, ``{(phase, kind, link): bytes}`` with link
+  "intra" or "inter" (``burst_impl.nodes``; ``node_size`` None: ``LOCAL_WORLD_SIZE``,
+  else one node), exactly what ``count_bytes().link_dict()`` must count;
+  None for adapters whose sends happen inside another package ("unclassified");
+* ``variant_of``: for a timing variant of another method (same numerics,
+  same bytes, e.g. communication/computation overlap switched off), its name.
+
+``options`` are the method's keyword arguments (e.g. ``ulysses_degree`` for
+``usp``); ``method.bytes(shape, **options)``, ``method.memory(shape, **options)``,
+``method.validate(shape, **options)`` and ``method.call(...)`` merge them
+with the registered defaults.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from burst_impl.layout import LAYOUTS
+from burst_impl.shape import AttnShape
+
+# Methods accept these unless they list more ("striped" needs position-generic masks).
+CHUNKED_LAYOUTS = ("contiguous", "zigzag")
+LEVELS = ("op", "layer")
+
+
+def _no_check(shape: AttnShape, **_) -> None:
+    return None
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    level: str                                   # "op" or "layer"
+    fn: Callable
+    comm_bytes: Callable[..., dict]
+    memory_bytes: Callable[..., int]
+    description: str
+    travels: str                                 # what moves, for the README table
+    layouts: tuple[str, ...] = CHUNKED_LAYOUTS
+    check: Callable[..., None] = _no_check
+    available: Callable[[], bool] = _always       # external adapters: is the package importable?
+    external: str | None = None                   # peer package it wraps or is checked against
+    # True for adapters whose sends happen inside another package: their counters
+    # record the formula at the points the sends happen, they do not measure.
+    bytes_by_formula: bool = False
+    options: dict = field(default_factory=dict)   # fixed keyword arguments for fn
+    # What the attention layer of this method takes (baselines.layer): "sequence" = the
+    # layout shard (B, N/G, H) of the hidden states; "replicated" = all of (B, N, H).
+    layer_input: str = "sequence"
+    kernel: str | None = None                     # fixed local kernel (no backend= choice), for records
+    link_bytes: Callable[..., dict] | None = None
+    variant_of: str | None = None
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"level={self.level!r} of method {self.name!r} must be one of {LEVELS}")
+        bad = set(self.layouts) - set(LAYOUTS)
+        if bad:
+            raise ValueError(f"layouts={self.layouts} of method {self.name!r}: unknown {sorted(bad)}")
+
+    def _opts(self, options: dict) -> dict:
+        return {**self.options, **options}
+
+    def validate(self, shape: AttnShape, **options) -> None:
+        shape.validate()
+        if shape.layout not in self.layouts:
+            raise ValueError(f"layout={shape.layout!r} is not supported by method {self.name!r}; "
+                             f"it supports {self.layouts}")
+        self.check(shape, **self._opts(options))
+
+    def problem(self, shape: AttnShape, level: str, **options) -> str | None:
+        """Why this method cannot run ``shape`` at ``level`` on this machine, else None.
+
+        The one "can this case run here" check: the harness records such cases as
+        skipped with this reason (and spec loading turns shape errors into load errors).
+        """
+        if not self.available():
+            return f"method {self.name!r} is unavailable here (needs {self.external or 'an optional package'})"
+        if level == "op" and self.level == "layer":
+            return (f"method {self.name!r} is layer-only (tensor parallelism splits the layer's weights); "
+                    "use measure.level: layer")
+        try:
+            self.validate(shape, **options)
+        except ValueError as e:
+            return f"method {self.name!r} cannot run this shape: {e}"
+        return None
+
+    def bytes(self, shape: AttnShape, **options) -> dict:
+        """``{(phase, kind): bytes}`` one rank sends for one forward + backward."""
+        return self.comm_bytes(shape, **self._opts(options))
+
+    def links(self, shape: AttnShape, rank: int = 0, node_size=None, **options) -> dict:
+        """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward, by link class."""
+        if self.link_bytes is None:
+            return {(p, k, "unclassified"): b for (p, k), b in self.bytes(shape, **options).items()}
+        return self.link_bytes(shape, rank, node_size, **self._opts(options))
+
+    def memory(self, shape: AttnShape, **options) -> int:
+        return self.memory_bytes(shape, **self._opts(options))
+
+    def call(self, *args, **kwargs):
+        """``fn`` with the registered options as defaults."""
+        return self.fn(*args, **self._opts(kwargs))

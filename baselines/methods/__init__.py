@@ -1,0 +1,1 @@
+"""One module per attention method (see ``baselines.registry``)."""

@@ -1,0 +1,71 @@
+"""BurstAttention (PAPER.md §1) as registry methods: ``burst``, ``burst_qring``, ``burst_no_overlap``.
+
+The implementation is the operator ``burst_impl.burst_attn_func``; these
+entries bind its backward scheme: ``burst`` = ``backward="auto"`` (the
+query-circulating backward, or the key/value-circulating one when that sends
+fewer bytes, e.g. with grouped-query attention), ``burst_qring`` = the
+query-circulating backward forced. All run on the flat ring (``topology``
+"flat"; ``burst_double_ring`` is the topology-aware one). ``burst_no_overlap``
+is ``burst`` with ``overlap=False``: every transfer is waited for before the
+step computes, a timing variant that shows what double buffering hides.
+"""
+from __future__ import annotations
+
+from burst_impl import burst_attn_func, volume
+from burst_impl.layout import LAYOUTS
+from burst_impl.shape import AttnShape
+
+from ..method import Method
+
+ORDER = 0
+
+
+def burst_bytes(s: AttnShape, backward: str = "auto", **_) -> dict:
+    chosen = volume.cheaper_backward(s) if backward == "auto" else backward
+    return volume.expected_bytes(s, backward=chosen)
+
+
+def burst_link_bytes(s: AttnShape, rank: int, node_size=None, backward: str = "auto", topology: str = "flat",
+                     **_) -> dict:
+    """Per link class (``volume.expected_link_bytes``) for the ring of ``topology``."""
+    chosen = volume.cheaper_backward(s) if backward == "auto" else backward
+    return volume.expected_link_bytes(s, chosen, topology=topology, node_size=node_size, rank=rank)
+
+
+def ring_family_memory(s: AttnShape, **_) -> int:
+    """Saved q, out, k, v, lse per rank (``volume.saved_bytes``): the whole ring family's model."""
+    return volume.saved_bytes(s)
+
+
+def _burst_fn(backward: str):
+    def fn(q, k, v, *, causal=False, softmax_scale=None, group=None, layout="contiguous", **kw):
+        return burst_attn_func(q, k, v, causal=causal, softmax_scale=softmax_scale, group=group,
+                               layout=layout, backward=backward, **kw)
+    fn.__name__ = f"burst_{backward}"
+    return fn
+
+
+METHODS = (
+    Method(
+        name="burst", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"),
+        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
+        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
+        description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
+        travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
+    ),
+    Method(
+        name="burst_qring", layouts=LAYOUTS, level="op", fn=_burst_fn("burst"),
+        comm_bytes=lambda s, **_: burst_bytes(s, "burst"), memory_bytes=ring_family_memory,
+        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "burst"),
+        description="BurstAttention with the query-circulating backward forced",
+        travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring",
+    ),
+    Method(
+        name="burst_no_overlap", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"), options={"overlap": False},
+        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
+        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
+        variant_of="burst",
+        description="burst with overlap=False: each transfer is waited for before the step computes",
+        travels="as burst, serialised with the compute",
+    ),
+)

@@ -1,0 +1,50 @@
+"""BurstAttention on the topology-aware double ring (PAPER.md §2, §4): ``burst_double_ring``.
+
+The operator ``burst_impl.burst_attn_func`` with ``topology="double"``
+(``burst_impl.topology.DoubleRing``): an intra-node ring over the I ranks of
+each node runs I-1 steps while the block of the next round crosses to the
+rank of the same local index on the next node, so a pass waits E-1 times on
+the inter-node link (E nodes), each wait overlapped with a round of I
+steps, instead of once per step as the flat ring's slowest hop does. Forward
+K, V; backward as ``burst`` (``backward="auto"``: the query side with the
+dQ accumulator, or K, V with dK, dV when that sends fewer bytes).
+
+The nodes come from ``node_size=`` (ranks per node) or ``LOCAL_WORLD_SIZE``;
+on one node, or with one rank per node, the double ring is the flat ring and
+the call falls back to it (the counters' note "burst.topology" says so).
+Bytes per (phase, kind) are ``burst``'s; per link class every rank sends
+E*(I-1)/(G-1) of them intra-node and (E-1)/(G-1) inter-node.
+``burst_double_ring_no_overlap`` waits for every transfer before computing.
+"""
+from __future__ import annotations
+
+from burst_impl.layout import LAYOUTS
+
+from ..method import Method
+from .burst import _burst_fn, burst_bytes, burst_link_bytes, ring_family_memory
+
+ORDER = 5
+
+
+def _links(s, rank, node_size, **_):
+    return burst_link_bytes(s, rank, node_size, "auto", topology="double")
+
+
+METHODS = (
+    Method(
+        name="burst_double_ring", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"),
+        options={"topology": "double"},
+        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
+        description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
+                    "nodes meanwhile (same local rank on the next node)",
+        travels="as burst; per rank E(I-1) intra-node and E-1 inter-node sends of each circulating tensor",
+    ),
+    Method(
+        name="burst_double_ring_no_overlap", layouts=LAYOUTS, level="op", fn=_burst_fn("auto"),
+        options={"topology": "double", "overlap": False},
+        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
+        variant_of="burst_double_ring",
+        description="burst_double_ring with overlap=False: each transfer is waited for before the step computes",
+        travels="as burst_double_ring, serialised with the compute",
+    ),
+)

@@ -1,0 +1,96 @@
+"""DeepSpeed's ``DistributedAttention`` (``deepspeed.sequence.layer``) as a method.
+
+DeepSpeed-Ulysses around our local attention kernel, on any backend (gloo
+included); the peer our ``ulysses`` is cross-checked against. Bytes are
+recorded by formula (``ulysses.a2a_bytes`` through
+``collectives.record_formula``): DeepSpeed issues its own all-to-alls.
+Contiguous layout only, and Z_kv divisible by G (no kv replication here).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from burst_impl import comm
+from burst_impl.attention import check_inputs
+from burst_impl.layout import check_seqlen
+from burst_impl.shape import AttnShape
+
+from ..collectives import record_formula
+from ..local import local_attn
+from ..method import Method
+from .ulysses import a2a_bytes, kv_replication, ulysses_memory_bytes
+
+ORDER = 70
+Tensor = torch.Tensor
+
+
+def deepspeed_available() -> bool:
+    try:
+        import deepspeed.sequence.layer  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+class _LocalAttnModule(torch.nn.Module):
+    """DeepSpeed calls ``local_attn(q, k, v, *args)`` on head-sharded (B, N, Z/G, d) tensors."""
+
+    def __init__(self, causal, softmax_scale, backend=None):
+        super().__init__()
+        self.causal, self.softmax_scale, self.backend = causal, softmax_scale, backend
+
+    def forward(self, q, k, v, *args, **kwargs):
+        return local_attn(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, backend=self.backend)
+
+
+def _ensure_deepspeed_comm() -> None:
+    import deepspeed.comm as dscomm
+
+    if not dscomm.is_initialized():
+        # torch.distributed is already up: DeepSpeed wraps the existing default group.
+        dscomm.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
+
+
+def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                              softmax_scale: float | None = None, group=None,
+                              layout: str = "contiguous", backend: str | None = None) -> Tensor:
+    """DeepSpeed's DistributedAttention with our local kernel; contiguous layout, Zkv % G == 0."""
+    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    _, G = comm.world(group)
+    if layout != "contiguous":
+        raise ValueError(f"layout={layout!r}: the DeepSpeed adapter supports only 'contiguous' "
+                         "(DistributedAttention gathers shards in rank order)")
+    check_seqlen(q.shape[1] * G, layout, G)
+    if kv_replication(q.shape[2], k.shape[2], G) != 1:
+        raise ValueError(f"kv_heads={k.shape[2]} must be divisible by the group size {G} for the "
+                         "DeepSpeed adapter (we do not replicate kv heads for it)")
+    from deepspeed.sequence.layer import DistributedAttention
+
+    _ensure_deepspeed_comm()
+    pg = group if group is not None else dist.group.WORLD
+    table = a2a_bytes(AttnShape.from_tensors(q, k, G, causal=causal, layout=layout), G)
+    q, k, v = record_formula(table, q, k, v)
+    attn = DistributedAttention(_LocalAttnModule(causal, softmax_scale, backend), pg,
+                                scatter_idx=2, gather_idx=1)
+    return attn(q, k, v, 0)
+
+
+def deepspeed_ulysses_comm_bytes(s: AttnShape, **_) -> dict:
+    return a2a_bytes(s, s.world_size)
+
+
+def _check(s: AttnShape, **_) -> None:
+    if s.heads % s.world_size or s.kv_heads % s.world_size:
+        raise ValueError(f"heads={s.heads} and kv_heads={s.kv_heads} must be divisible by "
+                         f"world_size={s.world_size} for deepspeed_ulysses (no kv replication there)")
+
+
+METHODS = (Method(
+    name="deepspeed_ulysses", level="op", fn=deepspeed_ulysses_adapter,
+    comm_bytes=deepspeed_ulysses_comm_bytes, memory_bytes=ulysses_memory_bytes,
+    available=deepspeed_available, external="deepspeed", layouts=("contiguous",),
+    bytes_by_formula=True, check=_check,
+    description="DeepSpeed's DistributedAttention around our local kernel; bytes recorded by formula",
+    travels="as ulysses",
+),)

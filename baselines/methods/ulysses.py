@@ -1,0 +1,170 @@
+"""DeepSpeed-Ulysses sequence parallelism (PAPER.md §1, last paragraph).
+
+Each rank holds a sequence shard (B, N/G, Z, d) of q and (B, N/G, Zkv, d) of
+k, v. An all-to-all turns sequence shards into head shards (B, N, Z/G, d):
+every rank then runs ordinary attention over the whole sequence for its Z/G
+heads with the shared local kernels, and a second all-to-all turns the output
+back into a sequence shard. Backward mirrors it: dout goes through the
+transposed all-to-all, dq, dk, dv come back through theirs.
+
+Grouped-query attention. The query heads of one rank must find their key/value
+head on the same rank. With Zkv divisible by G, k and v are split like q
+(rank r gets kv heads r*Zkv/G...). With Zkv < G and G divisible by Zkv, each
+kv head is replicated G/Zkv times *before* the all-to-all, so rank r receives
+exactly kv head r*Zkv/G, the one its Z/G query heads use; the replicas' bytes
+really travel and are counted (k, v each move B*N/G*G*d elements per rank
+instead of B*N/G*Zkv*d), and autograd sums the replicas' gradients. Any other
+Zkv, or Z not divisible by G, is a ValueError before any communication.
+
+Layouts. The all-to-all gathers the G shards in rank order. For ``zigzag``
+that is chunk order (0, 2G-1, 1, 2G-2, ...), so the gathered tokens are put
+back into position order by a local permutation (``baselines.reorder``) before
+attention, and permuted back after; no extra bytes travel.
+
+``ulysses_core`` is shared with USP (``baselines.usp``), where the all-to-all
+runs inside a sub-group and attention over the gathered sequence is a ring.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from burst_impl import comm, volume
+from burst_impl.attention import check_inputs
+from burst_impl.layout import LAYOUTS, check_seqlen
+from burst_impl.nodes import Nodes, formula_nodes
+from burst_impl.shape import AttnShape
+
+from .. import reorder
+from ..collectives import all_to_all
+from ..local import local_attn
+from ..method import Method
+
+ORDER = 30
+Tensor = torch.Tensor
+
+
+def kv_replication(heads: int, kv_heads: int, degree: int) -> int:
+    """How many copies of each kv head enter the all-to-all over ``degree`` ranks.
+
+    ValueError (naming the rule) when heads cannot be split over ``degree``.
+    """
+    if heads % degree:
+        raise ValueError(f"heads={heads} must be divisible by the Ulysses degree {degree} "
+                         "(each rank takes heads/degree query heads)")
+    if kv_heads % degree == 0:
+        return 1
+    if degree % kv_heads == 0:
+        return degree // kv_heads
+    raise ValueError(f"kv_heads={kv_heads} must be divisible by the Ulysses degree {degree}, "
+                     f"or divide it (then each kv head is replicated degree/kv_heads times)")
+
+
+def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout: str, degree: int, world_size: int,
+                  softmax_scale, backend: str | None = None, group=None) -> int:
+    """All checks before any communication; returns the kv replication factor."""
+    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, backend=backend, group=group)
+    check_seqlen(q.shape[1] * world_size, layout, world_size, name="global seqlen (seq_local*G)")
+    return kv_replication(q.shape[2], k.shape[2], degree)
+
+
+def ulysses_core(q: Tensor, k: Tensor, v: Tensor, *, rep: int, a2a_group, members: tuple[int, ...],
+                 world_size: int, layout: str, inner_rank: int, inner_size: int,
+                 inner: Callable[[Tensor, Tensor, Tensor], Tensor], prefix: str = "",
+                 nodes: Nodes | None = None) -> Tensor:
+    """Sequence shard -> head shard, ``inner`` attention, head shard -> sequence shard.
+
+    q (B, S, Z, d), k/v (B, S, Zkv, d) with S = N/world_size; ``members`` are
+    the sequence-group ranks of the all-to-all group in its rank order;
+    the gathered sequence is reordered to the ``layout`` shard of
+    ``inner_rank`` of ``inner_size`` (the ring level; 1 for pure Ulysses).
+    ``nodes``: the node map of ``a2a_group`` (link classes of the counted bytes).
+    """
+    seqlen = q.shape[1] * world_size
+    perm = reorder.gather_perm(layout, world_size, seqlen, members, inner_rank, inner_size)
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)  # (B, S, Zkv*rep, d)
+
+    def to_heads(x, name):  # (B, S, z, d) -> (B, S*u, z/u, d), tokens in inner-layout order
+        y = all_to_all(x, 2, 1, a2a_group, kind=prefix + name, grad_kind=prefix + "d" + name, nodes=nodes)
+        return reorder.apply(y, perm)
+
+    qh, kh, vh = to_heads(q, "q"), to_heads(k, "k"), to_heads(v, "v")
+    oh = inner(qh, kh, vh)                                   # (B, S*u, Z/u, d)
+    oh = reorder.apply(oh, None if perm is None else reorder.inverse(perm))
+    return all_to_all(oh, 1, 2, a2a_group, kind=prefix + "out", grad_kind=prefix + "dout",
+                      nodes=nodes)  # (B, S, Z, d)
+
+
+def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                      softmax_scale: float | None = None, group=None, layout: str = "contiguous",
+                      backend: str | None = None, node_size: int | None = None) -> Tensor:
+    """DeepSpeed-Ulysses on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
+
+    ``node_size`` (ranks per node; None: ``LOCAL_WORLD_SIZE``, else one node) sets the
+    link class of the counted all-to-all pieces."""
+    rank, G = comm.world(group)
+    rep = check_ulysses(q, k, v, layout, G, G, softmax_scale, backend, group)
+    nodes = Nodes.of(group, node_size)
+
+    def inner(qh, kh, vh):
+        return local_attn(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, backend=backend)
+
+    return ulysses_core(q, k, v, rep=rep, a2a_group=group, members=tuple(range(G)), world_size=G,
+                        layout=layout, inner_rank=0, inner_size=1, inner=inner, nodes=nodes)
+
+
+# ---------------------------------------------------------------- closed forms
+
+
+def a2a_bytes(s: AttnShape, degree: int, prefix: str = "") -> dict[tuple[str, str], int]:
+    """Bytes one rank sends in the four forward and four backward all-to-alls over ``degree`` ranks.
+
+    Each all-to-all sends (degree-1)/degree of the local buffer, B*(N/G)*z*d
+    elements with z = Z for q/out and z = Zkv*rep for k/v.
+    """
+    if degree == 1:
+        return {}
+    zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, degree)
+    qb = s.rows * s.heads * s.head_dim * s.elem_size * (degree - 1) // degree
+    kb = s.rows * zkv * s.head_dim * s.elem_size * (degree - 1) // degree
+    out = {}
+    for phase, names in (("forward", ("q", "k", "v", "out")), ("backward", ("dq", "dk", "dv", "dout"))):
+        for n in names:
+            out[(phase, prefix + n)] = kb if n.lstrip("d") in ("k", "v") else qb
+    return out
+
+
+def ulysses_comm_bytes(s: AttnShape, **_) -> dict[tuple[str, str], int]:
+    return a2a_bytes(s, s.world_size)
+
+
+def a2a_link_bytes(table: dict, nodes: Nodes, rank: int) -> dict[tuple[str, str, str], int]:
+    """All-to-all bytes of ``rank`` in a group on ``nodes`` by link class: of its G-1 equal pieces,
+    one per peer, (same-node peers) go intra-node and the rest inter-node."""
+    same = nodes.same_node(rank)
+    return volume.split_by_link(table, {"intra": same - 1, "inter": nodes.size - same})
+
+
+def ulysses_link_bytes(s: AttnShape, rank: int, node_size=None, **_) -> dict[tuple[str, str, str], int]:
+    return a2a_link_bytes(ulysses_comm_bytes(s), formula_nodes(s.world_size, node_size), rank)
+
+
+def ulysses_memory_bytes(s: AttnShape, **_) -> int:
+    # Saved for backward per rank: head-sharded q, out (Z/G heads) and k, v
+    # (Zkv*rep/G heads) over all N tokens: the ring family's count with Zkv*rep kv heads.
+    return volume.saved_bytes(s, s.kv_heads * kv_replication(s.heads, s.kv_heads, s.world_size))
+
+
+def _check(s: AttnShape, **_) -> None:
+    kv_replication(s.heads, s.kv_heads, s.world_size)
+
+
+METHODS = (Method(
+    name="ulysses", layouts=LAYOUTS, level="op", fn=ulysses_attn_func, comm_bytes=ulysses_comm_bytes,
+    memory_bytes=ulysses_memory_bytes, check=_check, link_bytes=ulysses_link_bytes,
+    description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
+    travels="fwd: all-to-all of Q, K, V, O; bwd: all-to-all of dO, dQ, dK, dV",
+    external="DeepSpeed DistributedAttention (deepspeed.sequence.layer)",
+),)

@@ -1,0 +1,136 @@
+"""Local attention kernels (PAPER.md §1, "Local attention optimisation").
+
+Every ring method computes, at each ring step, attention of a query block
+against one key/value block. Two entry points, shared by BurstAttention and
+all baselines:
+
+* ``attn_forward(q, k, v, causal, scale)  -> (out, lse)``
+* ``attn_backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)``
+
+Shapes follow ``flash_attn_func``: q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) with
+Z a multiple of Zkv (GQA/MQA); out (B, Sq, Z, d) in q's dtype; lse (B, Z, Sq),
+natural log, and delta (B, Z, Sq) = rowsum(dout * out), both in the
+statistics dtype ``stats_dtype(q.dtype)``: fp64 for fp64 inputs (so that
+``torch.autograd.gradcheck`` works end to end), fp32 otherwise.
+``causal`` on a block means the top-left aligned mask k_pos <= q_pos, used
+only on diagonal blocks where Sq == Sk.
+
+Inputs of any strides are accepted: the fused kernels index every dimension
+through its stride except the last, which must be unit-stride (a view with a
+strided head dim, e.g. ``x.transpose(2, 3).contiguous().transpose(2, 3)``,
+would be read as garbage), so the entry points copy exactly those tensors and
+pass every other view through untouched (``unit_last``).
+
+Backends (``backend=`` name, or ``None`` for automatic):
+
+* ``"cpu_flash"``: PyTorch's fused tiled CPU kernels
+  (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward).
+* ``"flash_attn"``: the flash-attn package on CUDA.
+* ``"xformers"``: xFormers' memory-efficient attention on CUDA (``xformers.ops.fmha``).
+* ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
+* ``"reference"``: plain math in fp64, for tests; materialises the scores.
+
+What each backend runs on is in its ``Backend`` entry; ``check_backend`` turns a
+mismatch (a CUDA backend on CPU tensors, flash-attn with fp32 or fp64, a
+package that is not installed) into a ValueError before any communication.
+
+The backends live one per file in this package (``reference.py``, ``cpu_flash.py``,
+``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``); the shared helpers (statistics dtype,
+strides, ``delta`` and the surrogate ``out`` fed to stock backward kernels)
+are in ``common.py``.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cpu_flash, cuda_sdpa, flash_attn, reference, xformers
+from .common import (FLOAT_DTYPES, Backend, compute_delta, default_scale, stats_dtype, surrogate_out,
+                     unit_last)
+
+Tensor = torch.Tensor
+
+# name -> backend, in the order the automatic choice and the docs list them
+BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND
+                                 for m in (reference, cpu_flash, flash_attn, xformers, cuda_sdpa)}
+
+__all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "attn_backward", "attn_forward", "check_backend",
+           "compute_delta", "default_scale", "resolve_backend", "stats_dtype", "surrogate_out", "unit_last"]
+
+
+def _names(dtypes) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def check_backend(name: str, device: torch.device, dtype: torch.dtype | None = None,
+                  head_dim: int | None = None) -> None:
+    """ValueError (parameter, value, rule) unless backend ``name`` can run on ``device`` with ``dtype``."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend={name!r} is unknown; choose one of {sorted(BACKENDS)}")
+    b = BACKENDS[name]
+    if b.devices is not None and device.type not in b.devices:
+        raise ValueError(f"backend={name!r} runs on {'/'.join(b.devices)} tensors, but the inputs are on "
+                         f"{device}; pass backend=None to choose automatically")
+    if dtype is not None and dtype not in b.dtypes:
+        raise ValueError(f"backend={name!r} does not take dtype {dtype}; it takes {_names(b.dtypes)}"
+                         + ("; use backend='reference' (fp64 math) or None" if dtype == torch.float64 else ""))
+    if not b.available():
+        raise ValueError(f"backend={name!r} needs a package that is not importable here "
+                         f"({b.requirement or 'see burst_impl/kernels'}), or pass backend=None")
+    why = b.check(head_dim)
+    if why:
+        raise ValueError(why)
+
+
+def resolve_backend(device: torch.device, backend: str | None = None,
+                    dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
+    """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
+
+    On CUDA, the first of these that is importable and suits the inputs:
+    flash-attn (fp16/bf16, head_dim a multiple of 8 up to 256: the FlashAttention-2
+    kernels the papers' LAO is), then xformers (fp16/bf16/fp32; its dispatcher
+    picks its own flash kernels where built with them, else cutlass, through a
+    public forward/backward API that takes lse), then PyTorch's efficient-attention
+    kernels (always present, but reached through private aten ops whose argument
+    lists change between releases: the fallback). fp64 gets the ``reference``
+    math (no fused CUDA kernel takes fp64). On CPU, PyTorch's fused flash kernels.
+    ``make gpu-check`` measures all of them side by side (TFLOP/s vs sequence
+    length); the order is a choice to revisit with those numbers.
+    """
+    if backend is not None:
+        check_backend(backend, device, dtype, head_dim)
+        return backend
+    if device.type == "cuda":
+        if dtype == torch.float64:
+            return "reference"
+        for name in ("flash_attn", "xformers"):
+            b = BACKENDS[name]
+            if head_dim is not None and dtype in b.dtypes and b.check(head_dim) is None and b.available():
+                return name
+        return "cuda_sdpa"
+    return "cpu_flash"
+
+
+def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float,
+                 backend: str | None = None) -> tuple[Tensor, Tensor]:
+    """Attention of one q block against one k/v block -> (out (B,Sq,Z,d), lse (B,Z,Sq)).
+
+    Any strides; lse in ``stats_dtype(q.dtype)``.
+    """
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
+    out, lse = BACKENDS[name].forward(unit_last(q), unit_last(k), unit_last(v), causal, scale)
+    return out, lse.to(stats_dtype(q.dtype))
+
+
+def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor, *,
+                  causal: bool, scale: float, backend: str | None = None
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Block backward from the global lse and delta of q's rows -> (dq, dk, dv) in input dtypes.
+
+    Because lse and delta are the *global* row statistics, P = exp(S - lse) is
+    the exact probability block and the block gradients sum to the full ones.
+    Any strides; lse and delta are used in ``stats_dtype(q.dtype)``.
+    """
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
+    acc = stats_dtype(q.dtype)
+    return BACKENDS[name].backward(unit_last(dout), unit_last(q), unit_last(k), unit_last(v),
+                                   lse.to(acc).contiguous(), delta.to(acc).contiguous(), causal, scale)

@@ -1,0 +1,76 @@
+"""What every kernel backend shares: the statistics dtype, strides, delta and the surrogate ``out``.
+
+Feeding ``delta`` to stock kernels
+----------------------------------
+Burst's backward circulates ``delta = rowsum(dO * O)`` (one float per row)
+instead of O (d floats per row), but stock flash backward kernels take ``out``
+and compute ``delta`` themselves; they use ``out`` for nothing else. We pass a
+surrogate ``out_s`` that lies along dO and reproduces delta exactly:
+
+    out_s = dO * delta / ||dO||^2   (row-wise; 0 where dO's row is 0)
+
+so ``rowsum(dO * out_s) = delta`` (when dO's row is zero, delta is zero too,
+since delta = dO . O). The surrogate is built in fp32 and cast to the kernel's
+dtype, so in bf16 the recovered delta carries one bf16 rounding, the same order
+as the rounding of O itself in a stock backward.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Tensor = torch.Tensor
+
+# Input dtypes every backend path accepts (the fused kernels of each backend accept a subset).
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One local-kernel backend: ``forward(q, k, v, causal, scale) -> (out, lse)`` and
+    ``backward(dout, q, k, v, lse, delta, causal, scale) -> (dq, dk, dv)`` (see ``burst_impl.kernels``)."""
+
+    name: str
+    forward: Callable
+    backward: Callable
+    devices: tuple[str, ...] | None          # device types it runs on; None: any
+    dtypes: tuple[torch.dtype, ...]           # input dtypes its kernels take
+    available: Callable[[], bool] = lambda: True   # is its package importable here?
+    requirement: str = ""                     # what to install when it is not
+    check: Callable[[int | None], str | None] = lambda head_dim: None   # shape rule, e.g. head_dim
+
+
+def default_scale(head_dim: int, softmax_scale: float | None) -> float:
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of lse, delta and the running accumulators: fp64 for fp64 inputs, else fp32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def unit_last(x: Tensor) -> Tensor:
+    """``x`` with a unit-stride last dimension, what the fused kernels need; no copy when it has one."""
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def surrogate_out(dout: Tensor, delta: Tensor) -> Tensor:
+    """An ``out`` for stock backward kernels with rowsum(dout * out) == delta.
+
+    dout (B, S, Z, d); delta (B, Z, S) in the statistics dtype -> (B, S, Z, d) in dout's dtype.
+    """
+    acc = stats_dtype(dout.dtype)
+    do_a = dout.to(acc)
+    n2 = do_a.square().sum(-1, keepdim=True)  # (B, S, Z, 1)
+    d = delta.to(acc).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
+    coef = torch.where(n2 > 0, d / n2.clamp_min(torch.finfo(acc).tiny), torch.zeros_like(n2))
+    return (do_a * coef).to(dout.dtype)
+
+
+def compute_delta(dout: Tensor, out: Tensor) -> Tensor:
+    """delta = rowsum(dout * out) in the statistics dtype: (B, S, Z, d) x2 -> (B, Z, S)."""
+    acc = stats_dtype(dout.dtype)
+    return (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2).contiguous()

@@ -1,0 +1,96 @@
+"""Model configurations: LLaMA-style decoders, as typed dataclasses keyed by the names YAML uses.
+
+The paper's models (PAPER.md §3) are LLaMA-2 7B and 13B, and BurstEngine's
+"14B" = the 13B shape with a 120K vocabulary (we use 122880 = 120 * 1024).
+``n_kv_heads < n_heads`` gives grouped-query attention (LLaMA-3 8B is listed
+for that). The ``tiny*`` sizes are for CPU tests: 12 heads split over 1, 2,
+3 and 4 ranks, an FFN width divisible by 1..4 (tensor parallelism), a
+vocabulary small enough that the loss visibly falls in 30 steps.
+
+    cfg = get_config("llama2_7b")        # ValueError for an unknown name
+    cfg = replace(cfg, n_layers=2)       # dataclasses.replace for variants; validated on creation
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    n_layers: int
+    hidden: int            # H = Z * d
+    n_heads: int           # Z
+    n_kv_heads: int        # Zkv (GQA when < Z)
+    ffn_hidden: int        # SwiGLU inner width F
+    vocab_size: int        # V
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    def validate(self) -> None:
+        for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer (model {self.name!r})")
+        if self.hidden % self.n_heads:
+            raise ValueError(f"hidden={self.hidden} must be divisible by n_heads={self.n_heads} "
+                             f"(head_dim = hidden / n_heads; model {self.name!r})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads} "
+                             f"(each kv head serves n_heads/n_kv_heads query heads; model {self.name!r})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} (hidden/n_heads) must be even: RoPE rotates pairs "
+                             f"of channels (model {self.name!r})")
+        if self.rope_theta <= 0 or self.norm_eps <= 0:
+            raise ValueError(f"rope_theta={self.rope_theta} and norm_eps={self.norm_eps} must be positive")
+
+
+CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (
+    ModelConfig("llama2_7b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=32, ffn_hidden=11008,
+                vocab_size=32000),
+    ModelConfig("llama2_13b", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=40, ffn_hidden=13824,
+                vocab_size=32000),
+    # BurstEngine's "14B": the 13B shape with a 120K vocabulary (the paper gives no exact size).
+    ModelConfig("burstengine_14b", n_layers=40, hidden=5120, n_heads=40, n_kv_heads=40, ffn_hidden=13824,
+                vocab_size=122880),
+    ModelConfig("llama3_8b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+                vocab_size=128256, rope_theta=500000.0),
+    # CPU sizes. tiny: MHA, 12 heads of 8 (splits over G = 1..4 for every method), F = 192.
+    ModelConfig("tiny", n_layers=2, hidden=96, n_heads=12, n_kv_heads=12, ffn_hidden=192, vocab_size=64),
+    # tiny_gqa: 8 query heads sharing 2 kv heads (G = 1, 2, 4).
+    ModelConfig("tiny_gqa", n_layers=2, hidden=64, n_heads=8, n_kv_heads=2, ffn_hidden=128, vocab_size=64),
+    # cpu_small: the CPU mirrors' model (timed runs on the emulated cluster), about 5.3M parameters.
+    ModelConfig("cpu_small", n_layers=4, hidden=256, n_heads=8, n_kv_heads=8, ffn_hidden=688,
+                vocab_size=4096),
+)}
+
+
+def get_config(name: str) -> ModelConfig:
+    if name not in CONFIGS:
+        raise ValueError(f"model={name!r} is unknown; registered: {sorted(CONFIGS)}")
+    return CONFIGS[name]
+
+
+def layer_params(cfg: ModelConfig) -> int:
+    """Weights of one decoder block: attention projections, SwiGLU MLP, two norms."""
+    h, d = cfg.hidden, cfg.head_dim
+    attn = h * cfg.n_heads * d + 2 * h * cfg.n_kv_heads * d + cfg.n_heads * d * h
+    return attn + 3 * h * cfg.ffn_hidden + 2 * h
+
+
+def num_params(cfg: ModelConfig) -> int:
+    """All parameters: embedding, blocks, final norm, untied LM head."""
+    return cfg.vocab_size * cfg.hidden * 2 + cfg.n_layers * layer_params(cfg) + cfg.hidden
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Parameters that multiply every token (the 6*P*tokens convention): the blocks' projections
+    and the LM head. Not the embedding (a table lookup) and not the norms (elementwise)."""
+    return cfg.n_layers * (layer_params(cfg) - 2 * cfg.hidden) + cfg.vocab_size * cfg.hidden

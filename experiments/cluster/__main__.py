@@ -1,0 +1,149 @@
+"""The emulated cluster by hand.
+
+    python -m experiments.cluster up a100_roce_emu            # bring up, show, hold until Ctrl-C, tear down
+    python -m experiments.cluster up a100_roce_emu --detach   # leave it up (remove with `down`)
+    python -m experiments.cluster show                        # emulated clusters on this machine: topology, rates, bytes per class
+    python -m experiments.cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
+    python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
+    python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
+    python -m experiments.cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
+
+Needs root (network namespaces); SLURM profiles need the Debian packages slurmd, slurmctld, slurm-client, munge.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import signal
+import sys
+import time
+
+from . import netns, selftest, shaping
+from .emulated import EmulatedCluster
+from .profile import load_profile
+
+
+def _profile(name: str, rates: str | None):
+    prof = load_profile(name)
+    if prof.scheduler != "emulated":
+        raise SystemExit(f"profile {name!r} is not an emulated one (scheduler: {prof.scheduler})")
+    if rates:
+        d = {k: float(v) for k, v in (x.split("=") for x in rates.split(","))}
+        prof = dataclasses.replace(prof, link_rates=d)
+    return prof
+
+
+def show(cl: EmulatedCluster | None = None) -> None:
+    ids = [cl.topo.run_id] if cl is not None and cl.topo else netns.run_ids()
+    if not ids:
+        print("no emulated cluster on this machine")
+    for rid in ids:
+        st = netns.read_state(rid)
+        topo = st.get("topology", {})
+        owner = st.get("owner_pid")
+        print(f"{rid}: profile {st.get('profile', '?')}, owner pid {owner}"
+              f"{' (detached)' if st.get('detached') else ' (gone: stale)' if rid in netns.stale() else ''}, "
+              f"work dir {st.get('work', '-')}")
+        print(f"  head {topo.get('head_addr')} (slurmctld, munged)")
+        for i, addr in enumerate(topo.get("node_addrs", [])):
+            print(f"  node n{i} {addr} (namespace {rid}-n{i}): ranks "
+                  + ", ".join(f"r{k} {a}" for k, a in enumerate(topo["rank_addrs"][i])))
+        for k, v in (st.get("scaling", {}) or {}).get("links", {}).items():
+            print(f"  {k:5s} {v['bytes_s'] / 1e6:10.4g} MB/s per rank (target {v['kind']} "
+                  f"{v['target_bytes_s'] / 1e9:.3g} GB/s); latency {v['latency_us']:.0f} us applied, "
+                  f"{v['latency_dilated_us']:.0f} us dilated {v['latency_note']}")
+        if st.get("scaling", {}).get("dilation"):
+            print(f"  time dilation {st['scaling']['dilation']:.4g}x")
+        for i in range(topo.get("nodes", 0)):
+            for k in range(topo.get("ranks_per_node", 0)):
+                cls = shaping.class_stats(f"{rid}-n{i}r{k}")
+                sent = ", ".join(f"{name} {cls[h]['bytes']} B" for h, name in
+                                 (("1:10", "intra"), ("1:20", "inter"), ("1:30", "other")) if h in cls)
+                print(f"  n{i}r{k} sent: {sent}")
+
+
+def _selftest(prof, seconds: float) -> int:
+    with EmulatedCluster(prof) as cl:
+        if not cl.emulated:
+            print(f"cannot self-test: {cl.fallback}")
+            return 2
+        show(cl)
+        res = selftest.measure(cl.topo, seconds)
+        worst = 0.0
+        for k, d in res.items():
+            want = cl.scaling.links[k].bytes_s
+            err = d["bytes_per_s"] / want - 1
+            worst = max(worst, abs(err))
+            flows = ", ".join(f"{f['bytes_per_s'] / 1e6:.4g}" for f in d["flows"])
+            print(f"{k:5s}: configured {want / 1e6:.4g} MB/s, measured {d['bytes_per_s'] / 1e6:.4g} MB/s "
+                  f"({err:+.1%}); flows {flows} MB/s")
+        print(f"worst deviation {worst:.1%}")
+        return 0 if worst <= 0.15 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="bring an emulated cluster up")
+    up.add_argument("profile")
+    up.add_argument("--rates", help="intra=<bytes/s>,inter=<bytes/s>: given rates instead of calibrating")
+    up.add_argument("--detach", action="store_true", help="leave it up and exit (remove it with `down`)")
+    sub.add_parser("show", help="emulated clusters on this machine")
+    st = sub.add_parser("selftest", help="measure each link class of a fresh cluster")
+    st.add_argument("profile")
+    st.add_argument("--rates")
+    st.add_argument("--seconds", type=float, default=3.0)
+    dn = sub.add_parser("down", help="tear clusters down")
+    dn.add_argument("run_id", nargs="?")
+    dn.add_argument("--stale", action="store_true", help="every cluster whose owner process is gone")
+    dn.add_argument("--all", action="store_true", help="every emulated cluster on this machine")
+    rp = sub.add_parser("report", help="measured vs predicted time ratios of an emulated experiment")
+    rp.add_argument("experiment")
+    rp.add_argument("--results", default=None)
+    rp.add_argument("--compute-from", help="experiment with the same cases on loopback (compute time per method)")
+    rp.add_argument("--ref", default="burst", help="method the ratios are relative to")
+    rp.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    if args.cmd == "up":
+        cl = EmulatedCluster(_profile(args.profile, args.rates)).up()
+        show(cl)
+        if args.detach:
+            if cl.topo:
+                netns.write_state(cl.topo, owner_pid=0, detached=True)
+                cl._down = True          # noqa: SLF001 - leave it up on purpose
+            print(f"left up; remove with: python -m experiments.cluster down {cl.topo.run_id if cl.topo else ''}")
+            return 0
+        try:
+            print("up; Ctrl-C tears it down")
+            signal.pause() if hasattr(signal, "pause") else time.sleep(1e9)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            cl.down()
+        return 0
+    if args.cmd == "show":
+        show()
+        return 0
+    if args.cmd == "selftest":
+        return _selftest(_profile(args.profile, args.rates), args.seconds)
+    if args.cmd == "down":
+        ids = netns.run_ids() if args.all else netns.stale() if args.stale else [args.run_id] if args.run_id else []
+        if not ids:
+            print("nothing to remove" if (args.all or args.stale) else "name a run id, or --stale / --all")
+        for rid in ids:
+            print(f"{rid}: removed {len(netns.teardown(rid))} namespace(s)")
+        return 0
+    if args.cmd == "report":
+        from .report import report
+
+        out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
+        print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The scaling rule: emulated link rates that keep the target's compute : communication ratio.
+
+On the target, one ring step on a block of n tokens takes F(n) / C_t of
+compute (F from ``experiments.harness.flops``, C_t = peak FLOP/s x the
+kernel's efficiency at n tokens, ``hardware.py``) and b / B_t of
+communication per link class (b bytes, B_t the per-rank bytes/s of the
+class). On this machine the same step computes at C_l, measured here with the
+suite's own kernel (``burst_impl.kernels``, fwd+bwd of one n x n block) in as
+many concurrent processes, with as many threads each, as the run will use.
+Keeping compute : communication equal means
+
+    B_emulated = B_t x C_l / C_t        (per link class)
+
+i.e. this machine is a copy of the target slowed down by the time dilation
+D = C_t / C_l, links included. Latency scales the same way (L x D), capped:
+the dilated latency of a 5 us link is tens of ms, where TCP's ACK clock, not
+the link, would bound every message (RDMA has no such clock). Where the
+kernel has no ``sch_netem`` latency is not applied at all, and records say so.
+
+Limits (README, "Emulated cluster"): the compute rate is measured once per
+bring-up at one block size and shape, while ranks sharing cores compute
+slower when their neighbours compute and faster when they wait; gloo adds
+per-message overheads a GPU collective does not have; attention only (no
+projections, norms or optimizer) sets the ratio.
+
+    python -m experiments.cluster.emulation bench <tokens> <heads> <head_dim> <dtype> <threads> <dir> <id> <s>
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .hardware import Hardware
+from .shaping import LinkShape
+
+DEFAULT_LATENCY_CAP_US = 2000.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per-rank attention throughput of this machine with ``procs`` ranks running at once."""
+    tokens: int
+    heads: int
+    head_dim: int
+    dtype: str
+    procs: int
+    threads: int
+    flops_per_s: tuple[float, ...]      # one per process
+
+    @property
+    def per_rank(self) -> float:
+        return statistics.median(self.flops_per_s)
+
+
+@dataclass(frozen=True)
+class EmulatedLink:
+    klass: str                  # "intra" | "inter"
+    kind: str                   # the target's link kind (pcie, roce, ...)
+    target_bytes_s: float       # per rank, hardware profile convention
+    target_latency_us: float
+    bytes_s: float              # emulated, per rank
+    latency_dilated_us: float   # target latency x time dilation (before the cap)
+    latency_us: float           # what is applied (0 where not emulated)
+    latency_note: str = ""
+
+    @property
+    def shape(self) -> LinkShape:
+        return LinkShape(self.bytes_s, self.latency_us)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    hardware: str
+    mode: str                                 # "calibrated" (the rule above) or "fixed" (rates given)
+    links: dict[str, EmulatedLink]
+    dilation: float | None = None             # target compute rate / local compute rate
+    target_flops_s: float | None = None
+    calibration: Calibration | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if self.calibration is not None:
+            d["calibration"]["per_rank_flops_s"] = self.calibration.per_rank
+        return d
+
+    def summary(self) -> str:
+        rates = ", ".join(f"{k} {v.bytes_s / 1e6:.3g} MB/s" for k, v in self.links.items())
+        dil = f", time dilation {self.dilation:.0f}x" if self.dilation else ""
+        return f"{rates}{dil}"
+
+
+def _target_flops(hw: Hardware, dtype: str, tokens: int) -> float:
+    if dtype not in hw.accelerator.peak_tflops:
+        raise ValueError(f"dtype={dtype!r}: hardware {hw.name!r} has no peak for it "
+                         f"(has {sorted(hw.accelerator.peak_tflops)})")
+    return hw.accelerator.attention_flops_per_s(dtype, tokens)
+
+
+def scale(hw: Hardware, calib: Calibration, *, latency_cap_us: float = DEFAULT_LATENCY_CAP_US,
+          netem: bool = False) -> Scaling:
+    """Emulated per-rank link rates for ``hw`` given this machine's measured compute rate."""
+    c_t = _target_flops(hw, calib.dtype, calib.tokens)
+    c_l = calib.per_rank
+    if not c_l > 0:
+        raise ValueError(f"calibration measured {c_l!r} FLOP/s per rank; it must be positive")
+    dil = c_t / c_l
+    links = {}
+    for klass, link in (("intra", hw.intra), ("inter", hw.inter)):
+        if link is None:
+            continue
+        lat = link.latency_us * dil
+        applied = min(lat, latency_cap_us) if netem else 0.0
+        note = ("" if netem and lat <= latency_cap_us else
+                f"capped at {latency_cap_us:.0f} us" if netem else
+                "not emulated: this kernel has no sch_netem")
+        links[klass] = EmulatedLink(klass=klass, kind=link.kind, target_bytes_s=link.bytes_per_s,
+                                    target_latency_us=link.latency_us, bytes_s=link.bytes_per_s / dil,
+                                    latency_dilated_us=lat, latency_us=applied, latency_note=note)
+    return Scaling(hardware=hw.name, mode="calibrated", links=links, dilation=dil, target_flops_s=c_t,
+                   calibration=calib)
+
+
+def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] | None = None, *,
+          netem: bool = False) -> Scaling:
+    """Given per-rank rates (bytes/s per class), no calibration: for tests and manual experiments."""
+    latency_us = latency_us or {}
+    links = {}
+    for klass, r in rates.items():
+        lat = float(latency_us.get(klass, 0.0))
+        links[klass] = EmulatedLink(klass=klass, kind="veth", target_bytes_s=r, target_latency_us=lat, bytes_s=r,
+                                    latency_dilated_us=lat, latency_us=lat if netem else 0.0,
+                                    latency_note="" if netem or not lat else "not emulated: no sch_netem")
+    return Scaling(hardware=hardware, mode="fixed", links=links)
+
+
+# ---------------------------------------------------------------- calibration
+
+
+def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
+           seconds: float) -> float:
+    """FLOP/s of fwd+bwd of one full tokens x tokens block, timed while the other processes run too."""
+    import torch
+
+    from burst_impl import kernels
+    from burst_impl.shape import DTYPES
+    from experiments.harness.flops import attention_flops
+
+    torch.set_num_threads(threads)
+    dt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, tokens, heads, head_dim, generator=g).to(dt) for _ in range(4))
+    scale_ = kernels.default_scale(head_dim, None)
+
+    def step():
+        out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale_)
+        delta = kernels.compute_delta(do, out)
+        kernels.attn_backward(do, q, k, v, lse, delta, causal=False, scale=scale_)
+
+    step()                                        # warm-up (allocations, kernel selection)
+    (sync / f"ready.{ident}").touch()
+    while not (sync / "go").exists():
+        time.sleep(0.01)
+    t0, n = time.perf_counter(), 0
+    while True:
+        step()
+        n += 1
+        el = time.perf_counter() - t0
+        if el >= seconds and n >= 2:
+            break
+    return n * attention_flops(1, tokens, heads, head_dim, causal=False, mode="fwd_bwd") / el
+
+
+def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: int, dtype: str,
+              seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300) -> Calibration:
+    """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s."""
+    with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
+        sync = Path(d)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
+        cmd = [python, "-m", "experiments.cluster.emulation", "bench", str(tokens), str(heads), str(head_dim),
+               dtype, str(threads), str(sync), "{id}", str(seconds)]
+        ps = [subprocess.Popen([c.replace("{id}", str(i)) for c in cmd], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env) for i in range(procs)]
+        try:
+            deadline = time.monotonic() + timeout_s
+            while len(list(sync.glob("ready.*"))) < procs:
+                if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
+                    errs = [p.stderr.read()[-500:] for p in ps if p.poll() not in (None, 0)]
+                    raise RuntimeError(f"calibration benchmark did not start: {errs or 'timeout'}")
+                time.sleep(0.05)
+            (sync / "go").touch()
+            rates = []
+            for p in ps:
+                out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
+                if p.returncode:
+                    raise RuntimeError(f"calibration benchmark failed: {err[-500:]}")
+                rates.append(float(json.loads(out.strip().splitlines()[-1])["flops_per_s"]))
+        finally:
+            for p in ps:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    return Calibration(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, procs=procs, threads=threads,
+                       flops_per_s=tuple(rates))
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "bench":
+        print(__doc__)
+        return 2
+    tokens, heads, head_dim, dtype, threads, sync, ident, seconds = argv[1:9]
+    r = _bench(int(tokens), int(heads), int(head_dim), dtype, int(threads), Path(sync), ident, float(seconds))
+    print(json.dumps({"flops_per_s": r}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

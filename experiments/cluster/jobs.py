@@ -1,0 +1,110 @@
+"""A SLURM job's own results folder, merged into the shared results at the end of the job.
+
+A job writes ``<results>/.jobs/<job id>/<experiment>/results.jsonl`` (and its
+run-time markers) so that jobs sharing a node or a file system never append
+to one file. Its last step (``slurm.py``) records every case of its cases file
+that has no record yet as failed (the job ran out of time or broke before
+reaching it), then appends the job's records to
+``<results>/<experiment>/results.jsonl`` under an exclusive lock and removes
+the job's folder. A job killed before that step leaves its folder behind;
+``merge_leftovers`` (run by ``experiments.run`` before planning) merges it.
+
+    python -m experiments.cluster.jobs merge --job DIR --results ROOT --cases FILE [--reason TEXT]
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from ..harness import results as R
+from ..harness.spec import Case
+
+JOBS_DIR = ".jobs"
+
+
+def record_unfinished(job_root: Path, cases: list[Case], reason: str) -> list[str]:
+    """A failed record, in the job's folder, for every case of the job that has none there."""
+    out = []
+    by_exp: dict[str, dict] = {}
+    for c in cases:
+        if c.experiment not in by_exp:
+            _end_torn_line(R.experiment_dir(job_root, c.experiment) / R.RESULTS_FILE)
+            by_exp[c.experiment] = R.latest_by_case(R.read_records(R.experiment_dir(job_root, c.experiment)
+                                                                   / R.RESULTS_FILE))
+        if c.case_id not in by_exp[c.experiment]:
+            R.append_record(job_root, R.base_record(c, "failed", reason))
+            out.append(c.case_id)
+    return out
+
+
+def _end_torn_line(path: Path) -> None:
+    """A writer killed mid-line leaves no newline: end it, so the next record is not glued to it."""
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def merge(job_root: Path, results_root: Path) -> int:
+    """Append the job's records to the shared results files (exclusive lock per file); returns the count."""
+    n = 0
+    for src in sorted(Path(job_root).glob(f"*/{R.RESULTS_FILE}")):
+        lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        good = []
+        for ln in lines:
+            try:
+                json.loads(ln)
+                good.append(ln)
+            except json.JSONDecodeError:   # a torn last line from a killed writer
+                continue
+        dst = R.experiment_dir(results_root, src.parent.name) / R.RESULTS_FILE
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with open(dst, "a", encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.write("".join(ln + "\n" for ln in good))
+                f.flush()
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+        n += len(good)
+    shutil.rmtree(job_root, ignore_errors=True)
+    try:
+        Path(job_root).parent.rmdir()       # .jobs/, once no job is left in it
+    except OSError:
+        pass
+    return n
+
+
+def merge_leftovers(results_root: Path) -> int:
+    """Merge job folders that a killed job left behind (no job is running: call before submitting)."""
+    d = Path(results_root) / JOBS_DIR
+    return sum(merge(p, results_root) for p in sorted(d.iterdir()) if p.is_dir()) if d.exists() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.cluster.jobs")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("merge", help="record the job's unfinished cases, merge its records, remove its folder")
+    m.add_argument("--job", required=True)
+    m.add_argument("--results", required=True)
+    m.add_argument("--cases", help="the job's cases file: cases without a record are recorded as failed")
+    m.add_argument("--reason", default="the job ended before the case finished")
+    args = ap.parse_args(argv)
+    job = Path(args.job)
+    if args.cases:
+        cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
+        left = record_unfinished(job, cases, f"not finished by the job: {args.reason}")
+        if left:
+            print(f"{len(left)} case(s) recorded as failed (unfinished)", file=sys.stderr)
+    n = merge(job, Path(args.results))
+    print(f"merged {n} record(s) into {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

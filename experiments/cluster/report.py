@@ -1,0 +1,134 @@
+"""Measured vs predicted time ratios of an experiment run on an emulated cluster.
+
+For each case (one sequence length, one method) of ``results/<experiment>``:
+
+* measured: the median step time and a distribution-free interval for it (order statistics of the raw
+  samples: [min, max] of 5 samples covers the median with probability 1 - 2/2^5 = 94%);
+* predicted from bytes and compute:
+    t_comm = bytes sent per rank (counted, max over ranks) / the emulated inter-node rate per rank
+             (in a 2-node ring or pairwise all-to-all every lock-step round waits on an inter-node hop);
+    t_comp = the same case's median on plain loopback (``--compute-from``, where a byte costs almost
+             nothing), else FLOPs per rank / the calibrated FLOP/s per rank (``flops.py``; methods that do
+             more work than the FLOP formula, ring_rsa's materialised scores, are then under-predicted);
+  and two bounds: serial t_comp + t_comm (no overlap) and overlapped max(t_comp, t_comm).
+Ratios are against ``--ref`` (default burst). A measured ratio whose interval overlaps 1 is not a speedup.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..harness import results as R
+from ..harness.env import REPO
+from ..harness.flops import attention_flops
+
+
+def _interval(samples: list[float]) -> tuple[float, float]:
+    xs = sorted(samples)
+    return (xs[0], xs[-1]) if xs else (math.nan, math.nan)
+
+
+def _rows(df) -> dict:
+    ok = df[df["status"] == "ok"] if len(df) else df
+    return {(int(r["seqlen"]), r["method"]): r for _, r in ok.iterrows()}
+
+
+def report(experiment: str, *, results_root: str | Path | None = None, compute_from: str | None = None,
+           ref: str = "burst") -> dict:
+    root = Path(results_root) if results_root else REPO / "results"
+    rows = _rows(R.load_results(root, experiment))
+    if not rows:
+        raise ValueError(f"no ok records for experiment {experiment!r} under {root}")
+    base = _rows(R.load_results(root, compute_from)) if compute_from else {}
+    out_rows = []
+    for (n, method), r in sorted(rows.items()):
+        cl = r.get("cluster") or {}
+        links = cl.get("links") or {}
+        inter = (links.get("inter") or links.get("intra") or {}).get("bytes_per_s")
+        cal = (cl.get("calibration") or {}).get("per_rank_flops_s")
+        sent = (r.get("comm_fwd_bytes") or 0) + (r.get("comm_bwd_bytes") or 0)
+        t_comm = sent / inter if inter else math.nan
+        if (n, method) in base:
+            t_comp, comp_src = float(base[(n, method)]["time_median_s"]), "loopback"
+        elif cal:
+            fl = attention_flops(r["batch"], n, r["heads"], r["head_dim"], causal=r["causal"], mode=r["mode"])
+            t_comp, comp_src = fl / r["world_size"] / cal, "flops"
+        else:
+            t_comp, comp_src = math.nan, "-"
+        lo, hi = _interval(list(r["time_samples_s"]))
+        out_rows.append({"seqlen": n, "method": method, "median_s": float(r["time_median_s"]), "lo_s": lo,
+                         "hi_s": hi, "n": len(r["time_samples_s"]), "bytes_per_rank": sent, "t_comm_s": t_comm,
+                         "t_comp_s": t_comp, "t_comp_from": comp_src, "serial_s": t_comp + t_comm,
+                         "overlap_s": max(t_comp, t_comm), "cluster": cl.get("summary", ""),
+                         "machine": (r.get("hardware") or {}).get("summary", ""),
+                         "date": str(r.get("timestamp", ""))[:10]})
+    by = {(x["seqlen"], x["method"]): x for x in out_rows}
+    for x in out_rows:
+        b = by.get((x["seqlen"], ref))
+        if b is None:
+            continue
+        x["ratio"] = x["median_s"] / b["median_s"]
+        # interval of the ratio from the two intervals (conservative: extreme over extreme)
+        x["ratio_lo"], x["ratio_hi"] = x["lo_s"] / b["hi_s"], x["hi_s"] / b["lo_s"]
+        x["bytes_ratio"] = x["bytes_per_rank"] / b["bytes_per_rank"] if b["bytes_per_rank"] else math.nan
+        x["pred_serial_ratio"] = x["serial_s"] / b["serial_s"]
+        x["pred_overlap_ratio"] = x["overlap_s"] / b["overlap_s"]
+    lines = [f"{experiment}: {out_rows[0]['cluster']}",
+             f"t_comp from {'loopback run ' + compute_from if compute_from else 'FLOPs / calibrated FLOP/s'}; "
+             f"t_comm = bytes / inter-node rate; ratios vs {ref}; interval = [min, max] of the samples",
+             f"{'N':>6} {'method':<10} {'median s':>9} {'interval':>17} {'MB/rank':>8} {'t_comp':>7} {'t_comm':>7}"
+             f" {'ratio':>6} {'ratio interval':>15} {'bytes':>6} {'pred serial':>11} {'pred overlap':>12}"]
+    for x in out_rows:
+        lines.append(
+            f"{x['seqlen']:>6} {x['method']:<10} {x['median_s']:9.3f} [{x['lo_s']:7.3f},{x['hi_s']:7.3f}] "
+            f"{x['bytes_per_rank'] / 1e6:8.2f} {x['t_comp_s']:7.2f} {x['t_comm_s']:7.2f} "
+            f"{x.get('ratio', math.nan):6.2f} [{x.get('ratio_lo', math.nan):5.2f},{x.get('ratio_hi', math.nan):5.2f}]"
+            f" {x.get('bytes_ratio', math.nan):6.2f} {x.get('pred_serial_ratio', math.nan):11.2f} "
+            f"{x.get('pred_overlap_ratio', math.nan):12.2f}")
+    return {"experiment": experiment, "rows": out_rows, "text": "\n".join(lines)}
+
+
+def loopback_twin(preset, spec) -> str | None:
+    """A spec of ``preset`` with exactly ``spec``'s cases on plain loopback (cluster cpu), if there is one."""
+    ids = {c.case_id for c in spec.cases()}
+    for other in preset.specs:
+        if other is not spec and other.profile.scheduler == "local" and {c.case_id for c in other.cases()} == ids:
+            return other.name
+    return None
+
+
+def figure(rep: dict, out: Path) -> Path:
+    """Measured median step time per method (bars, [min, max] whiskers) next to the two modelled bounds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = rep["rows"]
+    ns = sorted({r["seqlen"] for r in rows})
+    fig, axes = plt.subplots(1, len(ns), figsize=(max(8.0, 4.5 * len(ns) + 2), 4.6), squeeze=False)
+    for ax, n in zip(axes[0], ns):
+        sel = [r for r in rows if r["seqlen"] == n]
+        xs = range(len(sel))
+        med = [r["median_s"] for r in sel]
+        err = [[r["median_s"] - r["lo_s"] for r in sel], [r["hi_s"] - r["median_s"] for r in sel]]
+        ax.bar(xs, med, yerr=err, capsize=4, color="tab:blue", alpha=0.8, label="measured median [min, max]")
+        ax.scatter(xs, [r["serial_s"] for r in sel], marker="v", color="tab:red", zorder=3,
+                   label="modelled: t_comp + t_comm")
+        ax.scatter(xs, [r["overlap_s"] for r in sel], marker="^", color="tab:green", zorder=3,
+                   label="modelled: max(t_comp, t_comm)")
+        ax.set_xticks(list(xs), [r["method"] for r in sel])
+        ax.set_title(f"N={n}", fontsize=9)
+        ax.set_ylabel("seconds per step (fwd+bwd)")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    import textwrap
+
+    r0 = rep["rows"][0]
+    fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
+                 + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,329 @@
+"""The GPU check: every CUDA kernel and peer of the suite, run once, on whatever GPUs this machine has.
+
+    make gpu-check                         # = python -m experiments.gpu_check (builds the venv first)
+    python -m experiments.gpu_check --steps packages,tests    # a part of it
+
+Installs nothing. Steps, each recorded as ok / failed / skipped (with the reason):
+
+1. ``packages``: which GPU packages import here, and their versions (torch's CUDA and
+   NCCL, flash-attn, xformers and whether its backward honours lse, ring-flash-attn,
+   liger-kernel, cut-cross-entropy, deepspeed).
+2. ``tests``: ``pytest tests/test_cuda_path.py``: every CUDA kernel against the fp64
+   reference (out, lse, dq, dk, dv; bf16, fp16, fp32; causal and not; GQA; the block
+   backward from a global lse), the operator and the ring-flash-attn adapter at world size 1.
+3. ``harness``: the experiment runner and worker at world size 1 (CUDA events,
+   ``torch.cuda.max_memory_allocated``), ``burst`` with each CUDA kernel by name,
+   then the ring-flash-attn adapter (skipped with the reason where not installed).
+4. ``multi``: the same runner under ``torchrun --nproc-per-node G`` on NCCL for G =
+   2, 4, ... up to the GPUs visible (burst, ring, ulysses, ring_flash_attn);
+   skipped, with the reason, on one GPU.
+5. ``sweep``: TFLOP/s vs sequence length of each CUDA kernel next to
+   ``torch.nn.functional.scaled_dot_product_attention`` (``experiments.harness.kernel_sweep``).
+
+Writes, for the GPU it ran on (``<gpu>`` = its name in lower case, e.g. ``nvidia-h200``):
+``results/gpu_check/<gpu>/summary.json`` (steps, packages, devices, git, versions,
+hardware), ``tests/junit.xml`` and ``tests/pytest.log``, ``harness/``, ``peers/``,
+``multi/`` and ``kernels/`` (``results.jsonl`` each, the suite's record format), and
+``plots/gpu_check/<gpu>/kernel_tflops_vs_seqlen.png``. Exit status 1 if a step failed.
+Without a CUDA device it says so and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .harness import env
+from .harness import kernel_sweep as KS
+from .harness import results as R
+from .harness.env import REPO
+
+STEPS = ("packages", "tests", "harness", "multi", "sweep")
+CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa")
+# (name shown, module imported, distribution names for the version)
+PACKAGES = (
+    ("flash-attn", "flash_attn", ("flash-attn", "flash_attn")),
+    ("xformers", "xformers.ops.fmha", ("xformers",)),
+    ("ring-flash-attn", "ring_flash_attn", ("ring-flash-attn", "ring_flash_attn")),
+    ("liger-kernel", "liger_kernel", ("liger-kernel", "liger_kernel")),
+    ("cut-cross-entropy", "cut_cross_entropy", ("cut-cross-entropy", "cut_cross_entropy")),
+    ("deepspeed", "deepspeed", ("deepspeed",)),
+)
+NO_DEVICE = "no CUDA device: nothing to check"
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    name: str
+    capability: str          # e.g. "9.0"
+    memory_gib: float
+
+
+@dataclass
+class Step:
+    name: str
+    status: str = "ok"       # ok | failed | skipped
+    reason: str = ""
+    duration_s: float = 0.0
+    details: dict = field(default_factory=dict)
+
+
+def devices() -> list[Device]:
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(Device(i, p.name, f"{p.major}.{p.minor}", round(p.total_memory / 2 ** 30, 1)))
+    return out
+
+
+def slug(name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': the folder of this GPU's results and figures."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
+
+
+def _version(dists) -> str | None:
+    for d in dists:
+        try:
+            return importlib.metadata.version(d)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def package_report(importer: Callable[[str], object] = importlib.import_module,
+                   version_of: Callable[[tuple], str | None] = _version) -> list[dict]:
+    """One entry per GPU package: importable?, version, and why not (the import error)."""
+    cuda = torch.cuda.is_available()
+    nccl = env.versions().get("nccl")
+    rows = [{"package": "torch", "importable": True, "version": torch.__version__,
+             "detail": f"CUDA build {torch.version.cuda or 'none'}, CUDA available {cuda}, NCCL {nccl or 'none'}"}]
+    for shown, module, dists in PACKAGES:
+        row = {"package": shown, "module": module, "version": version_of(dists)}
+        try:
+            importer(module)
+            row.update(importable=True, detail="")
+        except Exception as e:  # noqa: BLE001 - any failure to import is the answer
+            row.update(importable=False, detail=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        rows.append(row)
+    from burst_impl.kernels import BACKENDS
+    from burst_impl.kernels import xformers as xf
+
+    for row in rows:
+        if row["package"] == "xformers" and row["importable"]:
+            ok = BACKENDS["xformers"].available()
+            row["detail"] = ("backward honours the given lse (usable as a ring kernel)" if ok and cuda else
+                             "lse probe not run (no CUDA)" if ok else xf.unavailable_reason())
+    return rows
+
+
+def _stamp() -> dict:
+    return {"timestamp": R.now(), "git": env.git_info(), "versions": env.versions(),
+            "hardware": env.hardware(max(1, torch.cuda.device_count()))}
+
+
+def write_json(path: Path, obj: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- steps
+
+
+def step_tests(out: Path, timeout_s: int = 900) -> Step:
+    """pytest tests/test_cuda_path.py in a subprocess; counts from its junit XML."""
+    d = out / "tests"
+    d.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_cuda_path.py",
+           f"--junitxml={d / 'junit.xml'}"]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+        log, rc = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        log, rc = f"{e.stdout or ''}{e.stderr or ''}\ntimeout after {timeout_s} s", -1
+    (d / "pytest.log").write_text(log if isinstance(log, str) else log.decode(errors="replace"))
+    counts = junit_counts(d / "junit.xml")
+    status = "ok" if rc == 0 else "failed"
+    tail = " ".join(str(log).strip().splitlines()[-1:])
+    return Step("tests", status, "" if rc == 0 else f"pytest exit code {rc}: {tail}", details=counts)
+
+
+def junit_counts(path: Path) -> dict:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return {}
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return {}
+    return {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+
+
+def _spec(name: str, methods, sweep: dict, *, kernels=(), modes=("forward", "fwd_bwd"), comm=True) -> dict:
+    raw = {"name": name, "methods": list(methods), "sweep": sweep, "cluster": "local",
+           "measure": {"modes": list(modes), "level": "op", "memory": True, "comm": comm},
+           "warmup": 3, "repeats": 10, "seed": 0, "timeouts": {"case_s": 300, "pg_s": 120},
+           "description": "make gpu-check (experiments/gpu_check.py)"}
+    if kernels:
+        raw["kernels"] = list(kernels)
+    return raw
+
+
+def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
+    """(specs to run, why the multi-GPU part is skipped or ''). Small sizes: seconds per case."""
+    one = {"seqlen": [4096, 16384], "world_size": 1, "heads": 32, "kv_heads": [32, 8], "head_dim": 128,
+           "dtype": "bfloat16", "causal": True}
+    specs = [_spec("harness", ["burst"], one, kernels=kernels),
+             _spec("peers", ["ring_flash_attn"], one)]
+    sizes = [g for g in (2, 4, 8, 16, 32, 64) if g <= n_gpus]
+    if not sizes:
+        return specs, f"{n_gpus} GPU visible: world size > 1 needs at least 2 (torchrun --nproc-per-node G, NCCL)"
+    multi = dict(one, seqlen=[8192, 32768], world_size=sizes, kv_heads=8, layout="zigzag")
+    specs.append(_spec("multi", ["burst", "ring", "ulysses", "ring_flash_attn"], multi, modes=("fwd_bwd",)))
+    return specs, ""
+
+
+def step_harness(out: Path, specs: list[dict], name: str) -> Step:
+    """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
+    from .harness.spec import Preset, parse_spec
+    from .run import plan, run_local, write_resolved
+
+    parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
+    preset = Preset(name=f"gpu_check_{name}", path="<gpu_check>", specs=tuple(parsed))
+    for s in parsed:
+        write_resolved(s, out)
+    batches = plan(preset, results_root=out, force=True, retry_failed=False)
+    counts = run_local(preset, batches, results_root=out)
+    recs = [r for s in parsed for r in R.latest_by_case(R.read_records(R.experiment_dir(out, s.name) / R.RESULTS_FILE)).values()]
+    bad = [r for r in recs if r["status"] in ("failed", "oom")]
+    details = {"counts": counts, "kernels": sorted({str(r.get("kernel")) for r in recs if r["status"] == "ok"}),
+               "process_group": sorted({r["config"].get("backend", "") for r in recs if r["status"] == "ok"}),
+               "skipped": sorted({f"{r['method']}{'/' + r['config']['kernel'] if r['config'].get('kernel') else ''}: "
+                                  f"{r['reason'][:160]}" for r in recs if r["status"] == "skipped"})}
+    if bad:
+        return Step(name, "failed", "; ".join(f"{r['case_id']}: {r['status']}: {r['reason'][:200]}" for r in bad[:3]),
+                    details=details)
+    if not any(r["status"] == "ok" for r in recs):
+        return Step(name, "skipped", "no case could run here: " + "; ".join(details["skipped"][:3]), details=details)
+    multi_rank = [r for r in recs if r["status"] == "ok" and r["world_size"] > 1]
+    if multi_rank and {r["config"].get("backend") for r in multi_rank} != {"nccl"}:
+        return Step(name, "failed", f"world size > 1 ran on {details['process_group']}, not NCCL", details=details)
+    return Step(name, "ok", details=details)
+
+
+def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, device: torch.device,
+               warmup: int, repeats: int, shape: KS.SweepShape = KS.SweepShape()) -> Step:
+    recs = KS.run_sweep(list(kernels) + [KS.TORCH_SDPA], seqlens, device=device, results_root=out,
+                        experiment="kernels", warmup=warmup, repeats=repeats, shape=shape)
+    fig = KS.draw(recs, plots / "kernel_tflops_vs_seqlen.png", device_name=device_name)
+    best = {}
+    for r in recs:
+        if r["status"] == "ok" and r["seqlen"] == max(seqlens) and r["causal"] and r["mode"] == "fwd_bwd":
+            best[r["method"]] = round(r["tflops_total"], 1)
+    bad = [r for r in recs if r["status"] == "failed"]
+    details = {"figure": str(fig) if fig else None, f"tflops_causal_fwd_bwd_N{max(seqlens)}": best,
+               "oom": sorted({f"{r['method']} N={r['seqlen']}" for r in recs if r["status"] == "oom"})}
+    if bad:
+        return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]), details=details)
+    return Step("sweep", "ok" if best or fig else "skipped", "" if fig else "no kernel could run", details=details)
+
+
+# ---------------------------------------------------------------- main
+
+
+def _print_packages(rows: list[dict]) -> None:
+    for r in rows:
+        mark = "yes" if r["importable"] else "no "
+        print(f"  {r['package']:<18} {mark}  {r.get('version') or '-':<14} {r.get('detail') or ''}")
+
+
+def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--results", default=str(REPO / "results" / "gpu_check"), help="results root (a folder per GPU)")
+    ap.add_argument("--plots", default=str(REPO / "plots" / "gpu_check"), help="figures root (a folder per GPU)")
+    ap.add_argument("--kernels", default=",".join(CUDA_KERNELS), help="local kernels to check (burst_impl.kernels)")
+    ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384,32768", help="sweep sequence lengths")
+    ap.add_argument("--heads", type=int, default=32, help="sweep: query heads Z (MHA)")
+    ap.add_argument("--head-dim", type=int, default=128, help="sweep: head dimension d")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="where the sweep runs (cpu: only for tests of this script)")
+    args = ap.parse_args(argv)
+    steps = [s for s in args.steps.split(",") if s]
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        ap.error(f"--steps: {unknown} unknown; choose from {list(STEPS)}")
+    kernels = [k for k in args.kernels.split(",") if k]
+    seqlens = [int(x) for x in args.seqlens.split(",") if x]
+
+    found = devices() if found is None else found
+    if not found:
+        print(f"{NO_DEVICE} (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
+              f"torch.cuda.is_available() = False). The CUDA tests skip here; run this on a GPU machine.")
+        return 0
+    gpu = found[0].name
+    out, plots = Path(args.results) / slug(gpu), Path(args.plots) / slug(gpu)
+    print(f"GPU check on {len(found)} x {gpu} -> {out}")
+    summary = {"devices": [asdict(d) for d in found], "steps": [], "command": " ".join(sys.argv), **_stamp()}
+    done: list[Step] = []
+
+    def run(name: str, fn: Callable[[], Step]) -> None:
+        if name not in steps:
+            return
+        print(f"\n== {name}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            st = fn()
+        except Exception as e:  # noqa: BLE001 - a step that breaks is a failed step; the others still run
+            st = Step(name, "failed", f"{type(e).__name__}: {str(e)[:600]}")
+        st.duration_s = round(time.perf_counter() - t0, 1)
+        done.append(st)
+        summary["steps"] = [asdict(s) for s in done]
+        write_json(out / "summary.json", summary)
+        print(f"== {name}: {st.status}{' (' + st.reason + ')' if st.reason else ''} in {st.duration_s:.0f} s")
+
+    def packages() -> Step:
+        rows = package_report()
+        summary["packages"] = rows
+        _print_packages(rows)
+        return Step("packages", details={r["package"]: r.get("version") if r["importable"] else None for r in rows})
+
+    specs, multi_why = harness_specs(len(found), kernels)
+    run("packages", packages)
+    run("tests", lambda: step_tests(out))
+    run("harness", lambda: step_harness(out, [s for s in specs if s["name"] != "multi"], "harness"))
+    run("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
+        step_harness(out, [s for s in specs if s["name"] == "multi"], "multi"))
+    shown = (gpu if len(found) == 1 else f"{gpu} (1 of {len(found)})") if args.device == "cuda" else \
+        f"CPU ({env.hardware()['cpu_model']}; --device cpu, a test of the script)"
+    run("sweep", lambda: step_sweep(out, plots, shown,
+                                    kernels=kernels, seqlens=seqlens, device=torch.device(args.device, 0)
+                                    if args.device == "cuda" else torch.device("cpu"),
+                                    warmup=args.warmup, repeats=args.repeats,
+                                    shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim)))
+    print("\nsummary")
+    for s in done:
+        print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")
+    print(f"written: {out / 'summary.json'} (and the records beside it), {plots}")
+    return 1 if any(s.status == "failed" for s in done) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Sweep axes: the fields of the problem shape (``burst_impl.shape.AttnShape``), defined once.
+
+Everything about an axis is derived from its field: the YAML key under
+``sweep:`` (the field name), the value type (the annotation), the default
+when a spec does not sweep it (``sweep_default`` metadata; absent: required),
+its part of the case name (``label``), and the plot facets (every axis that
+varies). Adding a field to ``AttnShape`` adds an axis everywhere.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+from burst_impl.shape import AttnShape
+
+from .schema import Err, as_tuple, check_keys, check_type, field_types
+
+_FIELDS = {f.name: f for f in dataclasses.fields(AttnShape)}
+AXES: tuple[str, ...] = tuple(_FIELDS)
+REQUIRED: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if "sweep_default" not in f.metadata)
+# Case names lead with the two axes every figure is about; cases are generated world size
+# outermost (one launch per world size) and sequence length innermost.
+_LEAD = ("seqlen", "world_size")
+ID_ORDER = _LEAD + tuple(a for a in AXES if a not in _LEAD)
+NEST_ORDER = ("world_size",) + tuple(a for a in AXES if a not in _LEAD) + ("seqlen",)
+
+
+def default(axis: str) -> Any:
+    return _FIELDS[axis].metadata["sweep_default"]
+
+
+def doc(axis: str) -> str:
+    return _FIELDS[axis].metadata.get("doc", "")
+
+
+def label(axis: str, value: Any) -> str:
+    """This axis' part of a case name, e.g. ``N4096`` for seqlen=4096 ("" to leave it out)."""
+    lab = _FIELDS[axis].metadata.get("label", "{}")
+    return lab(value) if callable(lab) else lab.format(value)
+
+
+def case_id(method: str, level: str, mode: str, shape: AttnShape) -> str:
+    """Stable key for resume: what is measured, not how often."""
+    parts = [method, level, mode] + [label(a, getattr(shape, a)) for a in ID_ORDER]
+    return ".".join(p for p in parts if p)
+
+
+def shape_label(shape: AttnShape, skip: tuple[str, ...] = ()) -> str:
+    """A short description of a shape for figure titles (axes in ``skip`` left out)."""
+    return ", ".join(f"{a}={getattr(shape, a)}" for a in AXES if a not in skip)
+
+
+def parse_sweep(raw: Any, err: Err) -> dict[str, tuple]:
+    """``sweep:`` mapping -> {axis: tuple of values}, every axis present (defaults filled in)."""
+    if not isinstance(raw, dict):
+        raise err("sweep", "must be a mapping of axis -> value or list of values")
+    check_keys(raw, AXES, err, "sweep.")
+    types_ = field_types(AttnShape)
+    out = {}
+    for axis in AXES:
+        key = f"sweep.{axis}"
+        if axis not in raw:
+            if axis in REQUIRED:
+                raise err(key, "is required")
+            out[axis] = (default(axis),)
+            continue
+        vals = as_tuple(raw[axis])
+        if not vals:
+            raise err(key, "must not be empty")
+        # None stands for the axis' default where the default itself is None (kv_heads: MHA).
+        vals = tuple(v if v is None and default(axis) is None else check_type(v, types_[axis], err, key)
+                     for v in vals)
+        rule = _FIELDS[axis].metadata.get("check")
+        for v in vals:
+            why = rule(v) if rule is not None and v is not None else None
+            if why:
+                raise err(key, f"value {why}")
+        out[axis] = vals
+    return out
+
+
+def shapes(sweep: dict[str, tuple]) -> Iterator[AttnShape]:
+    """The Cartesian product of the sweep, as shapes (kv_heads None -> heads: MHA)."""
+    for values in itertools.product(*(sweep[a] for a in NEST_ORDER)):
+        point = dict(zip(NEST_ORDER, values))
+        if point.get("kv_heads") is None:
+            point["kv_heads"] = point["heads"]
+        yield AttnShape(**point)

@@ -1,0 +1,46 @@
+"""python -m experiments.perfmodel [spec|preset ...] [--hardware NAME] [--results DIR] [--plots DIR]
+
+Models every case of the given specs or presets (default: the ``paper`` preset,
+each spec on the hardware profile its target names) and writes
+``<results>/<experiment>/results.jsonl`` (``"source": "modelled"``), the
+figures (drawn by experiments.plots, "modelled" in every title and file name)
+and ``<plots>/<experiment>/table_modelled.md``. Runs nothing on any device.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from ..harness.spec import load_any
+from .predict import PLOTS_ROOT, RESULTS_ROOT, write_experiment
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.perfmodel", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("names", nargs="*", default=["paper"], help="spec names/files or presets (default: paper)")
+    ap.add_argument("--hardware", help="model on this hardware profile (experiments/hardware/<name>.yaml) "
+                                       "instead of each spec's target's")
+    ap.add_argument("--results", default=str(RESULTS_ROOT), help="root of the modelled records")
+    ap.add_argument("--plots", default=str(PLOTS_ROOT), help="root of the modelled figures and tables")
+    ap.add_argument("--no-plots", action="store_true", help="records and tables only")
+    ap.add_argument("--no-variants", action="store_true",
+                    help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    specs = [s for name in args.names for s in load_any(name).specs]
+    n = 0
+    for spec in specs:
+        files = write_experiment(spec, hardware=args.hardware, results_root=Path(args.results),
+                                 plots_root=Path(args.plots), draw=not args.no_plots,
+                                 variants=not args.no_variants)
+        n += len(files)
+        table = next(f for f in files if f.name == "table_modelled.md")
+        print(f"{spec.name}: {len(spec.cases())} cases -> {table.parent}")
+    print(f"{n} files for {len(specs)} spec(s) in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""How long one piece of work takes on a hardware profile: kernels, GEMMs, memory-bound ops, transfers.
+
+Everything here is read from the hardware profile (``experiments/hardware/*.yaml``)
+and the suite's one FLOP formula (``experiments.harness.flops``); nothing is
+fitted to a paper's results.
+
+* A flash-attention kernel on a (rows x cols) block pair does
+  ``attention_flops(B, 1, Z, d, causal, mode) * rows * cols`` FLOPs (the suite's
+  convention: 4*rows*cols*Z*d forward, halved for a causal block, x2.5
+  backward) at ``peak x efficiency(sqrt(rows * cols))``: the profile's table is
+  measured on square problems, so a rectangular block is looked up at the
+  geometric mean of its sides. Forward uses the forward-only table when the
+  profile has one; backward then gets the efficiency that makes forward +
+  backward match the combined table: 2.5 / (3.5/e_fb - 1/e_f).
+* A materialised-scores attention (no flash kernel: ``ring_rsa``, TP without
+  FlashAttention, Burst without LAO) does its matmuls at the GEMM efficiency
+  over the FULL block (masking does not skip work) and moves its score tensors
+  through HBM.
+* GEMMs run at ``gemm_efficiency`` (a ceiling measured on the best shape).
+* Elementwise work (online-softmax merges, accumulator adds) is HBM-bound.
+* A transfer takes ``latency + bytes / rate``. Inside a node the rate is the
+  profile's per-rank intra rate. Between nodes, the ranks of one node that
+  cross at the same time share the node's NICs: with k such ranks spread over
+  the NICs, one rank gets ``NIC rate / min(ceil(k / nics), shared_by)`` (k =
+  every rank of the node gives exactly the profile's convention), and on PCIe
+  nodes no more than its own PCIe link (the GPU reaches the NIC through it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..cluster.hardware import Hardware, Link
+from ..harness.flops import attention_flops
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class CostModel:
+    hw: Hardware
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if self.dtype not in self.hw.accelerator.peak_tflops:
+            raise ValueError(f"dtype={self.dtype!r}: hardware profile {self.hw.name!r} has no peak for it "
+                             f"(accelerator.peak_tflops has {sorted(self.hw.accelerator.peak_tflops)})")
+
+    @property
+    def peak(self) -> float:
+        return self.hw.accelerator.peak_tflops[self.dtype] * 1e12
+
+    # ------------------------------------------------------------ compute
+
+    def attn_efficiency(self, tokens: float, mode: str) -> float:
+        acc = self.hw.accelerator
+        if mode == "forward":
+            return acc.forward_efficiency(tokens)
+        fb = acc.efficiency(tokens)
+        if mode == "fwd_bwd" or acc.attn_efficiency_forward is None:
+            return fb
+        f = acc.forward_efficiency(tokens)
+        return 2.5 / (3.5 / fb - 1.0 / f)
+
+    def attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int, causal: bool,
+                  mode: str) -> tuple[float, float]:
+        """(seconds, FLOPs) of a flash kernel on a rows x cols block pair."""
+        if rows <= 0 or cols <= 0:
+            return 0.0, 0.0
+        flops = attention_flops(batch, 1, heads, head_dim, causal=causal, mode=mode) * rows * cols
+        return flops / (self.peak * self.attn_efficiency(math.sqrt(rows * cols), mode)), flops
+
+    def gemm_efficiency(self) -> float:
+        g = self.hw.accelerator.gemm_efficiency
+        if g is None:
+            raise ValueError(f"hardware profile {self.hw.name!r} has no accelerator.gemm_efficiency; "
+                             "the attention-layer model (projections) and materialised attention need it")
+        return g
+
+    def gemm(self, m: int, n: int, k: int, *, dtype: str | None = None) -> tuple[float, float]:
+        """(seconds, FLOPs) of an (m x k) @ (k x n) matmul."""
+        flops = 2.0 * m * n * k
+        peak = self.hw.accelerator.peak_tflops.get(dtype or self.dtype)
+        if peak is None:
+            raise ValueError(f"dtype={dtype!r}: hardware profile {self.hw.name!r} has no peak for it")
+        return flops / (peak * 1e12 * self.gemm_efficiency()), flops
+
+    def hbm(self, nbytes: float) -> float:
+        """Seconds to stream ``nbytes`` through HBM (read + write counted by the caller)."""
+        return nbytes / (self.hw.accelerator.hbm_gbytes_s * 1e9)
+
+    def materialised_attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int,
+                               mode: str, *, elem: int, matmul_dtype: str | None = None,
+                               score_passes: float) -> tuple[float, float]:
+        """(seconds, FLOPs) of attention that writes its (rows x cols) scores to HBM.
+
+        The two forward matmuls (QK^T, PV; five backward at the x2.5 convention)
+        over the whole block, plus ``score_passes`` reads/writes of a score-sized
+        tensor of ``elem`` bytes per element.
+        """
+        if rows <= 0 or cols <= 0:
+            return 0.0, 0.0
+        factor = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[mode]
+        t, flops = self.gemm(batch * heads * rows, cols, head_dim, dtype=matmul_dtype)
+        t, flops = 2 * factor * t, 2 * factor * flops
+        return t + self.hbm(score_passes * batch * heads * rows * cols * elem), flops
+
+    # ------------------------------------------------------------ communication
+
+    def link(self, same_node: bool) -> Link:
+        return self.hw.link(same_node)
+
+    def rate(self, same_node: bool, concurrent: int = 1) -> float:
+        """Bytes/s one rank gets on a transfer; ``concurrent`` = ranks of its node crossing at once."""
+        if same_node or self.hw.inter is None:
+            return self.hw.intra.bytes_per_s
+        inter = self.hw.inter
+        nic = inter.gbits_s * 1e9 / 8 * inter.efficiency
+        nics = self.hw.nics_per_node or max(1, math.ceil(self.hw.devices_per_node / inter.shared_by))
+        share = min(max(1, math.ceil(concurrent / nics)), inter.shared_by)
+        rate = nic / share
+        if self.hw.intra.kind == "pcie":
+            rate = min(rate, self.hw.intra.bytes_per_s)
+        return rate
+
+    def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1) -> float:
+        """Seconds for one message (latency + size / rate); 0 for an empty one."""
+        if nbytes <= 0:
+            return 0.0
+        link = self.link(same_node)
+        return link.latency_us * 1e-6 + nbytes / self.rate(same_node, concurrent)

@@ -1,0 +1,106 @@
+"""One case through the model: schedule -> simulated time, bytes per rank, memory verdict.
+
+    from experiments.perfmodel.model import predict_case
+    p = predict_case("burst", shape, mode="fwd_bwd", level="op", hardware="a800_ib_4x8")
+    p.time_s, p.status, p.bytes_per_rank[0], p.memory["total_bytes"], p.breakdown
+
+``method`` is a registry name (``baselines.METHODS``) or a model-only variant
+(``schedules.VARIANTS``). Bad input (unknown method or hardware, a shape the
+method cannot run, more ranks than the hardware has) is a ValueError naming
+the parameter, the value and the rule, raised before anything is simulated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from baselines import AttnShape, get
+
+from ..cluster.hardware import Hardware, load_hardware
+from ..harness.flops import MODES
+from .costs import CostModel
+from .memory import peak_memory
+from .placement import Placement
+from .schedules import builder
+from .schedules.common import Ctx
+from .simulator import Schedule
+
+LEVELS = ("op", "layer")
+
+# What every prediction assumes (recorded with each one).
+ASSUMPTIONS = (
+    "time = critical path of a simulated per-layer schedule; nothing fitted to any paper's results",
+    "attention kernels: the suite's FLOP convention on the live part of each block pair (causal pairs "
+    "halved) at peak x the profile's flash-attention efficiency at sqrt(rows*cols) tokens",
+    "GEMMs (layer projections) at the profile's gemm_efficiency (a best-shape ceiling); elementwise work "
+    "(softmax merges, accumulator adds, delta, reorders) HBM-bound",
+    "transfers: latency + bytes / rate; ranks of a node crossing nodes at once share its NICs; one FIFO "
+    "send channel per rank and link class; no interference between compute and communication",
+    "ring steps double-buffered (the next block's transfer overlaps this block's compute); a step waits "
+    "for its send and its receive; collectives use the ring algorithm over the group in rank order "
+    "(one ring: NCCL's extra channels, which spread node crossings over several GPUs, are not modelled, "
+    "so collectives across nodes are pessimistic where one GPU cannot fill the node's NICs)",
+    "kernel launch and Python overheads not modelled",
+    "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
+    "when over the accelerator's HBM",
+)
+
+
+@dataclass
+class Prediction:
+    method: str
+    base_method: str                 # the registry method (differs for variants)
+    shape: AttnShape
+    mode: str
+    level: str
+    hardware: Hardware
+    time_s: float
+    breakdown: dict
+    bytes_per_rank: dict             # {rank: {(phase, kind): bytes}} simulated
+    registry_bytes: dict             # {(phase, kind): bytes} of the phases modelled
+    memory: dict
+    notes: list[str] = field(default_factory=list)
+    schedule: Schedule | None = None
+
+    @property
+    def status(self) -> str:
+        return "oom" if self.memory["oom"] else "ok"
+
+    @property
+    def reason(self) -> str:
+        if not self.memory["oom"]:
+            return ""
+        m = self.memory
+        return (f"modelled peak {m['total_bytes'] / 2**30:.1f} GiB per rank exceeds the "
+                f"{m['capacity_bytes'] / 2**30:.0f} GiB of {self.hardware.accelerator.name} "
+                f"(largest: {max(m['transient_buffers'].items(), key=lambda kv: kv[1])[0] if m['transient_buffers'] else 'kept activations'})")
+
+
+def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardware: Hardware | str,
+                 options: dict | None = None, keep_schedule: bool = False) -> Prediction:
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is unknown; choose one of {MODES}")
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} is unknown; choose one of {LEVELS}")
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    base, build = builder(method)
+    m = get(base)
+    options = dict(options or {})
+    m.validate(shape, **options)
+    if level == "op" and m.level == "layer":
+        raise ValueError(f"level='op': method {method!r} is an attention layer (tensor parallel); "
+                         "use level='layer'")
+    place = Placement.of(hw, shape.world_size)
+    cost = CostModel(hw, shape.dtype)
+    table = dict(m.bytes(shape, **options))
+    ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
+              options=options)
+    build(ctx)
+    ctx.check_consumed(method)
+    sch = ctx.sch
+    mem = peak_memory(m, shape, phases=ctx.phases, level=level, transient=ctx.transient,
+                      hbm_gib=hw.accelerator.hbm_gib, options=options)
+    return Prediction(
+        method=method, base_method=base, shape=shape, mode=mode, level=level, hardware=hw,
+        time_s=sch.makespan, breakdown=sch.breakdown(), bytes_per_rank=sch.bytes_sent(),
+        registry_bytes={k: v for k, v in table.items() if k[0] in ctx.phases and v},
+        memory=mem, notes=list(ctx.notes), schedule=sch if keep_schedule else None)

@@ -1,0 +1,304 @@
+"""Building blocks every method's schedule is made of: ring passes, ring collectives, all-to-alls, GEMMs.
+
+Bytes are never computed here: a builder ``take``s each ``(phase, kind)``
+entry of the registry's formula (``Method.bytes(shape)``, what ONE rank
+sends) and spreads it over the transfers that carry it; ``Ctx.check_consumed``
+then fails if the schedule left a registry entry unplaced. So the simulated
+bytes equal the registry's by construction, and a registry change the
+schedules do not know about is an error, not a silent mismatch.
+
+Communication model (PAPER.md §1 "Overlap"; burst_impl/comm.py, attention.py):
+
+* A ring step posts its sends and receives together (``batch_isend_irecv``),
+  computes on the block it holds, and waits for both: the transfer of step
+  s+1's block overlaps the compute of step s (double buffering), and a step
+  ends when its compute, its send and its receive are done. A transfer starts
+  when the sender has posted it and the receiver has posted the matching
+  receive (NCCL pairs them), so a slow hop delays its neighbours, and through
+  them the whole ring: a synchronous ring runs at its slowest hop.
+* The gradient accumulator ring (dQ for Burst's backward, dK/dV for the K/V
+  backward) is pushed after each step's compute: it waits for the previous
+  push's send and receive, then sends on (``AccumulatorRing.push``).
+* Every rank has one FIFO send channel per link class (ops on one NCCL
+  communicator run in issue order) and one compute stream.
+* Collectives (all-reduce, all-gather, reduce-scatter) are NCCL's ring
+  algorithm over the group in rank order: 2(G-1) (or G-1) steps of 1/G of the
+  buffer, each step needing the previous step's chunk from the left neighbour.
+* An all-to-all sends its G-1 pieces concurrently on the intra-node and the
+  inter-node channel and ends, for the whole group, when the last piece lands.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+from baselines import AttnShape
+
+from ..costs import FP32, CostModel
+from ..placement import Placement
+from ..simulator import Schedule
+
+PHASES = ("forward", "backward")
+
+
+@dataclass
+class Ctx:
+    """Everything a schedule builder needs; builders add tasks to ``sch`` and notes to ``notes``."""
+
+    sch: Schedule
+    cost: CostModel
+    place: Placement
+    shape: AttnShape
+    mode: str                        # forward | backward | fwd_bwd
+    level: str                       # op | block
+    table: dict                      # registry bytes still to place: {(phase, kind): bytes per rank}
+    options: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    # Transient buffers per rank (bytes) by phase, for the memory model: {phase: {name: bytes}}.
+    transient: dict = field(default_factory=lambda: {"forward": {}, "backward": {}})
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        return {"forward": ("forward",), "backward": ("backward",), "fwd_bwd": PHASES}[self.mode]
+
+    @property
+    def ranks(self) -> range:
+        return range(self.shape.world_size)
+
+    @property
+    def elem(self) -> int:
+        return self.shape.elem_size
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def buffer(self, phase: str, name: str, nbytes: float) -> None:
+        self.transient[phase][name] = self.transient[phase].get(name, 0) + int(nbytes)
+
+    def take(self, phase: str, kinds) -> dict:
+        """Remove and return the registry entries ``(phase, kind)`` for ``kinds`` (absent ones are 0:
+        a formula drops zero entries, e.g. every kind at world size 1)."""
+        return {(phase, k): self.table.pop((phase, k), 0) for k in kinds}
+
+    def check_consumed(self, method: str) -> None:
+        left = {k: v for k, v in self.table.items() if k[0] in self.phases and v}
+        if left:
+            raise ValueError(f"method={method!r}: the schedule placed no transfer for registry bytes "
+                             f"{sorted(left)}; its schedule builder must be updated with the formula")
+
+    # ------------------------------------------------------------ single tasks
+
+    def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0) -> int:
+        return self.sch.add(name, kind="compute", resource=f"compute/{rank}", duration=seconds, deps=deps,
+                            rank=rank, phase=phase, flops=flops)
+
+    def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
+             crossing: dict[int, int] | None = None) -> int:
+        same = self.place.same_node(src, dst)
+        conc = (crossing or {}).get(self.place.node(src), 1)
+        seconds = self.cost.transfer(sum(nbytes.values()), same, conc)
+        return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
+                            duration=seconds, deps=deps, rank=src, phase=phase,
+                            nbytes={k: v for k, v in nbytes.items() if v})
+
+
+def split(total: int, parts: int) -> list[int]:
+    """``total`` in ``parts`` integer pieces as equal as possible (the first ones take the remainder)."""
+    if parts <= 0:
+        return []
+    q, r = divmod(int(total), parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def split_table(table: dict, parts: int) -> list[dict]:
+    """One dict of byte counts per transfer: every entry of ``table`` split over ``parts`` transfers."""
+    pieces = {k: split(v, parts) for k, v in table.items()}
+    return [{k: pieces[k][i] for k in table} for i in range(parts)]
+
+
+# ---------------------------------------------------------------- ring pass
+
+Work = Callable[[int, int, int], list[tuple[str, float, float]]]
+
+
+def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: dict, work: Work,
+              ready: dict[int, int | None], acc: dict | None = None, acc_sends: str = "n-1",
+              overlap: bool = True) -> dict[int, int]:
+    """One pass of circulating blocks around each ring in ``rings`` (lists of global ranks, all of
+    one length n, running side by side).
+
+    ``hop``: registry bytes of the circulating bundle (per rank, over the pass: n-1 sends).
+    ``work(i, owner, step)``: the compute of ring index i on owner's block at ``step``, as
+    ``[(label, seconds, flops), ...]`` run in order on the rank's compute stream.
+    ``acc``: registry bytes of the accumulator ring, sent after each step's compute,
+    ``acc_sends`` = "n-1" (steps 1..n-1: the owner's own block stays home; burst_impl) or
+    "n" (every step, ring-flash-attn).
+    ``overlap=False`` (burst_impl's ``overlap=False``): a step computes only after its own transfer
+    has landed, and the next step starts only after the accumulator send it posted has.
+    Returns ``{rank: task}`` after which the pass is over on that rank.
+    """
+    n = len(rings[0])
+    hops = [(ring[i], ring[(i + 1) % n]) for ring in rings for i in range(n)] if n > 1 else []
+    crossing = ctx.place.crossing(hops)
+    hop_sends = split_table(hop, n - 1)
+    first_acc = 1 if acc_sends == "n-1" else 0
+    acc_parts = split_table(acc, n - first_acc) if acc is not None else []
+    B, S, C, P, A = {}, {}, {}, {}, {}
+    members = [(ring, i, g) for ring in rings for i, g in enumerate(ring)]
+    for s in range(n):
+        for ring, i, g in members:
+            prev = ring[(i - 1) % n]
+            deps = [ready.get(g)] if s == 0 else [C[g, s - 1], S.get((g, s - 1)), S.get((prev, s - 1)),
+                                                  P.get((g, s - 1))]
+            if s > 0 and not overlap:
+                deps += [A.get((g, s - 1)), A.get((prev, s - 1))]
+            B[g, s] = ctx.sch.marker(f"{name}.step[r{g},s{s}]", deps, rank=g, phase=phase)
+        if s < n - 1:
+            for ring, i, g in members:
+                nxt = ring[(i + 1) % n]
+                S[g, s] = ctx.send(g, nxt, f"{name}.send[r{g},s{s}]", hop_sends[s], deps=[B[g, s], B[nxt, s]],
+                                   phase=phase, crossing=crossing)
+        for ring, i, g in members:
+            last = B[g, s]
+            if not overlap and s < n - 1:
+                prev = ring[(i - 1) % n]
+                last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, S[g, s], S[prev, s]], rank=g, phase=phase)
+            for label, seconds, flops in work(i, (i - s) % n, s):
+                last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase,
+                                   flops=flops)
+            C[g, s] = last
+        if acc is not None and s >= first_acc:
+            for ring, i, g in members:
+                prev = ring[(i - 1) % n]
+                P[g, s] = ctx.sch.marker(f"{name}.push[r{g},s{s}]",
+                                         [C[g, s], A.get((g, s - 1)), A.get((prev, s - 1))], rank=g, phase=phase)
+            for ring, i, g in members:
+                nxt = ring[(i + 1) % n]
+                if n > 1:
+                    A[g, s] = ctx.send(g, nxt, f"{name}.acc[r{g},s{s}]", acc_parts[s - first_acc],
+                                       deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing)
+    end = {}
+    for ring, i, g in members:
+        prev = ring[(i - 1) % n]
+        end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1)), A.get((g, n - 1)),
+                                                       A.get((prev, n - 1))], rank=g, phase=phase)
+    return end
+
+
+# ---------------------------------------------------------------- collectives
+
+
+def ring_collective(ctx: Ctx, group: list[int], *, phase: str, name: str, nbytes: dict, steps: int,
+                    ready: dict[int, int | None]) -> dict[int, int]:
+    """NCCL ring algorithm over ``group`` (rank order): ``steps`` steps, each rank sending
+    1/steps of its registry bytes to the next rank once it has the previous step's chunk.
+    All-reduce: steps = 2(G-1); all-gather and reduce-scatter: G-1."""
+    n = len(group)
+    if n == 1 or steps == 0:
+        return {g: ctx.sch.marker(f"{name}.done[r{g}]", [ready.get(g)], rank=g, phase=phase) for g in group}
+    crossing = ctx.place.crossing([(group[i], group[(i + 1) % n]) for i in range(n)])
+    parts = split_table(nbytes, steps)
+    X: dict = {}
+    for k in range(steps):
+        for i, g in enumerate(group):
+            nxt, prev = group[(i + 1) % n], group[(i - 1) % n]
+            deps = [ready.get(g), ready.get(nxt)] if k == 0 else [X[prev, k - 1]]
+            X[g, k] = ctx.send(g, nxt, f"{name}[r{g},k{k}]", parts[k], deps=deps, phase=phase, crossing=crossing)
+    return {g: ctx.sch.marker(f"{name}.done[r{g}]", [X[g, steps - 1], X[group[(i - 1) % n], steps - 1]],
+                              rank=g, phase=phase) for i, g in enumerate(group)}
+
+
+def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbytes: dict,
+               ready: dict[int, int | None]) -> dict[int, int]:
+    """One all-to-all in each group (side by side). Each rank sends 1/(u-1) of its registry bytes
+    to each other member: its intra-node pieces on one channel, inter-node ones on the other."""
+    u = len(groups[0])
+    if u == 1:
+        return {g: ctx.sch.marker(f"{name}.done[r{g}]", [ready.get(g)], rank=g, phase=phase)
+                for grp in groups for g in grp}
+    pieces = split_table(nbytes, u - 1)
+    # ranks of each node with an inter-node piece: they share the node's NICs
+    crossing = dict(Counter(ctx.place.node(g) for grp in groups for g in grp
+                            if any(not ctx.place.same_node(g, h) for h in grp)))
+    end = {}
+    for grp in groups:
+        start = ctx.sch.marker(f"{name}.start[g{grp[0]}]", [ready.get(g) for g in grp], phase=phase)
+        sent = []
+        for g in grp:
+            others = [h for h in grp if h != g]
+            for same in (True, False):
+                idx = [j for j, h in enumerate(others) if ctx.place.same_node(g, h) == same]
+                if not idx:
+                    continue
+                b = {k: sum(pieces[j][k] for j in idx) for k in nbytes}
+                dst = others[idx[0]]
+                sent.append(ctx.send(g, dst, f"{name}.{'intra' if same else 'inter'}[r{g}]", b, deps=[start],
+                                     phase=phase, crossing=crossing))
+        done = ctx.sch.marker(f"{name}.done[g{grp[0]}]", sent, phase=phase)
+        end.update({g: done for g in grp})
+    return end
+
+
+# ---------------------------------------------------------------- compute helpers
+
+
+def hbm_step(ctx: Ctx, label: str, nbytes: float) -> tuple[str, float, float]:
+    return (label, ctx.cost.hbm(nbytes), 0.0)
+
+
+def merge_bytes(batch: int, rows: int, heads: int, head_dim: int, elem: int) -> int:
+    """HBM bytes of one online-softmax merge (burst_impl.attention.merge_partial): read the fp32
+    running output and the block output, write the fp32 output; read two lse, write one."""
+    return batch * rows * heads * (head_dim * (2 * FP32 + elem) + 3 * FP32)
+
+
+def accumulate_bytes(batch: int, rows: int, heads: int, head_dim: int) -> int:
+    """HBM bytes of adding a block gradient into an fp32 accumulator (read both, write one)."""
+    return batch * rows * heads * head_dim * 3 * FP32
+
+
+def projections(ctx: Ctx, rank: int, *, tokens: int, q_heads: int, kv_heads: int, out_heads: int,
+                phase: str, which: str, deps) -> int:
+    """The layer's QKV (``which="qkv"``) or output (``"out"``) projection on ``tokens`` rows,
+    forward (1 GEMM) or backward (2: input and weight gradients)."""
+    s, d = ctx.shape, ctx.shape.head_dim
+    hidden = s.heads * d
+    if which == "qkv":
+        t, f = ctx.cost.gemm(s.batch * tokens, (q_heads + 2 * kv_heads) * d, hidden)
+    else:
+        t, f = ctx.cost.gemm(s.batch * tokens, hidden, out_heads * d)
+    mult = 1 if phase == "forward" else 2
+    return ctx.compute(rank, f"{which}_proj.{phase}[r{rank}]", mult * t, deps=deps, phase=phase, flops=mult * f)
+
+
+def sequence_parallel(ctx: Ctx, forward: Callable[[dict], dict], backward: Callable[[dict], dict]) -> dict:
+    """The schedule of a sequence-parallel method: its attention phases, and at layer level the
+    projections around them on the rank's N/G tokens (every rank holds the full weights).
+
+    ``forward(ready)`` / ``backward(ready)`` add the attention's tasks after ``{rank: task}``
+    and return the tasks that end them."""
+    s = ctx.shape
+    tokens = s.seqlen // s.world_size
+    layer = ctx.level == "layer"
+    ready: dict = {g: None for g in ctx.ranks}
+
+    def proj(which: str, phase: str) -> None:
+        for g in ctx.ranks:
+            ready[g] = projections(ctx, g, tokens=tokens, q_heads=s.heads, kv_heads=s.kv_heads,
+                                   out_heads=s.heads, phase=phase, which=which, deps=[ready[g]])
+
+    if "forward" in ctx.phases:
+        if layer:
+            proj("qkv", "forward")
+        ready = dict(forward(ready))
+        if layer:
+            proj("out", "forward")
+    if "backward" in ctx.phases:
+        if layer:
+            proj("out", "backward")
+        ready = dict(backward(ready))
+        if layer:
+            proj("qkv", "backward")
+    return ready

@@ -1,0 +1,169 @@
+"""BurstAttention and the blockwise ring: ``burst`` (auto backward), ``burst_qring``, ``ring``,
+``ring_flash_attn``; and the ring part of ``usp``.
+
+Forward (burst_impl.attention.ring_forward): K, V circulate for n steps; at
+step s ring index i computes its queries against the block of owner (i-s) mod n,
+only the live part of the pair under the causal mask (``block_plan``), then
+merges (O, lse) in fp32 (HBM-bound). Backward: what travels is what the
+registry's formula says travels for this shape (so ``burst``'s auto choice is
+the registry's): the query side (Q, dO, lse, delta, with dQ on the
+accumulator ring) or the key/value side (K, V, with dK, dV on it). Each step
+runs the flash backward kernel on the live part of the pair and adds the block
+gradients into fp32 accumulators. ``ring_flash_attn`` sends its dK/dV
+accumulators at every one of the n steps (its registry formula has n sends).
+
+``materialised=True`` is the paper's "Burst without LAO": each step's local
+attention writes its (rows x cols) scores to HBM instead of running a flash
+kernel (a model-only variant, not a registry method).
+"""
+from __future__ import annotations
+
+from burst_impl.layout import block_plan
+
+from ..costs import FP32
+from .common import Ctx, accumulate_bytes, hbm_step, merge_bytes, sequence_parallel
+from .double_ring import pass_for
+
+QSIDE = ("q", "dout", "lse", "delta")
+KVSIDE = ("k", "v")
+
+
+def _len(sl: slice | None, n: int) -> int:
+    return 0 if sl is None else len(range(n)[sl])
+
+
+def _kernel(ctx: Ctx, *, heads: int, rows: int, cols: int, causal: bool, mode: str, materialised: bool):
+    s = ctx.shape
+    if materialised:
+        # forward: write S, read S (softmax), write P, read P (PV); backward adds dP, dS and rereads
+        return ctx.cost.materialised_attention(s.batch, heads, s.head_dim, rows, cols, mode, elem=ctx.elem,
+                                               score_passes=4 if mode == "forward" else 8)
+    return ctx.cost.attention(s.batch, heads, s.head_dim, rows, cols, causal, mode)
+
+
+def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
+                 name: str = "ring_fwd", materialised: bool = False, topology: str = "flat",
+                 overlap: bool = True) -> dict:
+    s = ctx.shape
+    n = len(rings[0])
+    hop = ctx.take("forward", KVSIDE)
+
+    def work(i, owner, step):
+        plan = block_plan(s.layout, s.causal, i, owner, local)
+        if plan.empty:
+            return []
+        rows, cols = _len(plan.q_rows, local), _len(plan.kv_cols, local)
+        t, f = _kernel(ctx, heads=heads, rows=rows, cols=cols, causal=plan.causal, mode="forward",
+                       materialised=materialised)
+        out = [("attn_fwd", t, f)]
+        if step > 0:
+            out.append(hbm_step(ctx, "merge", merge_bytes(s.batch, rows, heads, s.head_dim, ctx.elem)))
+        return out
+
+    per_send = sum(hop.values()) // max(1, n - 1)
+    ctx.buffer("forward", "K/V blocks in flight (double buffer)", 2 * per_send)
+    ctx.buffer("forward", "fp32 running output and lse", s.batch * local * heads * (s.head_dim + 1) * FP32)
+    ctx.buffer("forward", "block output of the local kernel", s.batch * local * heads * s.head_dim * ctx.elem)
+    if materialised:
+        ctx.buffer("forward", "scores and probabilities of one block", 2 * s.batch * heads * local * local * ctx.elem)
+    return pass_for(ctx, rings, topology=topology, overlap=overlap, phase="forward", name=name, hop=hop, work=work,
+                    ready=ready)
+
+
+def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
+                  default: str, name: str = "ring_bwd", materialised: bool = False, acc_sends: str = "n-1",
+                  topology: str = "flat", overlap: bool = True) -> dict:
+    """``default``: the scheme when the registry has no backward entries (world size 1)."""
+    s = ctx.shape
+    n = len(rings[0])
+    if ("backward", "q") in ctx.table:
+        scheme = "burst"
+    elif ("backward", "k") in ctx.table:
+        scheme = "ring"
+    else:
+        scheme = default
+    if scheme == "burst":
+        hop, acc = ctx.take("backward", QSIDE), ctx.take("backward", ("dq",))
+        ctx.note("backward circulates the query side (Q, dO, lse, delta; dQ on the accumulator ring)")
+    else:
+        hop, acc = ctx.take("backward", KVSIDE), ctx.take("backward", ("dk", "dv"))
+        ctx.note("backward circulates the key/value side (K, V; dK, dV on the accumulator ring)")
+    b, d = s.batch, s.head_dim
+    # delta = rowsum(dO * O) once per rank: read dO and O, write one fp32 per row and head
+    delta = {g: ctx.compute(g, f"{name}.delta[r{g}]", ctx.cost.hbm(b * local * heads * (2 * d * ctx.elem + FP32)),
+                            deps=[ready.get(g)], phase="backward") for r in rings for g in r}
+
+    def work(i, owner, step):
+        q_rank, kv_rank = (owner, i) if scheme == "burst" else (i, owner)
+        plan = block_plan(s.layout, s.causal, q_rank, kv_rank, local)
+        if plan.empty:
+            return []
+        rows, cols = _len(plan.q_rows, local), _len(plan.kv_cols, local)
+        t, f = _kernel(ctx, heads=heads, rows=rows, cols=cols, causal=plan.causal, mode="backward",
+                       materialised=materialised)
+        adds = accumulate_bytes(b, rows, heads, d) + 2 * accumulate_bytes(b, cols, kv_heads, d)
+        return [("attn_bwd", t, f), hbm_step(ctx, "accumulate", adds)]
+
+    end = pass_for(ctx, rings, topology=topology, overlap=overlap, phase="backward", name=name, hop=hop, work=work,
+                   ready=delta, acc=acc, acc_sends=acc_sends)
+    travelling = heads if scheme == "burst" else 2 * kv_heads
+    per_send = sum(hop.values()) // max(1, n - 1)
+    per_acc = sum(acc.values()) // max(1, n - (1 if acc_sends == "n-1" else 0))
+    ctx.buffer("backward", "circulating blocks in flight (double buffer)", 2 * per_send)
+    ctx.buffer("backward", "accumulators: own, outgoing, incoming", 3 * per_acc)
+    ctx.buffer("backward", "fp32 home gradients and block gradients",
+               2 * b * local * (heads + 2 * kv_heads) * d * FP32)
+    if materialised:
+        ctx.buffer("backward", "scores, probabilities, dP, dS of one block", 4 * b * heads * local * local * FP32)
+    # the owner adds the accumulator that comes home after the last step
+    return {g: ctx.compute(g, f"{name}.finish[r{g}]",
+                           ctx.cost.hbm(accumulate_bytes(b, local, travelling, d)), deps=[end[g]], phase="backward")
+            for g in end}
+
+
+def _flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str = "n-1", topology: str = "flat",
+          overlap: bool = True) -> dict:
+    s = ctx.shape
+    rings = [list(range(s.world_size))]
+    local = s.seqlen // s.world_size
+    kw = dict(local=local, heads=s.heads, kv_heads=s.kv_heads, topology=topology, overlap=overlap)
+    if s.world_size > 1 and topology == "flat":
+        ctx.note("flat ring over all ranks in rank order; a synchronous step waits for its slowest hop "
+                 "(the inter-node hop on multi-node runs)")
+    if not overlap:
+        ctx.note("overlap off: every transfer is waited for before the step computes")
+    return sequence_parallel(
+        ctx,
+        lambda ready: ring_forward(ctx, rings, ready, materialised=materialised, **kw),
+        lambda ready: ring_backward(ctx, rings, ready, default=default, materialised=materialised,
+                                    acc_sends=acc_sends, **kw))
+
+
+def burst(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst")
+
+
+def burst_nolao(ctx: Ctx) -> dict:
+    ctx.note("Burst without LAO (model-only variant): every ring step materialises its block's scores in HBM")
+    return _flat(ctx, default="burst", materialised=True)
+
+
+def ring(ctx: Ctx) -> dict:
+    return _flat(ctx, default="ring")
+
+
+def burst_no_overlap(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", overlap=False)
+
+
+def burst_double_ring(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", topology="double")
+
+
+def burst_double_ring_no_overlap(ctx: Ctx) -> dict:
+    return _flat(ctx, default="burst", topology="double", overlap=False)
+
+
+def ring_flash_attn(ctx: Ctx) -> dict:
+    ctx.note("ring-flash-attn sends its fp32 dK/dV accumulators at each of the G backward steps")
+    return _flat(ctx, default="ring", acc_sends="n")

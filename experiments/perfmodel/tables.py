@@ -1,0 +1,136 @@
+"""Markdown tables of modelled records (``plots/modelled/<experiment>/table_modelled.md``).
+
+One table per quantity: time per layer, TFLOP/s per GPU (the suite's FLOP
+convention) and MFU, peak memory per rank, and the communication left exposed
+on the critical path; rows are the swept axis (sequence length, world size or
+batch), columns the methods (and model-only variants). Every file says
+"MODELLED", names the hardware profile with its numbers, what one cell is
+(one layer's attention operator or layer), and the assumptions behind it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cluster.hardware import Hardware
+from ..harness.spec import Spec
+from .model import ASSUMPTIONS
+from .schedules import VARIANTS
+
+X_AXES = ("seqlen", "world_size", "batch")
+MODE_TEXT = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward + backward"}
+LEVEL_TEXT = {"op": "attention operator (local q, k, v shards in, local output out; no projections)",
+              "layer": "attention layer (QKV projection, attention, output projection)"}
+
+
+def _human(n: int) -> str:
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
+def _x_axis(records: list[dict]) -> str:
+    for a in X_AXES:
+        if len({r[a] for r in records}) > 1:
+            return a
+    return "seqlen"
+
+
+def _cell(rec: dict | None, what: str, peak_tflops: float) -> str:
+    if rec is None:
+        return "–"
+    if what == "mem":
+        return f"{rec['model']['memory']['total_bytes'] / 2**30:.1f}"
+    if rec["status"] == "oom":
+        return f"OOM ({rec['model']['memory']['total_bytes'] / 2**30:.0f} GiB)"
+    t = rec["time_median_s"]
+    if what == "time":
+        return f"{t * 1e3:.3g}" if t < 1 else f"{t * 1e3:,.0f}"
+    if what == "tflops":
+        return f"{rec['tflops_per_rank']:.0f} ({100 * rec['tflops_per_rank'] / peak_tflops:.0f}%)"
+    if what == "exposed":
+        b = rec["model"]["breakdown"]
+        return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%" if b["makespan_s"] else "0%"
+    raise ValueError(what)
+
+
+def _grid(records, methods, x, what, peak) -> list[str]:
+    xs = sorted({r[x] for r in records})
+    head = [x if x != "seqlen" else "N"] + list(methods)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
+    for v in xs:
+        row = [_human(v) if x == "seqlen" else str(v)]
+        for m in methods:
+            rec = next((r for r in records if r["method"] == m and r[x] == v), None)
+            row.append(_cell(rec, what, peak))
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def _hardware_lines(hw: Hardware, dtype: str) -> list[str]:
+    a = hw.accelerator
+    lines = [f"- hardware profile `{hw.name}` ({hw.path}): {hw.description}",
+             f"- {a.name}: {a.peak_tflops.get(dtype)} TFLOP/s peak ({dtype}), {a.hbm_gib} GiB HBM at "
+             f"{a.hbm_gbytes_s} GB/s; flash-attention efficiency (fwd+bwd) {list(a.attn_efficiency)}"
+             + (f", forward {list(a.attn_efficiency_forward)}" if a.attn_efficiency_forward else
+                " (no forward-only table: the same efficiency for every mode)")
+             + f"; GEMM efficiency {a.gemm_efficiency}",
+             f"- intra-node: {hw.intra.kind} {hw.intra.bytes_per_s / 1e9:.1f} GB/s per rank per direction, "
+             f"{hw.intra.latency_us} µs"]
+    if hw.inter is not None:
+        lines.append(f"- inter-node: {hw.inter.kind} {hw.inter.gbits_s} Gb/s per link x "
+                     f"{hw.nics_per_node or '?'} per node, efficiency {hw.inter.efficiency}, "
+                     f"{hw.inter.bytes_per_s / 1e9:.2f} GB/s per rank when all {hw.devices_per_node} ranks of a "
+                     f"node cross at once, {hw.inter.latency_us} µs")
+    lines.append(f"- sources: {a.source}; {hw.intra.source}" + (f"; {hw.inter.source}" if hw.inter else ""))
+    return lines
+
+
+def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], variant_records: list[dict],
+                out_dir: Path) -> Path:
+    recs = records + variant_records
+    methods = [m for m in spec.methods if any(r["method"] == m for r in recs)]
+    methods += [v for v in VARIANTS if any(r["method"] == v for r in recs)]
+    r0 = records[0]
+    x = _x_axis(records)
+    mode, level = MODE_TEXT[r0["mode"]], r0["level"]
+    peak = hw.accelerator.peak_tflops.get(r0["dtype"], float("nan"))
+    fixed = (f"B={r0['batch']}" if x != "batch" else "") + (f", G={r0['world_size']}" if x != "world_size" else "") \
+        + f", Z={r0['heads']}" + (f"/{r0['kv_heads']}kv" if r0["kv_heads"] != r0["heads"] else "") \
+        + f", d={r0['head_dim']}, {r0['dtype']}, {'causal' if r0['causal'] else 'full'}, {r0['layout']}" \
+        + (f", N={_human(r0['seqlen'])}" if x != "seqlen" else "")
+    what = f"one layer's {LEVEL_TEXT[level]}, {mode}"
+    out = [f"# {experiment}: {spec.paper_ref or spec.description} — MODELLED",
+           "",
+           f"**Modelled, not measured**: predictions of `experiments.perfmodel` on hardware profile "
+           f"`{hw.name}` ({hw.description}). Every cell is **{what}** "
+           f"({fixed}); a whole model's time (all layers, MLPs, embeddings, loss) is phase B of the model.",
+           ""]
+    if level == "layer" and r0["mode"] == "forward":
+        out += ["This is NOT the paper's first-token latency of the whole model: it is the attention layer of "
+                "ONE layer. Multiplying by the layer count would still leave out the MLPs, norms and LM head.", ""]
+    variants = [v for v in VARIANTS if v in methods]
+    if variants:
+        out += ["Model-only variants (not registry methods, nothing runs them): "
+                + "; ".join(f"`{v}` = {VARIANTS[v][2]}" for v in variants) + ".", ""]
+    sections = [("time", f"Time per layer (ms), {mode}"),
+                ("tflops", f"TFLOP/s per GPU (suite FLOP convention: causal halved, bwd = 2.5x fwd) and % of "
+                           f"the {peak:g} TFLOP/s peak"),
+                ("mem", "Modelled peak memory per rank (GiB; inputs + kept activations + transient buffers)"),
+                ("exposed", "Share of the time that is communication on the critical path (not hidden by compute)")]
+    for key, title in sections:
+        out += [f"## {title}", ""] + _grid(recs, methods, x, key, peak) + [""]
+    out += ["## Hardware", ""] + _hardware_lines(hw, r0["dtype"]) + [""]
+    out += ["## Assumptions", ""] + [f"- {a}" for a in ASSUMPTIONS]
+    notes = []
+    for r in recs:
+        for n in r["model"]["notes"]:
+            line = f"- `{r['method']}`: {n}"
+            if line not in notes:
+                notes.append(line)
+    out += ["", "## Method notes", ""] + notes + [""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "table_modelled.md"
+    path.write_text("\n".join(out), encoding="utf-8")
+    return path

@@ -1,0 +1,290 @@
+"""The cluster performance model (experiments/perfmodel): hand-computed schedules, bytes equal to the
+registry's formulas, memory and OOM, the record schema, the CLI, and bad input.
+
+Hand-computed cases run on toy hardware with round numbers (1 TFLOP/s, efficiency 1, no latency,
+HBM so fast that elementwise work is ~1e-15 s), so every expected time is a formula written here.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baselines import METHODS, AttnShape, get
+from experiments.cluster.hardware import parse_hardware
+from experiments.harness import results as R
+from experiments.harness.flops import attention_flops
+from experiments.harness.spec import load_any
+from experiments.perfmodel import predict_case
+from experiments.perfmodel.__main__ import main as cli
+from experiments.perfmodel.costs import CostModel
+from experiments.perfmodel.placement import Placement
+from experiments.perfmodel.predict import predict_spec
+from experiments.perfmodel.schedules import SCHEDULES, VARIANTS
+from experiments.perfmodel.schedules.common import Ctx, ring_collective
+from experiments.perfmodel.simulator import Schedule
+
+REL = 1e-9   # the toy HBM makes elementwise tasks ~1e-15 s next to ~1e-4 s of compute
+
+
+def toy(*, nodes=1, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8, peak=1.0):
+    """Hardware with round numbers: rates in bytes/s (gbits_s = 8 * rate / 1e9), zero latency."""
+    link = lambda rate: {"kind": "nvlink", "gbits_s": 8 * rate / 1e9, "latency_us": 0}  # noqa: E731
+    raw = {"name": "toy", "nodes": nodes, "devices_per_node": per_node, "nics_per_node": per_node,
+           "accelerator": {"name": "toy", "peak_tflops": {"bfloat16": peak}, "hbm_gib": 80,
+                           "hbm_gbytes_s": 1e12, "attn_efficiency": [[1, 1.0]], "gemm_efficiency": 1.0},
+           "intra": link(intra_bytes_s)}
+    if nodes > 1:
+        raw["inter"] = {**link(inter_bytes_s), "kind": "infiniband"}
+    return parse_hardware(raw, "toy.yaml")
+
+
+def shape(G, N, *, Z=1, Zkv=None, d=128, causal=False, layout="contiguous"):
+    return AttnShape(batch=1, seqlen=N, heads=Z, kv_heads=Zkv or Z, head_dim=d, world_size=G,
+                     dtype="bfloat16", causal=causal, layout=layout)
+
+
+# one non-causal (1024 x 1024) block pair, Z=1, d=128 at 1 TFLOP/s; one K+V block of bf16
+C_FWD = 4 * 1024 * 1024 * 128 / 1e12
+KV_HOP = 2 * 1024 * 128 * 2
+
+
+# ---------------------------------------------------------------- hand-computed schedules
+
+
+def test_g2_ring_forward_compute_bound_hides_the_transfer():
+    p = predict_case("burst", shape(2, 2048), mode="forward", level="op", hardware=toy(intra_bytes_s=1e10))
+    assert KV_HOP / 1e10 < C_FWD
+    assert p.time_s == pytest.approx(2 * C_FWD, rel=REL)
+    assert p.breakdown["critical_comm_s"] == 0.0
+
+
+def test_g2_ring_forward_comm_bound_waits_for_the_transfer():
+    p = predict_case("burst", shape(2, 2048), mode="forward", level="op", hardware=toy(intra_bytes_s=1e8))
+    t = KV_HOP / 1e8
+    assert t > C_FWD
+    assert p.time_s == pytest.approx(t + C_FWD, rel=REL)
+    assert p.breakdown["critical_comm_s"] == pytest.approx(t, rel=REL)
+
+
+@pytest.mark.parametrize("rate", [1e10, 1e8])
+def test_g2_burst_backward_query_ring_then_dq_home(rate):
+    # step 0: own block while Q, dO, lse, delta travel; step 1: the visiting block, then dQ (fp32) goes home
+    p = predict_case("burst", shape(2, 2048), mode="backward", level="op", hardware=toy(intra_bytes_s=rate))
+    c = 2.5 * C_FWD
+    t_q = (2 * 1024 * 128 * 2 + 2 * 1024 * 4) / rate
+    t_dq = 1024 * 128 * 4 / rate
+    assert p.time_s == pytest.approx(max(c, t_q) + c + t_dq, rel=REL)
+
+
+def test_2x2_flat_ring_runs_at_the_inter_node_hop():
+    # G=4 on 2 nodes x 2: hops 1->2 and 3->0 cross nodes; every rank sends or receives one of them
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    p = predict_case("burst", shape(4, 4096), mode="forward", level="op", hardware=hw)
+    t_inter = KV_HOP / 1e8
+    assert KV_HOP / 1e10 < C_FWD < t_inter
+    assert p.time_s == pytest.approx(3 * t_inter + C_FWD, rel=REL)
+
+
+def test_slow_hop_paces_ranks_whose_own_hops_are_fast():
+    # 2 nodes x 3: rank 1 only talks intra-node, yet the synchronous ring drags it to the inter hop's pace
+    hw = toy(nodes=2, per_node=3, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    p = predict_case("burst", shape(6, 6144), mode="forward", level="op", hardware=hw, keep_schedule=True)
+    t_inter = KV_HOP / 1e8
+    assert p.time_s == pytest.approx(5 * t_inter + C_FWD, rel=REL)
+    ends = [max(t.end for t in p.schedule.tasks if t.rank == g) for g in range(6)]
+    assert min(ends) > 4 * t_inter
+
+
+def test_2x2_double_ring_waits_for_the_inter_node_hop_once_per_round():
+    # round 0: the inter hop of the next round's block (posted at step 0) overlaps steps 0 and 1;
+    # round 1 starts when it lands. Flat ring: 3 t_inter + C (test above). overlap=False serialises.
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    t_inter, t_intra = KV_HOP / 1e8, KV_HOP / 1e10
+    assert t_intra < C_FWD and 2 * C_FWD < t_inter
+    for method, want in [("burst_double_ring", t_inter + 2 * C_FWD),
+                         ("burst_double_ring_no_overlap", t_inter + t_intra + 4 * C_FWD),
+                         ("burst_no_overlap", 3 * (t_inter + C_FWD) + C_FWD)]:
+        p = predict_case(method, shape(4, 4096), mode="forward", level="op", hardware=hw)
+        assert p.time_s == pytest.approx(want, rel=REL), method
+
+
+def test_2x2_double_ring_backward_dq_crosses_at_the_round_boundary_and_comes_home():
+    # Q, dO, lse, delta: the inter hop lands at t_b (> 2 c); round 1's chain sends dQ intra after step 2,
+    # inter after step 3; the last inter hop meets the kept round-0 sum, one intra hop home.
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8)
+    c = 2.5 * C_FWD
+    t_b = (2 * 1024 * 128 * 2 + 2 * 1024 * 4) / 1e8
+    t_dq_inter, t_dq_intra = 1024 * 128 * 4 / 1e8, 1024 * 128 * 4 / 1e10
+    p = predict_case("burst_double_ring", shape(4, 4096), mode="backward", level="op", hardware=hw)
+    assert t_b > 2 * c
+    assert p.time_s == pytest.approx(t_b + 2 * c + t_dq_inter + t_dq_intra, rel=REL)
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (2, 4), (4, 2)])
+def test_double_ring_sends_per_link_class_as_the_registry_says(grid):
+    E, I = grid
+    hw = toy(nodes=E, per_node=I)
+    s = shape(E * I, 1024 * E * I, Z=2, causal=True, layout="zigzag")
+    for method in ("burst", "burst_double_ring"):
+        p = predict_case(method, s, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True)
+        for g in range(E * I):
+            sent = {"intra": 0, "inter": 0}
+            for t in p.schedule.tasks:
+                if t.kind == "comm" and t.rank == g:
+                    sent[t.resource.split("/")[0].removeprefix("send.")] += sum(t.nbytes.values())
+            want = {"intra": 0, "inter": 0}
+            for (_, _, link), b in get(method).links(s, g, I).items():
+                want[link] += b
+            assert sent == want, (method, g)
+
+
+def test_all_reduce_is_2g_minus_2_steps_of_one_gth():
+    hw = toy(per_node=4, intra_bytes_s=1e9)
+    s = shape(4, 4096)
+    n = 8_000_000
+    ctx = Ctx(sch=Schedule(), cost=CostModel(hw), place=Placement.of(hw, 4), shape=s, mode="forward",
+              level="layer", table={})
+    end = ring_collective(ctx, [0, 1, 2, 3], phase="forward", name="ar", nbytes={("forward", "x"): 2 * n * 3 // 4},
+                          steps=6, ready={})
+    assert ctx.sch.end(end.values()) == pytest.approx(6 * (n / 4) / 1e9, rel=REL)
+    assert ctx.sch.bytes_sent()[0] == {("forward", "x"): 2 * n * 3 // 4}
+
+
+def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():
+    hw = parse_hardware({"name": "x", "nodes": 2, "devices_per_node": 8, "nics_per_node": 4,
+                         "accelerator": {"name": "a", "peak_tflops": {"bfloat16": 1}, "hbm_gib": 1,
+                                         "hbm_gbytes_s": 1, "attn_efficiency": [[1, 1.0]]},
+                         "intra": {"kind": "nvlink", "gbits_s": 1600, "latency_us": 0},
+                         "inter": {"kind": "infiniband", "gbits_s": 200, "latency_us": 0, "shared_by": 2}})
+    cost = CostModel(hw)
+    nic = 200e9 / 8
+    assert cost.rate(False, 1) == nic                      # a flat ring: one rank per node crosses
+    assert cost.rate(False, 8) == nic / 2 == hw.inter.bytes_per_s   # everyone crosses: the profile's share
+
+
+# ---------------------------------------------------------------- sources of truth
+
+
+def test_every_registered_method_has_a_schedule():
+    assert set(METHODS) <= set(SCHEDULES)
+
+
+SHAPES = [
+    shape(4, 8192, Z=8, d=64, causal=True, layout="zigzag"),
+    shape(4, 8192, Z=8, d=64, causal=True, layout="contiguous"),
+    shape(3, 6144, Z=6, Zkv=3, d=64, causal=True, layout="striped"),
+    shape(8, 16384, Z=8, Zkv=2, d=64, causal=True, layout="zigzag"),
+    shape(16, 65536, Z=32, Zkv=8, d=128, causal=True, layout="zigzag"),    # two A800 nodes
+    shape(1, 4096, Z=8, d=64, causal=True),
+]
+
+
+@pytest.mark.parametrize("s", SHAPES, ids=lambda s: f"G{s.world_size}-Z{s.heads}kv{s.kv_heads}-{s.layout}")
+def test_predicted_bytes_equal_the_registry_formulas(s):
+    checked = 0
+    for name in list(SCHEDULES) + list(VARIANTS):
+        base = VARIANTS[name][0] if name in VARIANTS else name
+        try:
+            get(base).validate(s)
+        except ValueError:
+            continue
+        level = "layer" if get(base).level == "layer" else "op"
+        for mode in ("forward", "fwd_bwd"):
+            p = predict_case(name, s, mode=mode, level=level, hardware="a800_ib_4x8")
+            phases = ("forward",) if mode == "forward" else ("forward", "backward")
+            want = {k: v for k, v in get(base).bytes(s).items() if k[0] in phases and v}
+            for g in range(s.world_size):
+                assert p.bytes_per_rank.get(g, {}) == want, (name, mode, g)
+        checked += 1
+    assert checked >= 5
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_attention_flops_over_ranks_equal_the_suite_formula(layout):
+    s = shape(4, 8192, Z=4, d=64, causal=True, layout=layout)
+    for mode in ("forward", "backward"):
+        p = predict_case("burst", s, mode=mode, level="op", hardware=toy(per_node=4), keep_schedule=True)
+        work = sum(t.flops for t in p.schedule.tasks if t.kind == "compute")
+        assert work == pytest.approx(attention_flops(1, 8192, 4, 64, causal=True, mode=mode), rel=1e-12)
+
+
+def test_burst_picks_the_registry_backward():
+    mha = predict_case("burst", shape(4, 8192, Z=8, d=64), mode="backward", level="op", hardware="a800_ib_4x8")
+    gqa = predict_case("burst", shape(4, 8192, Z=8, Zkv=2, d=64), mode="backward", level="op",
+                       hardware="a800_ib_4x8")
+    assert ("backward", "q") in mha.bytes_per_rank[0] and ("backward", "k") in gqa.bytes_per_rank[0]
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_ring_rsa_runs_out_of_memory_where_burst_fits():
+    s = shape(32, 1 << 20, Z=40, causal=True, layout="zigzag")
+    rsa = predict_case("ring_rsa", s, mode="fwd_bwd", level="op", hardware="a800_ib_4x8")
+    burst = predict_case("burst", s, mode="fwd_bwd", level="op", hardware="a800_ib_4x8")
+    assert rsa.status == "oom" and "exceeds the 80 GiB" in rsa.reason
+    assert burst.status == "ok" and burst.memory["total_bytes"] < 80 * 2**30
+    # the probabilities (B, Z, N/G, N) dominate ring_rsa's memory model
+    assert rsa.memory["kept_bytes"] >= 40 * (1 << 15) * (1 << 20) * 2
+
+
+def test_tp_without_flash_materialises_its_scores():
+    s = shape(8, 1 << 17, Z=32, causal=True, layout="zigzag")
+    flash = predict_case("tp_v3", s, mode="forward", level="layer", hardware="a100_pcie_8")
+    noflash = predict_case("tp_v3_noflash", s, mode="forward", level="layer", hardware="a100_pcie_8")
+    scores = 2 * 4 * (1 << 17) ** 2 * 2          # scores + probabilities, 4 heads per rank, bf16
+    assert noflash.memory["total_bytes"] - flash.memory["total_bytes"] == scores
+    assert flash.status == "ok" and noflash.status == "oom"
+
+
+# ---------------------------------------------------------------- records, CLI, bad input
+
+
+def test_records_follow_the_results_schema():
+    spec = load_any("table2_prefill_7b_8gpu").specs[0]
+    exp, recs, extra = predict_spec(spec)
+    assert exp == spec.name and len(recs) == len(spec.cases())
+    for r in recs + extra:
+        assert not [k for k in R.REQUIRED_KEYS if k not in r]
+        assert r["source"] == "modelled" and r["hardware_profile"] == "a100_pcie_8"
+        assert r["status"] in R.STATUSES and r["time_samples_s"] == []
+        assert "MODELLED" in r["hardware"]["summary"]
+        json.dumps(r, default=str)
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert ok and all(r["time_median_s"] > 0 and r["comm_fwd_bytes"] == r["comm_fwd_formula_bytes"] for r in ok)
+    assert {r["variant_of"] for r in extra} == {"burst", "tp_v1", "tp_v3"}
+
+
+def test_cli_writes_records_figures_and_tables(tmp_path):
+    assert cli(["fig4a_scaling_13b_64k", "--results", str(tmp_path / "r"), "--plots", str(tmp_path / "p")]) == 0
+    exp = tmp_path / "r" / "fig4a_scaling_13b_64k"
+    recs = R.read_records(exp / R.RESULTS_FILE)
+    assert recs and all(r["source"] == "modelled" for r in recs)
+    figs = sorted(p.name for p in (tmp_path / "p" / "fig4a_scaling_13b_64k").iterdir())
+    assert "table_modelled.md" in figs and "scaling_world_size_modelled.png" in figs
+    assert all("modelled" in f for f in figs)
+    table = (tmp_path / "p" / "fig4a_scaling_13b_64k" / "table_modelled.md").read_text()
+    assert "MODELLED" in table and "a100_pcie_8" in table and "## Assumptions" in table
+
+
+def test_cli_other_hardware_gets_its_own_experiment(tmp_path):
+    cli(["fig4b_batch_7b_4k", "--hardware", "h200_sxm_ib_4x8", "--no-plots", "--results", str(tmp_path / "r"),
+         "--plots", str(tmp_path / "p")])
+    recs = R.read_records(tmp_path / "r" / "fig4b_batch_7b_4k__h200_sxm_ib_4x8" / R.RESULTS_FILE)
+    assert recs and {r["hardware_profile"] for r in recs} == {"h200_sxm_ib_4x8"}
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(hardware="nope"), r"hardware='nope': no such hardware profile"),
+    (dict(hardware="a100_pcie_8", s=shape(16, 16384)), r"world_size=16 must be between 1 and the 8 devices"),
+    (dict(method="flash_magic"), r"method='flash_magic' has no performance-model schedule"),
+    (dict(mode="sideways"), r"mode='sideways' is unknown"),
+    (dict(level="op", method="tp_v1", s=shape(4, 4096, Z=8)), r"level='op'.*attention layer"),
+    (dict(s=shape(4, 1004, layout="zigzag")), r"seqlen=1004 must be a positive multiple of 8"),
+    (dict(s=shape(3, 3072, Z=4), method="ulysses"), r"heads=4 must be divisible by the Ulysses degree 3"),
+])
+def test_bad_input_names_parameter_value_and_rule(kw, match):
+    args = dict(method="burst", s=shape(4, 4096), mode="forward", level="op", hardware="a800_ib_4x8") | kw
+    with pytest.raises(ValueError, match=match):
+        predict_case(args["method"], args["s"], mode=args["mode"], level=args["level"], hardware=args["hardware"])
