@@ -54,6 +54,7 @@ def modes_run(cfg_name: str, method: str, layout: str, loss: str) -> dict:
     return out
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S)       # a loaded machine; a quiet one needs well under a minute
 @pytest.mark.parametrize("method,loss,world_size", CASES)
 def test_checkpoint_modes_exact(pools, method, loss, world_size):
     layout = "zigzag" if world_size > 1 else "contiguous"
@@ -105,6 +106,7 @@ def _bad_layout(layout: str, seqlen: int) -> str:
     return "no error"
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_bad_input(pools):
     with pytest.raises(ValueError, match="checkpoint='bogus' is unknown"):
         replace(get_config("tiny"), checkpoint="bogus")
@@ -113,6 +115,7 @@ def test_bad_input(pools):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="loss='liger' cannot run here"):
             build_model(replace(get_config("tiny"), loss="liger"))
-    contiguous, odd = pools.run(2, _bad_layout, "contiguous", 24)[0], pools.run(2, _bad_layout, "striped", 18)[0]
+    contiguous = pools.run(2, _bad_layout, "contiguous", 24, timeout=RUN_TIMEOUT_S)[0]
+    odd = pools.run(2, _bad_layout, "striped", 18, timeout=RUN_TIMEOUT_S)[0]
     assert "zigzag' and 'striped' only" in contiguous, contiguous
     assert "must be even" in odd, odd
