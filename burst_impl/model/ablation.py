@@ -114,13 +114,12 @@ def _worker(out: str, node_size: int) -> None:
         first = first or times
         predicted = step_memory(cfg, batch=MIRROR["batch"], seqlen=MIRROR["seqlen"], world_size=G,
                                 method=s.method, layout=MIRROR["layout"])
-        tokens_per_s = [MIRROR["batch"] * MIRROR["seqlen"] / t for t in times]
+        n, t = MIRROR["batch"] * MIRROR["seqlen"], summarize(times)
         rows.append(dict(step=s.name, **asdict(s), world_size=G, node_size=node_size, mirror=MIRROR,
-                         tokens_per_s_median=MIRROR["batch"] * MIRROR["seqlen"] / summarize(times)["time_median_s"],
-                         tokens_per_s_p10=min(tokens_per_s) if len(times) < 3 else
-                         MIRROR["batch"] * MIRROR["seqlen"] / summarize(times)["time_p90_s"],
-                         tokens_per_s_p90=MIRROR["batch"] * MIRROR["seqlen"] / summarize(times)["time_p10_s"],
-                         speedup_vs_first=ratio_interval(first, times), times_s=times, **summarize(times),
+                         # tokens/s of the median step; p10/p90 of tokens/s are N over the p90/p10 times
+                         tokens_per_s_median=n / t["time_median_s"], tokens_per_s_p10=n / t["time_p90_s"],
+                         tokens_per_s_p90=n / t["time_p10_s"],
+                         speedup_vs_first=ratio_interval(first, times), times_s=times, **t,
                          peak_bytes_max_rank=int(peaks.item()),
                          predicted_step_peak_bytes=predicted.step_peak_bytes,
                          predicted_resident_bytes=predicted.resident_bytes, cluster=cluster,
