@@ -140,6 +140,11 @@ def _warm_up_imports() -> None:
     measure_peak(lambda: torch.ones(1) * 2, torch.device("cpu"))
 
 
+def _measured_over(case: Case) -> str:
+    return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
+            "train": "train step (forward + backward + gradient sync + optimizer)"}.get(case.mode, "forward + backward")
+
+
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
     """Measure one case on every rank; the full record on rank 0, None elsewhere."""
     t_start = time.perf_counter()
@@ -155,7 +160,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
         barrier(group, device)
         with comm.count_bytes() as counts:
             if case.measure_memory:
-                mem = measure_peak(step.full, device, start_bytes=step.start_bytes)
+                mem = measure_peak(step.full, device, start_bytes=step.live_bytes())
             else:
                 step.full()
     local = {
@@ -166,6 +171,12 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
         "comm_fwd": counts.phase_total("forward") if counts is not None else None,
         "comm_bwd": counts.phase_total("backward") if counts is not None else None,
         "notes": {k: str(v) for k, v in counts.notes.items()} if counts is not None else {},
+        "links": counts.by_link() if counts is not None else None,
+        # host seconds this rank waited on transfers in the counted step (overlap on: the exposed part;
+        # overlap off: every transfer, so the serialised communication time)
+        "wait_s": float(sum(counts.wait_s.values())) if counts is not None else None,
+        # model level: weights + gradients + optimizer state this rank keeps between steps
+        "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
     }
     per_rank = _gather(local, world)
     if rank != 0:
@@ -179,17 +190,22 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
                                                    "backend": "nccl" if device.type == "cuda" else "gloo"})
     rec["kernel"] = kernel_used(case, device)
     stats = summarize(samples)
-    flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
-                            mode=case.mode)
     med = stats["time_median_s"]
     rec.update(stats)
-    rec.update({
-        "time_samples_s": samples,
-        "flops": flops,
-        "tflops_total": tflops_per_s(flops, med),
-        "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
-        "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
-    })
+    rec["time_samples_s"] = samples
+    if case.level == "model":
+        from .model_record import model_fields
+
+        rec.update(model_fields(case, step.context, med, per_rank, device))
+    else:
+        flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
+                                mode=case.mode)
+        rec.update({
+            "flops": flops,
+            "tflops_total": tflops_per_s(flops, med),
+            "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
+            "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
+        })
     if case.measure_memory:
         peaks = [r["mem_peak"] for r in per_rank]
         rec.update({
@@ -197,8 +213,11 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
             "mem_peak_bytes_per_rank": peaks,
             "mem_start_bytes_per_rank": [r["mem_start"] for r in per_rank],
             "mem_method": per_rank[0]["mem_method"],
-            "mem_measured_over": "forward (no grad)" if case.mode == "forward" else "forward + backward",
+            "mem_measured_over": _measured_over(case),
         })
+    if case.level == "model":
+        rec["duration_s"] = time.perf_counter() - t_start
+        return rec
     try:
         rec["mem_model_bytes"] = int(method.memory(shape))
     except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
@@ -219,6 +238,8 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
             "comm_bytes_by_kind": per_rank[0]["comm"],
             "comm_formula_by_kind": {f"{p}/{k}": int(v) for (p, k), v in sorted(formula.items())},
             "comm_notes": per_rank[0]["notes"],
+            "comm_bytes_by_link_per_rank": [r["links"] for r in per_rank],
+            "comm_wait_s_per_rank": [r["wait_s"] for r in per_rank],
             "comm_measured_over": "forward" if not has_bwd else "forward + backward",
         })
     rec["duration_s"] = time.perf_counter() - t_start
