@@ -120,7 +120,7 @@ def attention_spec(core) -> AttnSpec | None:
     from .layers import LocalAttention  # late: layers is light, but keep this module's imports acyclic
 
     if isinstance(core, LocalAttention):
-        return AttnSpec("local", causal=core.causal) if core.fused else None
+        return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
     method = getattr(core, "method", None)
     if method is None or method.name not in BURST_OPERATOR_BACKWARD:
         return None
