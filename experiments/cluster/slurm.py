@@ -51,6 +51,7 @@ RESERVE_S={reserve_s}
 {env}
 {setup}
 export CASES={cases} RESULTS_ROOT={results}
+export EXPERIMENTS_MACHINE={machine}   # records belong to this cluster profile (results/<profile>/)
 # This job's own results folder (merged into $RESULTS_ROOT at the end): jobs sharing a node never share a file.
 export RESULTS="$RESULTS_ROOT/.jobs/$SLURM_JOB_ID"
 mkdir -p "$RESULTS"
@@ -155,7 +156,7 @@ def render_sbatch(*, spec_name: str, profile: Profile, world_size: int, n_cases:
         time_limit=profile.time_limit, time_limit_s=limit, reserve_s=RESERVE_S,
         log_dir=shlex.quote(log_dir), sbatch_extra="\n".join(f"#SBATCH {x}" for x in profile.sbatch_extra),
         repo=shlex.quote(repo), env=env, setup="\n".join(profile.setup),
-        cases=shlex.quote(cases_file), results=shlex.quote(results_root),
+        cases=shlex.quote(cases_file), results=shlex.quote(results_root), machine=shlex.quote(profile.name),
         master_port=profile.master_port, port_span=PORT_SPAN, omp=max(1, profile.cpus_per_gpu),
         python=profile.python, node_setup=shlex.quote("; ".join(node_setup_lines(profile))),
         max_attempts=MAX_ATTEMPTS, launch_timeout=timeout, min_attempt=MIN_ATTEMPT_S, entry=entry,

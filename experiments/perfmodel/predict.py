@@ -91,6 +91,7 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
     formula = pred.registry_bytes
     rec.update({
         "source": "modelled",
+        "machine": "modelled",
         "hardware_profile": hw.name,
         "hardware": hardware_record(hw, s.world_size),
         "versions": {**rec.get("versions", {}), "perfmodel": "experiments.perfmodel (phase A, attention level)"},
