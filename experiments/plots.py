@@ -84,11 +84,15 @@ def _hw_and_date(df: pd.DataFrame, meta: dict | None = None) -> str:
     origin = (meta or {}).get("origin", "")
     if _source(df) == "modelled":
         return f"modelled for {summary}{extra} · {date}" + (f" · {origin}" if origin else "")
-    machines = sorted({str(m) for m in df.get("machine", pd.Series(dtype=object)).dropna()}) or ["unnamed machine"]
+    # records written before they named their machine: the slug of the hardware they recorded
+    from .harness.env import machine_slug
+
+    machines = sorted({str(r["machine"]) if isinstance(r.get("machine"), str) else machine_slug(r["hardware"])
+                       for r in df.to_dict("records") if isinstance(r.get("hardware"), dict)}) or ["unknown machine"]
     commits = sorted({str((g or {}).get("commit") or "?")[:7] + ("+dirty" if (g or {}).get("dirty") else "")
                       for g in df["git"]}) if "git" in df else ["?"]
-    return (f"measured on {', '.join(machines)} ({summary}{extra}) at {', '.join(commits)} · {date}"
-            + (f" · {origin}" if origin else "") + _cluster_note(df))
+    return textwrap.fill(f"measured on {', '.join(machines)} ({summary}{extra}) at {', '.join(commits)} · {date}"
+                         + (f" · {origin}" if origin else ""), 100) + _cluster_note(df)
 
 
 def _cluster_note(df: pd.DataFrame) -> str:
@@ -212,7 +216,8 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     note = "; ".join(n for n in (meta.get("skipped_note"), "points offset horizontally by a few % per method "
                                  "so equal values stay visible") if n)
     fig.subplots_adjust(bottom=0.18)
-    fig.text(0.5, 0.01, textwrap.fill(note, 160), ha="center", va="bottom", fontsize=7, color="dimgray")
+    fig.text(0.5, 0.01, textwrap.fill(note, int(fig.get_figwidth() * 17)), ha="center", va="bottom", fontsize=7,
+             color="dimgray")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -241,8 +246,8 @@ def _interval(ok: pd.DataFrame, ycol: str):
 def _time_label(df: pd.DataFrame) -> str:
     ok = df[df["status"] == "ok"]
     full = "time_ci_lo_s" in ok and len(ok) and ok["time_ci_lo_s"].notna().all()
-    return "time per step (s, median; bars: " + ("95% interval of the median)" if full else
-                                                 "95% interval of the median, p10-p90 where too few samples)")
+    return "time per step (s, median)\nbars: " + ("95% interval of the median" if full else
+                                                  "95% interval of median (p10-p90 if n < 6)")
 
 
 def _speedup(baseline: str):
@@ -281,7 +286,11 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
               ("comm_bwd_bytes", f"backward, {word}", "", 2), ("comm_bwd_formula_bytes", "backward, formula", "//", 3)]
     if mode == "forward":   # nothing was sent backward: no backward bars, not even formula ones
         series = series[:2]
-    by_formula = (sel["bytes_source"] == "formula") if "bytes_source" in sel else pd.Series(False, index=sel.index)
+    # records written before bytes_source existed: the method's registry entry says
+    registry = pd.Series([bool(METHODS[m].bytes_by_formula) if m in METHODS else False for m in sel.index],
+                         index=sel.index)
+    by_formula = (sel["bytes_source"].fillna("").map({"formula": True, "counted": False}).fillna(registry)
+                  .astype(bool) if "bytes_source" in sel else registry)
     for col, label, hatch, k in series:
         if col not in sel or sel[col].isna().all():
             continue
