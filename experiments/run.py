@@ -46,7 +46,8 @@ def _cost(c: Case) -> float:
     """Rough relative cost of a case, so the progress bar's time-left estimate is sensible."""
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
     mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[c.mode]
-    return 1.0 + (c.warmup + c.repeats + 3) * mode * work / 2e9
+    reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap
+    return 1.0 + (c.warmup + reps + 3) * mode * work / 2e9
 
 
 def machine_label(preset: Preset) -> str:
@@ -194,7 +195,7 @@ def _slurm_files(spec_name: str, ws: int, cases: list[Case], prof, *, results_ro
     script = render_sbatch(spec_name=spec_name, profile=prof, world_size=ws, n_cases=len(cases),
                            cases_file=str(cases_file.resolve()), results_root=str(results_root.resolve()),
                            repo=str(REPO), log_dir=str(R.experiment_dir(results_root, spec_name).resolve()),
-                           case_budget_s=sum(c.case_timeout_s for c in cases))
+                           case_budget_s=sum(c.case_timeout_s for c in cases), machine=R.current_machine())
     where = out_dir if out_dir is not None else R.experiment_dir(results_root, spec_name) / "slurm"
     return write_sbatch(where / f"{spec_name}-G{ws}.sbatch", script), script
 

@@ -246,3 +246,13 @@ def test_figures_name_their_origin_and_draw_no_backward_bars_for_forward_runs(tm
     assert "xx" in hatches and {None, ""} & set(hatches), hatches
     df["source"] = "modelled"
     assert plots._hw_and_date(df).startswith("modelled")
+
+
+def test_slurm_jobs_name_the_machine_their_records_belong_to():
+    from experiments.cluster.profile import load_profile
+    from experiments.cluster.slurm import render_sbatch
+
+    kw = dict(spec_name="fig3", profile=load_profile("a100_32"), world_size=32, n_cases=1, cases_file="c",
+              results_root="/x/results/a100_32", repo="/x/repo", log_dir="/x/logs", case_budget_s=99)
+    assert "export EXPERIMENTS_MACHINE=a100_32" in render_sbatch(**kw)
+    assert "export EXPERIMENTS_MACHINE=box-a" in render_sbatch(**kw, machine="box-a")
