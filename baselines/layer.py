@@ -164,8 +164,12 @@ def layer_memory_bytes(method, shape: AttnShape) -> int:
     if method.level == "layer":
         return int(method.memory(shape))
     shard = shape.rows * shape.heads * shape.head_dim * shape.elem_size     # (B, N/G, H)
-    # Ulysses returns the output all-to-all's result, a new (B, N/G, H) tensor that the output
+    # Ulysses (and USP with a Ulysses degree > 1) returns the output all-to-all's result, a new (B, N/G, H) tensor that the output
     # projection keeps besides the head-sharded out its attention saved; the ring family returns
     # the saved out itself.
-    out_copy = shard if method.name in ("ulysses", "deepspeed_ulysses") else 0
+    a2a_out = method.name in ("ulysses", "deepspeed_ulysses")
+    if method.name in ("usp", "usp_no_overlap"):   # an all-to-all output where its Ulysses degree is > 1
+        from .methods.usp import _degree
+        a2a_out = _degree(shape, method.options.get("ulysses_degree"), method.options.get("node_size")) > 1
+    out_copy = shard if a2a_out else 0
     return int(method.memory(shape)) + shard + out_copy

@@ -211,7 +211,8 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
         plt.close(fig)
         return None
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
-    fig.suptitle(f"{df['experiment'].iloc[0]}: {title}{ref}\n{_hw_and_date(df, meta)}", fontsize=10)
+    head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title}", int(fig.get_figwidth() * 11))
+    fig.suptitle(f"{head}{ref}\n{_hw_and_date(df, meta)}", fontsize=10)
     fig.tight_layout()
     note = "; ".join(n for n in (meta.get("skipped_note"), "points offset horizontally by a few % per method "
                                  "so equal values stay visible") if n)
@@ -356,10 +357,29 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         files.append(_line_figure(df, "seqlen", "time_median_s", _time_label(df),
                                   "time vs sequence length", meta, out / f"time_vs_seqlen{sfx}.png", logy=True,
                                   errbars=True))
-        scope = (df["flops_scope"].dropna().iloc[0] if "flops_scope" in df and df["flops_scope"].notna().any()
-                 else "attention")
+        # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
+        # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
+        from types import SimpleNamespace
+
+        from .harness.flops import case_flops
+
+        ok = df["status"] == "ok"
+        def flops_of(r: dict) -> tuple[float, str]:
+            try:   # "block": the old name of "layer"; a level without a formula here keeps its record's value
+                return case_flops({"block": "layer"}.get(r["level"], r["level"]), SimpleNamespace(**r), r["mode"])
+            except ValueError:
+                return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
+                    str(r.get("flops_scope") or r["level"])
+
+        fl = [flops_of(r) if o else (math.nan, "") for r, o in zip(df.to_dict("records"), ok)]
+        df = df.assign(tflops_per_rank=[f / t / 1e12 / w if o else math.nan for (f, _), t, w, o in
+                                        zip(fl, df["time_median_s"] if "time_median_s" in df else [math.nan] * len(df),
+                                            df["world_size"], ok)])
+        scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
+        scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
         files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
-                                  f"throughput: {scope} FLOPs (experiments/harness/flops.py) / time of the {scope}",
+                                  f"throughput: {scope} FLOPs / {scope} time" + (" (QKV, output projections and attention)"
+                                                                                if scope == "attention layer" else ""),
                                   meta,
                                   out / f"tflops_vs_seqlen{sfx}.png", logy=False))
         if "mem_peak_bytes" in df:

@@ -210,10 +210,15 @@ def _marker(results_root, case: Case) -> dict:
         return {}
 
 
-def marker_budget(results_root, case: Case) -> float:
-    """The budget a started case runs under (its own when the marker does not say)."""
+def marker_budget(results_root, case: Case) -> float | None:
+    """The budget a started case runs under (its own when the marker does not say); None when the marker
+    is gone (the case just finished: its record is being written)."""
     try:
-        return float(_marker(results_root, case)["budget_s"])
+        text = marker_path(results_root, case).read_text()
+    except OSError:
+        return None
+    try:
+        return float(json.loads(text)["budget_s"])
     except (KeyError, TypeError, ValueError):
         return case.case_timeout_s
 
