@@ -23,6 +23,17 @@ from baselines.methods.deepspeed_ulysses import deepspeed_available
 
 needs_deepspeed = pytest.mark.skipif(not deepspeed_available(), reason="deepspeed not installed (make venv installs it)")
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _deepspeed_extension_built():
+    """DeepSpeed JIT-compiles its shared-memory comm extension when its comm starts (tens of seconds on
+    a fresh checkout, minutes on a busy machine). Build it here, once, in the test process, so that the
+    ranks only load it and the pool's per-call timeout bounds the test, not the compiler."""
+    if deepspeed_available():
+        from deepspeed.comm.torch import build_shm_op
+
+        build_shm_op()
+
 B, D = 2, 16
 # Both sides are fp32 with the same local kernel: a peer's result may differ
 # from ours only by reduction order. Against fp64, the bound of
