@@ -256,3 +256,17 @@ def test_slurm_jobs_name_the_machine_their_records_belong_to():
               results_root="/x/results/a100_32", repo="/x/repo", log_dir="/x/logs", case_budget_s=99)
     assert "export EXPERIMENTS_MACHINE=a100_32" in render_sbatch(**kw)
     assert "export EXPERIMENTS_MACHINE=box-a" in render_sbatch(**kw, machine="box-a")
+
+
+def test_layer_tflops_count_the_projections_that_were_timed():
+    from experiments.harness import flops
+
+    s = AttnShape(seqlen=1024, world_size=4, batch=2, heads=8, kv_heads=2, head_dim=32, causal=True)
+    att = flops.attention_flops(2, 1024, 8, 32, causal=True, mode="fwd_bwd")
+    h = 8 * 32
+    proj = 2 * 2 * 1024 * h * (h + 2 * 2 * 32) + 2 * 2 * 1024 * h * h          # QKV (GQA) + output, forward
+    assert flops.case_flops("op", s, "fwd_bwd") == (att, flops.SCOPES["op"])
+    assert flops.case_flops("layer", s, "fwd_bwd")[0] == pytest.approx(att + 3 * proj)
+    assert flops.case_flops("layer", s, "forward")[0] == pytest.approx(att / 3.5 + proj)
+    with pytest.raises(ValueError, match="level"):
+        flops.case_flops("kernel", s, "forward")
