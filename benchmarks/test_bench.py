@@ -52,9 +52,19 @@ def test_case(benchmark, case, device):
     # Untimed, after the timing (profiling leaves background work that would skew it):
     # bytes and peak memory of one full step.
     with comm.count_bytes() as counts:
-        mem = measure_peak(step.full, device, start_bytes=step.start_bytes)
+        mem = measure_peak(step.full, device, start_bytes=step.live_bytes())
     method = METHODS[case.method]
-    formula = method.bytes(case.shape)
+    if case.level == "model":   # a whole decoder: the step's own formula and the model FLOP convention
+        from burst_impl.model.flops import model_flops
+
+        formula = step.context.comm_formula(case)
+        flops = model_flops(step.context.cfg, case.batch, case.seqlen, mode=case.mode, causal=case.causal)["total"]
+        mem_model = None
+    else:
+        formula = method.bytes(case.shape)
+        flops = attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
+                                mode=case.mode)
+        mem_model = int(method.memory(case.shape))
     benchmark.extra_info.update({
         "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
         "mode": case.mode, "world_size": case.world_size, "rank": rank,
@@ -64,9 +74,7 @@ def test_case(benchmark, case, device):
         "comm_fwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "forward"),
         "comm_bwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "backward"),
         "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
-        "mem_model_bytes": int(method.memory(case.shape)),
-        "flops": attention_flops(case.batch, case.seqlen, case.heads, case.head_dim, causal=case.causal,
-                                 mode=case.mode),
+        "mem_model_bytes": mem_model, "flops": flops,
     })
 
     med = benchmark.stats.stats.median if benchmark.stats else None

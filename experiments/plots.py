@@ -344,6 +344,10 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         reasons = skipped.drop_duplicates("method").set_index("method")["reason"].fillna("")
         meta["skipped_note"] = "not run: " + "; ".join(str(r) or m for m, r in reasons.items())
     out = plots_root / exp
+    if "level" in df and (df["level"] == "model").all():
+        from .plots_model import draw_model_experiment   # model-level records: their own figures and table
+
+        return draw_model_experiment(df, meta, out)
     sfx = "_modelled" if _source(df) == "modelled" else ""   # a modelled figure says so in its file name
     files: list[Path] = []
     methods = sorted(df["method"].unique(), key=_method_order)

@@ -45,7 +45,12 @@ from .harness.spec import Case, Preset, Spec, case_problem, load_any
 def _cost(c: Case) -> float:
     """Rough relative cost of a case, so the progress bar's time-left estimate is sensible."""
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
-    mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[c.mode]
+    # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
+    mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5, "prefill": 1.0, "train": 3.5}[c.mode]
+    if c.level == "model":
+        from burst_impl.model import get_config
+
+        work *= get_config(c.model).n_layers
     reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap
     return 1.0 + (c.warmup + reps + 3) * mode * work / 2e9
 
@@ -337,17 +342,22 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
-    from .cluster.report import loopback_twin, report
+    from .cluster.report import loopback_twin, report, with_model
 
     out = []
     for spec in preset.specs:
-        if spec.profile.scheduler != "emulated":
+        # The report predicts attention steps from bytes and attention FLOPs; model-level records carry their own.
+        if spec.profile.scheduler != "emulated" or spec.measure.level == "model":
             continue
         try:
             rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
         except ValueError as e:        # nothing measured (all failed): the records say why
             print(f"{spec.name}: no report: {e}")
             continue
+        try:
+            rep = with_model(rep, results_root, require_calibration=True)
+        except (ValueError, RuntimeError) as e:   # a loopback fallback has no links to model; a timing failed
+            rep = {**rep, "text": rep["text"] + f"\n\nperformance model: not compared: {e}"}
         (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
         print(rep["text"])
         out.append(rep)

@@ -29,13 +29,15 @@ Backends (``backend=`` name, or ``None`` for automatic):
 * ``"xformers"``: xFormers' memory-efficient attention on CUDA (``xformers.ops.fmha``).
 * ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
 * ``"reference"``: plain math in fp64, for tests; materialises the scores.
+* ``"math"``: materialised scores in the inputs' dtype (fp32 statistics): the papers'
+  "without LAO" / "without FlashAttention" rows. Never chosen automatically.
 
 What each backend runs on is in its ``Backend`` entry; ``check_backend`` turns a
 mismatch (a CUDA backend on CPU tensors, flash-attn with fp32 or fp64, a
 package that is not installed) into a ValueError before any communication.
 
 The backends live one per file in this package (``reference.py``, ``cpu_flash.py``,
-``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``); the shared helpers (statistics dtype,
+``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``, ``math.py``); the shared helpers (statistics dtype,
 strides, ``delta`` and the surrogate ``out`` fed to stock backward kernels)
 are in ``common.py``.
 """
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_sdpa, flash_attn, reference, xformers
+from . import cpu_flash, cuda_sdpa, flash_attn, math, reference, xformers
 from .common import (FLOAT_DTYPES, Backend, compute_delta, default_scale, stats_dtype, surrogate_out,
                      unit_last)
 
@@ -51,7 +53,7 @@ Tensor = torch.Tensor
 
 # name -> backend, in the order the automatic choice and the docs list them
 BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND
-                                 for m in (reference, cpu_flash, flash_attn, xformers, cuda_sdpa)}
+                                 for m in (reference, cpu_flash, flash_attn, xformers, cuda_sdpa, math)}
 
 __all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "attn_backward", "attn_forward", "check_backend",
            "compute_delta", "default_scale", "resolve_backend", "stats_dtype", "surrogate_out", "unit_last"]

@@ -103,13 +103,14 @@ class LocalAttention:
 
     fused: bool = True
     causal: bool = True
+    backend: str | None = None      # burst_impl.kernels name for the fused path; None: automatic
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if not self.fused:
             return math_attention(q, k, v, causal=self.causal)
         from baselines.local import local_attn  # the same kernels every distributed method uses
 
-        return local_attn(q, k, v, causal=self.causal)
+        return local_attn(q, k, v, causal=self.causal, backend=self.backend)
 
 
 # ---------------------------------------------------------------- blocks

@@ -88,7 +88,8 @@ class _Comm:
 
 
 class TPAttention(nn.Module):
-    def __init__(self, attn, cfg: ModelConfig, plan: ParallelPlan, version: str, fused: bool):
+    def __init__(self, attn, cfg: ModelConfig, plan: ParallelPlan, version: str, fused: bool,
+                 backend: str | None = None):
         super().__init__()
         G, r, d = plan.world_size, plan.rank, cfg.head_dim
         zq, zk = cfg.n_heads // G, cfg.n_kv_heads // G
@@ -99,7 +100,7 @@ class TPAttention(nn.Module):
             setattr(self, name, _sliced(getattr(attn, name), dim, idx))
         self.head_dim, self.theta, self.plan, self.version = d, cfg.rope_theta, plan, version
         self.comm = _Comm(plan, version, "attn")
-        self.core = LocalAttention(fused=fused)
+        self.core = LocalAttention(fused=fused, backend=backend)
 
     def forward(self, x: Tensor, rope) -> Tensor:
         G, layout = self.plan.world_size, self.plan.layout
@@ -137,10 +138,11 @@ class TPFeedForward(nn.Module):
 
 
 def tensor_parallel(model: Transformer, version: str, *, group=None, layout: str = "contiguous",
-                    fused: bool = True) -> Transformer:
+                    fused: bool = True, backend: str | None = None) -> Transformer:
     """Turn ``model`` (weights identical on every rank) into this rank's TP model. In place.
 
-    ``layout`` is the sequence layout of the V3 shards (V1 holds all tokens in order).
+    ``layout`` is the sequence layout of the V3 shards (V1 holds all tokens in order);
+    ``backend`` the fused local kernel (``burst_impl.kernels`` name, None: automatic).
     ``model.tp_index[name] = (dim, indices)`` says which slice of the full weight a
     sharded parameter is (for gathering gradients in tests).
     """
@@ -152,7 +154,7 @@ def tensor_parallel(model: Transformer, version: str, *, group=None, layout: str
                         rank=rank, world_size=G)
     index = {}
     for i, block in enumerate(model.layers):
-        block.attention = TPAttention(block.attention, model.cfg, plan, version, fused)
+        block.attention = TPAttention(block.attention, model.cfg, plan, version, fused, backend)
         block.feed_forward = TPFeedForward(block.feed_forward, model.cfg, plan, version)
         for mod, prefix in ((block.attention, f"layers.{i}.attention"), (block.feed_forward, f"layers.{i}.feed_forward")):
             index.update({f"{prefix}.{n}.weight": di for n, di in mod.index.items()})

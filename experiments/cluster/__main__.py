@@ -7,6 +7,7 @@
     python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
     python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     python -m experiments.cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
+    python -m experiments.cluster report cpu_train_emulated --model   # + the performance model, per case
 
 Needs root (network namespaces); SLURM profiles need the Debian packages slurmd, slurmctld, slurm-client, munge.
 """
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--compute-from", help="experiment with the same cases on loopback (compute time per method)")
     rp.add_argument("--ref", default="burst", help="method the ratios are relative to")
     rp.add_argument("--json", action="store_true")
+    rp.add_argument("--model", action="store_true",
+                    help="also the performance model's predicted / measured per case (measures kernel times here "
+                         "if results/<experiment>/kernel_times.json lacks them)")
     args = ap.parse_args(argv)
 
     if args.cmd == "up":
@@ -137,9 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rid}: removed {len(netns.teardown(rid))} namespace(s)")
         return 0
     if args.cmd == "report":
-        from .report import report
+        from .report import report, with_model
 
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
+        if args.model:
+            out = with_model(out, args.results)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     return 2

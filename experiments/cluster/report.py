@@ -12,6 +12,9 @@ For each case (one sequence length, one method) of ``results/<experiment>``:
              more work than the FLOP formula, ring_rsa's materialised scores, are then under-predicted);
   and two bounds: serial t_comp + t_comm (no overlap) and overlapped max(t_comp, t_comm).
 Ratios are against ``--ref`` (default burst). A measured ratio whose interval overlaps 1 is not a speedup.
+
+``with_model`` adds the performance model's prediction of every case (``experiments.perfmodel.validate``:
+its schedules on this machine as emulated), predicted / measured, next to these two bounds.
 """
 from __future__ import annotations
 
@@ -87,6 +90,16 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
     return {"experiment": experiment, "rows": out_rows, "text": "\n".join(lines)}
 
 
+def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
+    """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.validate``:
+    this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
+    from ..perfmodel.validate import validate_experiment
+
+    root = Path(results_root) if results_root else REPO / "results"
+    model = validate_experiment(root, rep["experiment"], **kw)
+    return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
+
+
 def loopback_twin(preset, spec) -> str | None:
     """A spec of ``preset`` with exactly ``spec``'s cases on plain loopback (cluster cpu), if there is one."""
     ids = {c.case_id for c in spec.cases()}
@@ -116,6 +129,10 @@ def figure(rep: dict, out: Path) -> Path:
                    label="modelled: t_comp + t_comm")
         ax.scatter(xs, [r["overlap_s"] for r in sel], marker="^", color="tab:green", zorder=3,
                    label="modelled: max(t_comp, t_comm)")
+        pm = {(m["seqlen"], m["method"]): m["predicted_s"] for m in (rep.get("model") or {}).get("rows", [])}
+        if pm:
+            ax.scatter(xs, [pm.get((n, r["method"]), math.nan) for r in sel], marker="D", color="black", zorder=4,
+                       label="modelled: performance model (schedule)")
         ax.set_xticks(list(xs), [r["method"] for r in sel])
         ax.set_title(f"N={n}", fontsize=9)
         ax.set_ylabel("seconds per step (fwd+bwd)")

@@ -33,6 +33,11 @@ from .timing import RepeatPolicy, barrier, summarize, time_interleaved
 TIMING_SHARE = 0.5
 
 
+def _measured_over(case: Case) -> str:
+    return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
+            "train": "train step (forward + backward + gradient sync + optimizer)"}.get(case.mode, "forward + backward")
+
+
 @dataclass
 class Current:
     """The case this rank runs now; with ``root``, also written to ``.work/current.rank<r>`` (on change)
@@ -112,7 +117,7 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
         barrier(group, device)
         with comm.count_bytes() as counts:
             if case.measure_memory:
-                mem = measure_peak(step.full, device, start_bytes=step.start_bytes)
+                mem = measure_peak(step.full, device, start_bytes=step.live_bytes())
             else:
                 step.full()
     if case.measure_memory and step.forward is not None:
@@ -121,40 +126,47 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
     local = {
         # one definition for every method (experiments.harness.memory): the step's own inputs and
         # weights plus the peak increase during the step
-        "mem_peak": mem.peak_bytes + step.start_bytes if mem else None,
+        "mem_peak": mem.peak_bytes + step.live_bytes() if mem else None,
         "mem_above": mem.peak_bytes if mem else None,
-        "mem_inputs": step.start_bytes,
+        "mem_inputs": step.live_bytes(),
         "mem_saved": saved,
         "mem_method": mem.method if mem else None,
         "comm": counts.as_dict() if counts is not None else None,
         "comm_fwd": counts.phase_total("forward") if counts is not None else None,
         "comm_bwd": counts.phase_total("backward") if counts is not None else None,
         "notes": {k: str(v) for k, v in counts.notes.items()} if counts is not None else {},
+        # model level: weights + gradients + optimizer state this rank keeps between steps
+        "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
     }
     per_rank = _gather(local, world)
     if rank != 0:
         return None
-    return _record(case, samples, per_rank, device) | {"_rest_s": time.perf_counter() - t0}
+    return _record(case, step, samples, per_rank, device) | {"_rest_s": time.perf_counter() - t0}
 
 
-def _record(case: Case, samples: list[float], per_rank: list[dict], device: torch.device) -> dict:
+def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], device: torch.device) -> dict:
     method = METHODS[case.method]
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
                                                    "backend": "nccl" if device.type == "cuda" else "gloo"})
     rec["kernel"] = kernel_used(case, device)
     stats = summarize(samples)
-    flops, scope = case_flops(case.level, shape, case.mode)
     med = stats["time_median_s"]
     rec.update(stats)
-    rec.update({
-        "time_samples_s": samples,
-        "flops": flops,
-        "flops_scope": scope,
-        "tflops_total": tflops_per_s(flops, med),
-        "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
-        "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
-    })
+    rec["time_samples_s"] = samples
+    if case.level == "model":
+        from .model_record import model_fields
+
+        rec.update(model_fields(case, step.context, med, per_rank, device))
+    else:
+        flops, scope = case_flops(case.level, shape, case.mode)
+        rec.update({
+            "flops": flops,
+            "flops_scope": scope,
+            "tflops_total": tflops_per_s(flops, med),
+            "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
+            "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
+        })
     if case.measure_memory:
         peaks = [r["mem_peak"] for r in per_rank]
         saved = [r["mem_saved"] for r in per_rank]
@@ -166,8 +178,10 @@ def _record(case: Case, samples: list[float], per_rank: list[dict], device: torc
             "mem_saved_bytes": max(saved) if None not in saved else None,
             "mem_method": per_rank[0]["mem_method"],
             "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
-            "mem_measured_over": "forward (no grad)" if case.mode == "forward" else "forward + backward",
+            "mem_measured_over": _measured_over(case),
         })
+    if case.level == "model":
+        return rec
     try:
         rec["mem_model_bytes"] = int(method.memory(shape) if case.level == "op" else layer_memory_bytes(method, shape))
         rec["mem_model_of"] = "bytes kept for backward (compare mem_saved_bytes)"

@@ -13,8 +13,8 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     baseline: ring                    # speedups in figures are relative to it
     sweep: {seqlen: [...], world_size: [8], batch: 1, heads: 32, kv_heads: 32,
             head_dim: 128, dtype: bfloat16, causal: true, layout: zigzag}
-    measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}
-    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names); default automatic
+    measure: {modes: [fwd_bwd], level: layer, memory: true, comm: true}   # level op|layer|model
+    kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names, or auto); default automatic
     exclude: [{method: ulysses, world_size: 16}]   # optional: drop combinations explicitly
     warmup: 2
     repeats: 6                        # at least this many timed steps (6: the first n with a 95% interval)
@@ -24,6 +24,7 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     seed: 0
     cluster: a100_8                   # "cpu", "local" or experiments/clusters/<name>.yaml
     timeouts: {case_s: 900, pg_s: 300}
+    model: {name: llama2_7b, zero: [false, true]}   # only with measure.level: model (model_cases.py)
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
 (minus ``exclude``), times ``kernels`` when given: each case then passes
@@ -31,7 +32,10 @@ Every sweep axis takes a scalar or a list; the cases are the Cartesian product
 method with a fixed kernel of its own (``Method.kernel``: ring_rsa,
 ring_flash_attn) cannot be combined with one. A kernel that cannot run on this
 machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
-the reason. Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
+the reason. ``auto`` in the list is the automatic choice (no ``backend=``, no
+suffix in the case name), e.g. ``kernels: [auto, math]`` for a row with the
+method's usual kernel beside one with materialised scores (the papers'
+"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
@@ -68,10 +72,12 @@ from burst_impl.shape import AttnShape
 from ..cluster.profile import Profile, load_profile
 from . import axes
 from .flops import MODES
+from .model_cases import MODEL_MODES, ModelSetup, check_attention_mode, check_model_case, fill_sweep
 from .schema import FileErr, check_keys, fields_from, from_mapping, plain
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
-LEVELS = ("op", "layer")
+# op: the operator on local shards; layer: the attention layer; model: a whole decoder (model_cases.py)
+LEVELS = ("op", "layer", "model")
 # Old names still accepted in YAML, mapped to the current ones (with a DeprecationWarning).
 _LEVEL_ALIASES = {"block": "layer"}
 _KEY_ALIASES = {"target": "cluster"}
@@ -93,8 +99,10 @@ def _positive_seconds(v):
 
 @dataclass(frozen=True)
 class Measure:
-    modes: tuple[str, ...] = field(default=("fwd_bwd",), metadata={"check": _one_of(MODES)})
-    # op: the attention operator on local shards; layer: the attention layer (projections too)
+    # forward/backward/fwd_bwd at levels op and layer; train/prefill at level model
+    modes: tuple[str, ...] = field(default=("fwd_bwd",), metadata={"check": _one_of(MODES + MODEL_MODES)})
+    # op: the attention operator on local shards; layer: the attention layer (projections too);
+    # model: a whole decoder trained or prefilled (experiments.harness.model_cases)
     level: str = field(default="op", metadata={"check": _one_of(LEVELS)})
     memory: bool = True    # measure peak memory in a separate untimed step
     comm: bool = True      # count bytes sent (burst_impl.comm.count_bytes)
@@ -125,6 +133,10 @@ class Case:
     case_timeout_s: float = 600.0
     pg_timeout_s: float = 120.0
     kernel: str | None = None        # local kernel (burst_impl.kernels name) passed as backend=; None: automatic
+    # level "model" only (model_cases.py): the decoder config, FSDP2 weights, the optimizer
+    model: str | None = None
+    zero: bool = False
+    optimizer: str = "adamw"
     max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
     ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
     interleave: bool = True          # time with the other methods of the same shape, in rounds
@@ -135,9 +147,11 @@ class Case:
 
     @property
     def group_key(self) -> tuple:
-        """Cases with equal keys are timed together in interleaved rounds (methods of one case shape)."""
-        return (self.experiment, self.level, self.mode, self.shape, self.kernel) if self.interleave else \
-            (self.case_id,)
+        """Cases with equal keys are timed together in interleaved rounds (methods of one case shape).
+        Model-level cases run alone: a whole decoder per method at once would not fit where one does."""
+        if not self.interleave or self.level == "model":
+            return (self.case_id,)
+        return (self.experiment, self.level, self.mode, self.shape, self.kernel)
 
     def __getattr__(self, name: str):
         # case.seqlen, case.world_size, ...: the sweep axes are the shape's fields
@@ -148,6 +162,8 @@ class Case:
     @property
     def case_id(self) -> str:
         base = axes.case_id(self.method, self.level, self.mode, self.shape)
+        if self.model is not None:
+            base += f".{self.model}" + (".zero" if self.zero else "")
         return f"{base}.{self.kernel}" if self.kernel else base
 
     def to_dict(self) -> dict:
@@ -168,10 +184,13 @@ def _check_name(name: str) -> str | None:
     return None
 
 
+AUTO_KERNEL = "auto"     # in ``kernels:``: the method's automatic choice (Case.kernel None)
+
+
 def _check_kernels(kernels: tuple[str, ...]) -> str | None:
     for k in kernels:
-        if k not in KERNELS:
-            return f"{k!r} is not a kernel; kernels: {list(KERNELS)}"
+        if k not in KERNELS and k != AUTO_KERNEL:
+            return f"{k!r} is not a kernel; kernels: {[*KERNELS, AUTO_KERNEL]}"
     if len(set(kernels)) != len(kernels):
         return "lists a kernel twice"
     return None
@@ -207,6 +226,7 @@ class Spec:
     interleave: bool = True
     seed: int = field(default=0, metadata={"check": _at_least(0)})
     timeouts: Timeouts = field(default_factory=Timeouts)
+    model: ModelSetup | None = None   # required at measure.level: model, refused otherwise
 
     @property
     def profile(self) -> Profile:
@@ -264,12 +284,19 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
     kw["sweep"] = axes.parse_sweep(raw["sweep"], err)
     if kw.get("max_repeats") is not None and kw["max_repeats"] < kw.get("repeats", 10):
         raise err("max_repeats", f"{kw['max_repeats']} must be >= repeats ({kw.get('repeats', 10)}), the minimum")
+    level = kw.get("measure", Measure()).level
+    if level == "model":
+        if kw.get("model") is None:
+            raise err("model", "is required at measure.level: model (e.g. {name: llama2_7b})")
+        kw["sweep"] = fill_sweep(kw["sweep"], raw["sweep"], kw["model"], err)
+    elif kw.get("model") is not None:
+        raise err("model", f"is only for measure.level: model, not {level!r}")
     if kw.get("baseline") is not None and kw["baseline"] not in kw["methods"]:
         raise err("baseline", f"{kw['baseline']!r} must be one of methods {list(kw['methods'])}")
     for e in kw.get("exclude", ()):
         if not isinstance(e, dict):
             raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
-        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel"}, err, "exclude.")
+        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero"}, err, "exclude.")
     spec = Spec(path=str(path), **kw)
     validate_cases(spec)
     return spec
@@ -294,19 +321,24 @@ def _excluded(spec: Spec, values: dict) -> bool:
 def expand(spec: Spec) -> list[Case]:
     """All cases, grouped by world size (so one launch can run a whole group)."""
     out = []
+    model = spec.model if spec.measure.level == "model" else None
     for shape in axes.shapes(spec.sweep):
         for mode in spec.measure.modes:
             for method in spec.methods:
-                for kernel in spec.kernels or (None,):
-                    values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel)
-                    if _excluded(spec, values):
-                        continue
-                    out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
-                                    shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
-                                    measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
-                                    case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
-                                    kernel=kernel, max_repeats=spec.max_repeats, ci_target=spec.ci_target,
-                                    interleave=spec.interleave))
+                for kernel_name in spec.kernels or (None,):
+                    kernel = None if kernel_name == AUTO_KERNEL else kernel_name
+                    for zero in model.zero if model is not None else (False,):
+                        values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel_name,
+                                      zero=zero)
+                        if _excluded(spec, values):
+                            continue
+                        extra = dict(model=model.name, zero=zero, optimizer=model.optimizer) if model else {}
+                        out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
+                                        shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
+                                        measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
+                                        case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
+                                        kernel=kernel, max_repeats=spec.max_repeats, ci_target=spec.ci_target,
+                                        interleave=spec.interleave, **extra))
     return out
 
 
@@ -356,6 +388,10 @@ def validate_cases(spec: Spec) -> None:
         if case.level == "op" and method.level == "layer":
             raise err("measure.level", f"method {case.method!r} is layer-only (tensor parallelism): "
                                        "it needs measure.level: layer")
+        if case.level == "model":
+            check_model_case(case, err)
+        else:
+            check_attention_mode(case, err)
         try:
             method.validate(case.shape)
         except ValueError as e:

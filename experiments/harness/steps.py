@@ -1,7 +1,8 @@
 """What one step of a case does: inputs, and the callables the timing and
 memory modules run. Generic over the registry: op-level methods are called
 through ``Method.fn``; layer-level measurements go through
-``baselines.layer`` (attention layer: projections + attention + output).
+``baselines.layer`` (attention layer: projections + attention + output);
+model-level ones (a whole decoder trained or prefilled) through ``model_steps``.
 
 Modes (PAPER.md, FLOP convention):
 * ``forward``: the forward under ``torch.no_grad`` (inference prefill);
@@ -30,6 +31,12 @@ class Step:
     start_bytes: int                        # bytes of the step's inputs and weights (its own, every method alike)
     forward: Callable[[], object] | None = None   # the forward with grad enabled (bytes kept for backward)
     weights: tuple = ()                           # parameters (not activations: not counted as saved)
+    context: object = None                  # what the step holds, for its record (model level: model_steps.ModelRun)
+
+    def live_bytes(self) -> int:
+        """What is live before a step now (CPU memory base): model level adds weights, gradients and
+        optimizer state, which exist only once a step has run."""
+        return self.start_bytes + (self.context.state_bytes() if hasattr(self.context, "state_bytes") else 0)
 
     def full(self) -> None:
         """setup + step: the whole work of one measured step (memory and bytes are taken over it)."""
@@ -146,6 +153,10 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
 
 
 def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
+    if case.level == "model":
+        from .model_steps import build_model_step
+
+        return build_model_step(case, rank=rank, group=group, device=device)
     method = METHODS[case.method]
     if case.level == "layer":
         return build_layer_step(case, method, rank=rank, group=group, device=device)

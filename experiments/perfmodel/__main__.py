@@ -4,7 +4,9 @@ Models every case of the given specs or presets (default: the ``paper`` preset,
 each spec on the hardware profile its target names) and writes
 ``<results>/<experiment>/results.jsonl`` (``"source": "modelled"``), the
 figures (drawn by experiments.plots, "modelled" in every title and file name)
-and ``<plots>/<experiment>/table_modelled.md``. Runs nothing on any device.
+and ``<plots>/<experiment>/table_modelled.md``; for every spec that is a layer of a paper model, the
+whole model's step as ``<experiment>_model_level`` (model_figures.py), and with the ``paper`` preset
+BurstEngine's scaling/MFU and ablation at model level. Runs nothing on any device.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..harness.spec import load_any
+from .model_figures import write_burstengine, write_spec_model_level
 from .predict import PLOTS_ROOT, RESULTS_ROOT, write_experiment
 
 
@@ -25,11 +28,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--results", default=str(RESULTS_ROOT), help="root of the modelled records")
     ap.add_argument("--plots", default=str(PLOTS_ROOT), help="root of the modelled figures and tables")
     ap.add_argument("--no-plots", action="store_true", help="records and tables only")
+    ap.add_argument("--no-model-level", action="store_true",
+                    help="attention level only: skip the whole-model steps (<spec>_model_level, BurstEngine's "
+                         "scaling and ablation)")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     specs = [s for name in args.names for s in load_any(name).specs]
+    # The performance model predicts attention-level cases; model-level specs (whole decoders) are measured only.
+    skipped = [s.name for s in specs if s.measure.level == "model"]
+    if skipped:
+        print(f"not modelled (measure.level: model): {', '.join(skipped)}")
+    specs = [s for s in specs if s.measure.level != "model"]
     n = 0
     for spec in specs:
         files = write_experiment(spec, hardware=args.hardware, results_root=Path(args.results),
@@ -38,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
         n += len(files)
         table = next(f for f in files if f.name == "table_modelled.md")
         print(f"{spec.name}: {len(spec.cases())} cases -> {table.parent}")
+        if not args.no_model_level:
+            ml = write_spec_model_level(spec, hardware=args.hardware, results_root=Path(args.results),
+                                        plots_root=Path(args.plots), draw=not args.no_plots)
+            n += len(ml)
+            if ml:
+                print(f"{spec.name}: whole model -> {ml[-1].parent}")
+    if not args.no_model_level and "paper" in args.names and not args.hardware:
+        be = write_burstengine(results_root=Path(args.results), plots_root=Path(args.plots), draw=not args.no_plots)
+        n += len(be)
+        print(f"BurstEngine scaling and ablation, whole model -> {sorted({f.parent for f in be if f.suffix == '.md'})}")
     print(f"{n} files for {len(specs)} spec(s) in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -76,12 +76,31 @@ class Prediction:
 
 
 def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardware: Hardware | str,
-                 options: dict | None = None, keep_schedule: bool = False) -> Prediction:
+                 options: dict | None = None, keep_schedule: bool = False, costs=None) -> Prediction:
+    """``costs(hw, dtype) -> CostModel`` replaces the profile's cost model (``measured.MeasuredCosts``:
+    this machine's measured kernel times, for validation on the emulated cluster)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is unknown; choose one of {MODES}")
     if level not in LEVELS:
         raise ValueError(f"level={level!r} is unknown; choose one of {LEVELS}")
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    # the model level asks again for the layers the attention level predicted: the model is deterministic,
+    # so a prediction with the profile's own costs is kept (keyed by everything it depends on)
+    key = None if costs is not None or keep_schedule else (method, shape, mode, level, repr(hw),
+                                                           repr(sorted((options or {}).items())))
+    if key is not None and key in _CACHE:
+        return _CACHE[key]
+    pred = _predict(method, shape, mode=mode, level=level, hw=hw, options=options, keep_schedule=keep_schedule,
+                    costs=costs)
+    if key is not None:
+        _CACHE[key] = pred
+    return pred
+
+
+_CACHE: dict = {}
+
+
+def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -> Prediction:
     base, build = builder(method)
     m = get(base)
     options = dict(options or {})
@@ -90,7 +109,7 @@ def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardwa
         raise ValueError(f"level='op': method {method!r} is an attention layer (tensor parallel); "
                          "use level='layer'")
     place = Placement.of(hw, shape.world_size)
-    cost = CostModel(hw, shape.dtype)
+    cost = costs(hw, shape.dtype) if costs is not None else CostModel(hw, shape.dtype)
     table = dict(m.bytes(shape, **options))
     ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
               options=options)

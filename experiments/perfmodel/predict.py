@@ -34,6 +34,7 @@ from ..harness.spec import Case, Spec
 from .model import ASSUMPTIONS, Prediction, predict_case
 from .placement import Placement
 from .schedules import VARIANTS
+from .tables import repo_relative
 
 RESULTS_ROOT = REPO / "results" / "modelled"
 PLOTS_ROOT = REPO / "plots" / "modelled"
@@ -66,7 +67,7 @@ def hardware_record(hw: Hardware, world_size: int) -> dict:
                    f"{min(world_size, hw.devices_per_node)} {hw.accelerator.name}",
         "description": hw.description,
         "profile": hw.name,
-        "path": hw.path,
+        "path": repo_relative(hw.path),
         "nodes": place.nodes,
         "devices_per_node": hw.devices_per_node,
         "nics_per_node": hw.nics_per_node,
@@ -96,7 +97,7 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
         "flops_scope": scope,
         "hardware_profile": hw.name,
         "hardware": hardware_record(hw, s.world_size),
-        "versions": {**rec.get("versions", {}), "perfmodel": "experiments.perfmodel (phase A, attention level)"},
+        "versions": {**rec.get("versions", {}), "perfmodel": "experiments.perfmodel (attention and model level)"},
         "time_model_s": pred.time_s,
         "time_median_s": t,
         "flops": flops,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cluster.hardware import Hardware
+from ..harness.env import REPO
 from ..harness.spec import Spec
 from .model import ASSUMPTIONS
 from .schedules import VARIANTS
@@ -20,6 +21,14 @@ X_AXES = ("seqlen", "world_size", "batch")
 MODE_TEXT = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward + backward"}
 LEVEL_TEXT = {"op": "attention operator (local q, k, v shards in, local output out; no projections)",
               "layer": "attention layer (QKV projection, attention, output projection)"}
+
+
+def repo_relative(path: str) -> str:
+    """A profile's path as the repository names it (no checkout's absolute path in committed tables)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _human(n: int) -> str:
@@ -70,7 +79,7 @@ def _grid(records, methods, x, what, peak) -> list[str]:
 
 def _hardware_lines(hw: Hardware, dtype: str) -> list[str]:
     a = hw.accelerator
-    lines = [f"- hardware profile `{hw.name}` ({hw.path}): {hw.description}",
+    lines = [f"- hardware profile `{hw.name}` ({repo_relative(hw.path)}): {hw.description}",
              f"- {a.name}: {a.peak_tflops.get(dtype)} TFLOP/s peak ({dtype}), {a.hbm_gib} GiB HBM at "
              f"{a.hbm_gbytes_s} GB/s; flash-attention efficiency (fwd+bwd) {list(a.attn_efficiency)}"
              + (f", forward {list(a.attn_efficiency_forward)}" if a.attn_efficiency_forward else
@@ -105,7 +114,8 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
            "",
            f"**Modelled, not measured**: predictions of `experiments.perfmodel` on hardware profile "
            f"`{hw.name}` ({hw.description}). Every cell is **{what}** "
-           f"({fixed}); a whole model's time (all layers, MLPs, embeddings, loss) is phase B of the model.",
+           f"({fixed}); the whole model's step (all layers, MLPs, LM head) is `{experiment}_model_level` where the "
+           "spec is a layer of a paper model.",
            ""]
     if level == "layer" and r0["mode"] == "forward":
         out += ["This is NOT the paper's first-token latency of the whole model: it is the attention layer of "
@@ -130,6 +140,84 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
             if line not in notes:
                 notes.append(line)
     out += ["", "## Method notes", ""] + notes + [""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "table_modelled.md"
+    path.write_text("\n".join(out), encoding="utf-8")
+    return path
+
+
+def _model_cell(rec: dict | None, what: str) -> str:
+    if rec is None:
+        return "–"
+    if rec["status"] == "oom":
+        return "OOM (layer)"
+    t = rec["time_median_s"]
+    if what == "time":
+        return f"{t:.3g}"
+    if what == "mfu":
+        return f"{100 * rec['mfu']:.1f}%"
+    if what == "tokens":
+        return f"{rec['tokens_per_s'] / rec['world_size']:,.0f}"
+    if what == "exposed":
+        b = rec["model"]["breakdown"]
+        return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%"
+    raise ValueError(what)
+
+
+def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[dict], out_dir: Path) -> Path:
+    """``table_modelled.md`` of a model-level experiment (``model_figures.py``)."""
+    from .model_level import ASSUMPTIONS as MODEL_ASSUMPTIONS
+
+    r0 = records[0]
+    mode = "prefill (forward, first-token latency)" if r0["mode"] == "forward" else "training step (forward + backward)"
+    out = [f"# {experiment}: {meta.get('paper_ref', '')} — MODELLED, whole model",
+           "",
+           f"**Modelled, not measured**: `experiments.perfmodel` (model level) on hardware profile `{hw.name}` "
+           f"({hw.description}). Every cell is one **{mode} of the whole {r0['model_config']} model** "
+           f"(B={r0['batch']}, {r0['dtype']}, {'causal' if r0['causal'] else 'full'}, {r0['layout']}). "
+           "MFU and tokens/s use the model's FLOP convention (burst_impl/model/flops.py: 6 x matmul params x "
+           f"tokens + attention, causal halved, recompute not counted) against {hw.accelerator.name}'s "
+           f"{hw.accelerator.peak_tflops.get(r0['dtype'])} TFLOP/s peak.",
+           ""]
+    if "ablation_step" in r0:
+        out += ["| step | method | time per step (s) | tokens/s per GPU | MFU | exposed comm |",
+                "|---|---|---:|---:|---:|---:|"]
+        for r in sorted(records, key=lambda r: r["ablation_step"]):
+            out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
+                       f"{_model_cell(r, 'tokens')} | {_model_cell(r, 'mfu')} | {_model_cell(r, 'exposed')} |")
+        out.append("")
+    else:
+        methods = [m for m in meta.get("methods", []) if any(r["method"] == m for r in records)]
+        x = _x_axis(records) if len({r["seqlen"] for r in records}) > 1 or len(
+            {r["world_size"] for r in records}) > 1 or len({r["batch"] for r in records}) > 1 else "seqlen"
+        if x == "seqlen" and len({r["world_size"] for r in records}) > 1:
+            x = "world_size"
+        xs = sorted({r[x] for r in records})
+        for key, title in (("time", "Time per step (s)"), ("tokens", "Tokens/s per GPU"), ("mfu", "MFU"),
+                           ("exposed", "Share of the step that is communication on the critical path")):
+            out += [f"## {title}", "", "| " + " | ".join([x if x != "seqlen" else "N"] + methods) + " |",
+                    "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
+            for v in xs:
+                row = [_human(v) if x == "seqlen" else str(v)]
+                row += [_model_cell(next((r for r in records if r["method"] == m and r[x] == v), None), key)
+                        for m in methods]
+                out.append("| " + " | ".join(row) + " |")
+            out.append("")
+    # where the time goes, largest case of each method
+    out += ["## Where the time goes (largest case of each method, seconds, whole model)", "",
+            "| method | case | attention layers | MLP blocks | LM head | exposed grad sync | recompute |",
+            "|---|---|---:|---:|---:|---:|---:|"]
+    seen = set()
+    for r in sorted(records, key=lambda r: (-r["seqlen"] * r["batch"], -r["world_size"])):
+        if (r["method"], r.get("ablation_step")) in seen:
+            continue
+        seen.add((r["method"], r.get("ablation_step")))
+        p = r["model"]["parts_s"]
+        out.append(f"| `{r['method']}` | N={_human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
+                   f"{p['attention']:.3g} | {p['mlp']:.3g} | {p['head']:.3g} | {p['grad_sync_exposed']:.3g} | "
+                   f"{p['recompute']:.3g} |")
+    out += ["", "## Hardware", ""] + _hardware_lines(hw, r0["dtype"]) + [""]
+    out += ["## Assumptions", ""] + [f"- {a}" for a in ASSUMPTIONS + MODEL_ASSUMPTIONS] + [""]
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "table_modelled.md"
     path.write_text("\n".join(out), encoding="utf-8")

@@ -1,0 +1,261 @@
+"""Kernel times measured on this machine at exactly the work a schedule asks for.
+
+Validating the model on the emulated cluster (``validate.py``) needs this
+machine's per-rank compute, not a GPU's efficiency table: the CPU kernel's
+rate depends on the block shape (a causal diagonal block runs well below a
+full one at the suite's halved FLOP count, a rectangular block below a
+square one), so one calibrated FLOP/s would carry that error into every
+prediction. Instead:
+
+1. ``needed(cases, hardware)`` runs each case's schedule once with a
+   recording cost model and collects every distinct piece of work it asks
+   for: flash-kernel calls ``("attention", B, Z, d, rows, cols, causal, mode,
+   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, and the memory bandwidth
+   (``("hbm",)``) that the elementwise steps use;
+2. ``measure(keys, procs=, threads=)`` times each one with the suite's kernels
+   (``burst_impl.kernels``, the code the ring methods call) in ``procs``
+   processes released together, with ``threads`` threads each: the ranks of
+   the run share this machine's cores the same way;
+3. ``MeasuredCosts`` answers the model's cost questions from that table
+   (``KeyError`` naming the key for work that was not measured).
+
+A backward key times ``attn_backward`` alone (its forward runs once, outside
+the timing); the schedule charges the delta = rowsum(dO * O) step separately.
+
+    python -m experiments.perfmodel.measured bench <keys.json> <sync dir> <id> <seconds> <threads> <rounds>
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .costs import CostModel
+
+HBM = ("hbm",)
+HBM_ELEMENTS = 1 << 23            # 32 MiB fp32 per operand: far larger than any cache of this machine
+
+
+def _key(k) -> tuple:
+    return tuple(k)
+
+
+@dataclass(frozen=True)
+class RecordingCosts(CostModel):
+    """The profile's costs, noting every piece of work asked for (``needed``)."""
+
+    seen: set = field(default_factory=set, compare=False, hash=False)
+
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode):
+        if rows > 0 and cols > 0:
+            self.seen.add(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
+        return super().attention(batch, heads, head_dim, rows, cols, causal, mode)
+
+    def gemm(self, m, n, k, *, dtype=None):
+        self.seen.add(("gemm", m, n, k, dtype or self.dtype))
+        return super().gemm(m, n, k, dtype=dtype)
+
+    def hbm(self, nbytes):
+        self.seen.add(HBM)
+        return super().hbm(nbytes)
+
+
+@dataclass(frozen=True)
+class KernelTimes:
+    """Seconds per call of each key, measured with ``procs`` concurrent processes x ``threads`` threads."""
+
+    procs: int
+    threads: int
+    seconds: dict                      # {key tuple: seconds per call}; ("hbm",): seconds per byte
+    samples: dict = field(default_factory=dict)   # {key: [seconds per process and round]}
+    host: str = ""
+
+    def to_json(self) -> dict:
+        return {"procs": self.procs, "threads": self.threads, "host": self.host,
+                "entries": [{"key": list(k), "seconds": v, "samples": self.samples.get(k, [])}
+                            for k, v in sorted(self.seconds.items(), key=lambda kv: str(kv[0]))]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "KernelTimes":
+        ents = d["entries"]
+        return cls(procs=int(d["procs"]), threads=int(d["threads"]), host=d.get("host", ""),
+                   seconds={_key(e["key"]): float(e["seconds"]) for e in ents},
+                   samples={_key(e["key"]): list(e.get("samples", [])) for e in ents})
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "KernelTimes":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+    def missing(self, keys) -> list[tuple]:
+        return [k for k in keys if k not in self.seconds]
+
+
+@dataclass(frozen=True)
+class MeasuredCosts(CostModel):
+    """Costs from a ``KernelTimes`` table (x ``scale``); transfers still from the hardware profile's links.
+
+    ``scale`` carries the table to the moment of a run: the ratio of the run's own calibration
+    (emulator bring-up, same processes and threads) to the table's time for the same work
+    (``validate.load_scale``); the machine's load differs between the two."""
+
+    times: KernelTimes | None = None
+    scale: float = 1.0
+
+    def _get(self, key: tuple) -> float:
+        if self.times is None or key not in self.times.seconds:
+            raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.measured)")
+        return self.times.seconds[key] * self.scale
+
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode):
+        if rows <= 0 or cols <= 0:
+            return 0.0, 0.0
+        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode)
+        return self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype)), flops
+
+    def gemm(self, m, n, k, *, dtype=None):
+        return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
+
+    def hbm(self, nbytes):
+        return nbytes * self._get(HBM)
+
+
+def needed(cases, hardware, *, predict) -> set:
+    """Every distinct piece of work the schedules of ``cases`` ask for (``predict`` = predict_case)."""
+    seen: set = set()
+    for case in cases:
+        rec = RecordingCosts(hardware, case.shape.dtype, seen=seen)
+        predict(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware,
+                costs=lambda hw, dtype, rec=rec: rec)
+    return seen
+
+
+# ---------------------------------------------------------------- timing (one process)
+
+
+def _runner(key: tuple):
+    """A zero-argument callable doing the work of ``key`` once (tensors made here, outside the timing)."""
+    import torch
+
+    from burst_impl import kernels
+    from burst_impl.shape import DTYPES
+
+    g = torch.Generator().manual_seed(0)
+    if key[0] == "attention":
+        _, b, z, d, rows, cols, causal, mode, dtype = key
+        dt = DTYPES[dtype]
+        q, do = (torch.randn(b, rows, z, d, generator=g).to(dt) for _ in range(2))
+        k, v = (torch.randn(b, cols, z, d, generator=g).to(dt) for _ in range(2))
+        sc = kernels.default_scale(d, None)
+        if mode == "forward":
+            return lambda: kernels.attn_forward(q, k, v, causal=causal, scale=sc)
+        out, lse = kernels.attn_forward(q, k, v, causal=causal, scale=sc)
+        delta = kernels.compute_delta(do, out)
+        if mode == "backward":
+            return lambda: kernels.attn_backward(do, q, k, v, lse, delta, causal=causal, scale=sc)
+
+        def fwd_bwd():
+            o, l_ = kernels.attn_forward(q, k, v, causal=causal, scale=sc)
+            kernels.attn_backward(do, q, k, v, l_, kernels.compute_delta(do, o), causal=causal, scale=sc)
+        return fwd_bwd
+    if key[0] == "gemm":
+        _, m, n, kk, dtype = key
+        dt = DTYPES[dtype]
+        a, bm = torch.randn(m, kk, generator=g).to(dt), torch.randn(kk, n, generator=g).to(dt)
+        return lambda: a @ bm
+    if key == HBM:
+        x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
+        return lambda: x.add_(y)            # reads two fp32 arrays, writes one
+    raise ValueError(f"key={key!r}: unknown kind of work; expected attention, gemm or hbm")
+
+
+def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float, rounds: int) -> list[list[float]]:
+    """Seconds per call of each key in each round; before each (round, key) every process waits for the
+    others (``go.<round>.<i>``). Rounds spread every key over the measurement's length, so a change of
+    this machine's load while it runs (other jobs) falls on every key alike instead of on a few."""
+    import torch
+
+    torch.set_num_threads(threads)
+    fns = [_runner(key) for key in keys]
+    for fn in fns:
+        fn()                                        # warm-up (allocations, kernel selection)
+    out: list[list[float]] = [[] for _ in keys]
+    for r in range(rounds):
+        for i, (key, fn) in enumerate(zip(keys, fns)):
+            (sync / f"ready.{r}.{i}.{ident}").touch()
+            while not (sync / f"go.{r}.{i}").exists():
+                time.sleep(0.005)
+            t0, n = time.perf_counter(), 0
+            while True:
+                fn()
+                n += 1
+                if time.perf_counter() - t0 >= seconds:
+                    break
+            per = (time.perf_counter() - t0) / n
+            out[i].append(per / (3 * 4 * HBM_ELEMENTS) if key == HBM else per)
+    return out
+
+
+def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3, python: str = sys.executable,
+            timeout_s: float = 900) -> KernelTimes:
+    """Time every key in ``procs`` processes at once, ``rounds`` times round-robin (at least ``seconds``
+    each); the table keeps the median over processes and rounds."""
+    if procs < 1 or threads < 1:
+        raise ValueError(f"procs={procs} and threads={threads} must be >= 1")
+    keys = sorted({_key(k) for k in keys}, key=str)
+    with tempfile.TemporaryDirectory(prefix="perfmodel-kernels-") as d:
+        sync = Path(d)
+        (sync / "keys.json").write_text(json.dumps([list(k) for k in keys]))
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
+        ps = [subprocess.Popen([python, "-m", "experiments.perfmodel.measured", "bench", str(sync / "keys.json"),
+                                str(sync), str(i), str(seconds), str(threads), str(rounds)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+              for i in range(procs)]
+        try:
+            deadline = time.monotonic() + timeout_s
+            for r in range(rounds):
+                for i in range(len(keys)):
+                    while len(list(sync.glob(f"ready.{r}.{i}.*"))) < procs:
+                        if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
+                            errs = [p.stderr.read()[-800:] for p in ps if p.poll() not in (None, 0)]
+                            raise RuntimeError(f"kernel timing did not reach key {keys[i]}: {errs or 'timeout'}")
+                        time.sleep(0.01)
+                    (sync / f"go.{r}.{i}").touch()
+            per_proc = []
+            for p in ps:
+                out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
+                if p.returncode:
+                    raise RuntimeError(f"kernel timing failed: {err[-800:]}")
+                per_proc.append(json.loads(out.strip().splitlines()[-1]))
+        finally:
+            for p in ps:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    samples = {k: [t for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
+    return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename,
+                       seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] != "bench":
+        print(__doc__)
+        return 2
+    keys_file, sync, ident, seconds, threads, rounds = argv[1:7]
+    keys = [_key(k) for k in json.loads(Path(keys_file).read_text())]
+    print(json.dumps(_bench(keys, int(threads), Path(sync), ident, float(seconds), int(rounds))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

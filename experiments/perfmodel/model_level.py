@@ -1,0 +1,218 @@
+"""Model level: a whole LLaMA-style model's step from the per-layer schedules (phase B).
+
+    t_step = L x (attention layer + MLP block) + LM head + exposed weight-gradient sync
+
+* attention layer: the method's layer-level schedule (``model.predict_case(level="layer")``: QKV
+  projection, attention, output projection, the method's communication);
+* MLP block (``mlp_schedule``): the SwiGLU GEMMs (gate and up: H -> 2F, down: F -> H; backward
+  twice the forward) and the elementwise work around them (two RMSNorms, SwiGLU, two residual
+  adds; HBM-bound). Sequence-parallel methods run it on their N/G tokens with full weights and no
+  communication; tensor parallelism runs it on all N tokens with F/G columns and pays the MLP's
+  own collectives (V1: all-reduce of the (B, N, H) output forward and of dX backward; V3:
+  all-gather before, reduce-scatter after), whose bytes are the registry's formulas for the
+  attention layer's collectives (the same (B, N, H) tensor): they are ``take``n from
+  ``Method.bytes`` like every other transfer, so they equal it by construction;
+* LM head: training, a (tokens x H) @ (H x V) GEMM forward + 2x backward per rank (sequence
+  parallel: N/G tokens; TP: vocab-parallel, N tokens x V/G); prefill, the last token only;
+* training with replicated weights (sequence-parallel methods): a ring all-reduce of the bf16
+  weight gradients over the G ranks, overlapped with the backward pass (bucketed, as DDP and
+  FSDP do), so only what outlasts the backward is exposed. TP holds 1/G of the weights: none.
+* ``recompute=True`` (sequence-level / full activation checkpointing): every layer's forward once
+  more during the backward.
+
+Not modelled: the embedding lookup, the optimizer step, pipeline or data parallelism beyond the
+G ranks, memory at model level (OOM verdicts stay per attention layer). FLOPs, TFLOP/s and MFU
+use the model's FLOP convention (``burst_impl.model.flops``: 6 x params x tokens + attention,
+causal halved, recompute not counted).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from baselines import AttnShape, get
+from burst_impl.model.config import ModelConfig, get_config, num_params
+from burst_impl.model.flops import model_flops
+
+from .costs import CostModel
+from .model import predict_case
+from .placement import Placement
+from .schedules.common import Ctx, ring_collective
+from .simulator import Schedule
+
+TP_METHODS = ("tp_v1", "tp_v3")
+# Paper spec -> the model it is a layer of (PAPER.md §3); the shapes are checked against it.
+SPEC_MODELS = {
+    "table2_prefill_7b_8gpu": "llama2_7b", "table3_prefill_13b_8gpu": "llama2_13b",
+    "fig2_train_7b_8gpu": "llama2_7b", "fig3_train_7b_32gpu": "llama2_7b",
+    "fig4a_scaling_13b_64k": "llama2_13b", "fig4b_batch_7b_4k": "llama2_7b",
+    "burstengine_double_ring_32gpu": "llama2_7b",
+}
+ASSUMPTIONS = (
+    "model step = layers x (attention layer schedule + MLP block schedule) + LM head + exposed gradient sync",
+    "MLP: SwiGLU GEMMs at the profile's GEMM efficiency, norms/SwiGLU/residuals HBM-bound; TP's MLP collectives "
+    "carry the registry's bytes for the attention layer's (same (B, N, H) tensor)",
+    "sequence-parallel methods hold full weights: their bf16 weight gradients are ring-all-reduced over the G "
+    "ranks, overlapped with the backward (only the excess is exposed); TP needs no weight sync",
+    "not modelled: embedding, optimizer step, memory at model level (OOM verdicts are the attention layer's)",
+)
+
+
+@dataclass
+class ModelPrediction:
+    method: str
+    config: ModelConfig
+    shape: AttnShape
+    mode: str                      # "forward" (prefill) or "fwd_bwd" (training)
+    time_s: float
+    parts: dict                    # seconds: attention, mlp, head, grad_sync_exposed, recompute (whole model)
+    flops: float                   # model FLOPs of the step (burst_impl.model.flops)
+    critical_comm_s: float         # communication on the critical path, whole model
+    mlp_bytes: dict                # {(phase, kind): bytes} one rank sends in ONE layer's MLP block
+    mlp_registry_bytes: dict       # the registry formula those bytes come from
+    status: str
+    reason: str
+    attention: object              # the layer-level Prediction
+
+
+def check_shape(cfg: ModelConfig, shape: AttnShape) -> None:
+    if (shape.heads, shape.kv_heads, shape.head_dim) != (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim):
+        raise ValueError(f"shape heads={shape.heads}, kv_heads={shape.kv_heads}, head_dim={shape.head_dim} is not "
+                         f"model {cfg.name!r}'s ({cfg.n_heads}, {cfg.n_kv_heads}, {cfg.head_dim})")
+
+
+def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostModel, place: Placement,
+                 mode: str) -> tuple[Schedule, dict, dict]:
+    """One layer's MLP block (with its norms and residuals) on every rank: (schedule, sent, registry)."""
+    G, b, h, e = shape.world_size, shape.batch, cfg.hidden, shape.elem_size
+    tp = get(method).level == "layer"
+    tokens = b * shape.seqlen if tp else b * shape.seqlen // G
+    f = cfg.ffn_hidden // G if tp else cfg.ffn_hidden
+    table = {k: v for k, v in get(method).bytes(shape).items() if tp and v}
+    registry = dict(table)
+    ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level="layer", table=dict(table))
+    t_gate_up, f_gate_up = cost.gemm(tokens, 2 * f, h)
+    t_down, f_down = cost.gemm(tokens, h, f)
+    # two RMSNorms (read + write (T, H)), SwiGLU (read 2 (T, F), write 1), two residual adds (read 2, write 1)
+    elementwise = cost.hbm((2 * 2 * tokens * h + 3 * tokens * f + 2 * 3 * tokens * h) * e)
+    group = list(range(G))
+    ready: dict = {g: None for g in group}
+
+    def coll(phase, kind, algo):
+        nonlocal ready
+        if not tp:
+            return
+        steps = 2 * (G - 1) if algo == "all_reduce" else G - 1
+        ready = ring_collective(ctx, group, phase=phase, name=f"mlp_{algo}_{kind}", nbytes=ctx.take(phase, (kind,)),
+                                steps=steps, ready=ready)
+
+    v3 = method == "tp_v3"
+    for phase in ctx.phases:
+        mult = 1 if phase == "forward" else 2
+        if phase == "forward" and v3:
+            coll(phase, "x", "all_gather")
+        if phase == "backward" and v3:
+            coll(phase, "dout", "all_gather")
+        for g in group:
+            ready[g] = ctx.compute(g, f"mlp.{phase}[r{g}]", mult * (t_gate_up + t_down + elementwise), deps=[ready[g]],
+                                   phase=phase, flops=mult * (f_gate_up + f_down))
+        if phase == "forward":
+            coll(phase, "out", "reduce_scatter" if v3 else "all_reduce")
+        else:
+            coll(phase, "dx", "reduce_scatter" if v3 else "all_reduce")
+    ctx.check_consumed(method)
+    sent = ctx.sch.bytes_sent().get(0, {})
+    return ctx.sch, sent, {k: v for k, v in registry.items() if k[0] in ctx.phases}
+
+
+_SYNC: dict = {}
+
+
+def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: int) -> float:
+    """Ring all-reduce of ``params`` gradients (input dtype) over the G ranks, as the simulator runs it
+    (memoised: it depends on the profile, G and the size only, not on the sequence)."""
+    G = shape.world_size
+    key = (repr(cost.hw), G, params, shape.elem_size)
+    if key not in _SYNC:
+        grads = {("backward", "grads"): 2 * (G - 1) * params * shape.elem_size // G}
+        ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode="backward", level="layer", table=grads)
+        ring_collective(ctx, list(range(G)), phase="backward", name="grad_allreduce",
+                        nbytes=ctx.take("backward", ("grads",)), steps=2 * (G - 1), ready={g: None for g in range(G)})
+        _SYNC[key] = ctx.sch.makespan
+    return _SYNC[key]
+
+
+def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
+                  recompute: bool = False, options: dict | None = None) -> ModelPrediction:
+    """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model."""
+    if mode not in ("forward", "fwd_bwd"):
+        raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    check_shape(cfg, shape)
+    attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options)
+    hw = attn.hardware
+    cost = CostModel(hw, shape.dtype)
+    place = Placement.of(hw, shape.world_size)
+    base = attn.base_method
+    mlp, mlp_sent, mlp_registry = mlp_schedule(base, cfg, shape, cost, place, mode)
+    G, b, L = shape.world_size, shape.batch, cfg.n_layers
+    tp = base in TP_METHODS
+    train = mode == "fwd_bwd"
+    if train:
+        rows, cols = (b * shape.seqlen, cfg.vocab_size // G) if tp else (b * shape.seqlen // G, cfg.vocab_size)
+        head = 3 * cost.gemm(rows, cols, cfg.hidden)[0]
+    else:
+        head = cost.gemm(b, cfg.vocab_size, cfg.hidden)[0]
+    recomp = 0.0
+    if recompute and train:
+        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options)
+        recomp = L * (fwd.time_s + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
+    sync = 0.0
+    if train and not tp and G > 1:
+        # the backward is ~2 of the 3 forward-equivalents of the layers' time
+        backward = L * (attn.time_s + mlp.makespan) * 2 / 3
+        sync = max(0.0, grad_sync_time(cost, place, shape, num_params(cfg)) - backward)
+    parts = {"attention": L * attn.time_s, "mlp": L * mlp.makespan, "head": head, "grad_sync_exposed": sync,
+             "recompute": recomp}
+    total = sum(parts.values())
+    crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]) + sync
+    flops = model_flops(cfg, b, shape.seqlen, mode="train" if train else "prefill", causal=shape.causal)["total"]
+    return ModelPrediction(method=method, config=cfg, shape=shape, mode=mode, time_s=total, parts=parts, flops=flops,
+                           critical_comm_s=crit, mlp_bytes=mlp_sent, mlp_registry_bytes=mlp_registry,
+                           status=attn.status, reason=attn.reason, attention=attn)
+
+
+def model_record(layer_record: dict, mp: ModelPrediction, experiment: str) -> dict:
+    """A model-level record made from the layer-level one (same schema, ``level: "model"``)."""
+    rec = {k: v for k, v in layer_record.items() if not k.startswith("mem_")}
+    s = mp.shape
+    t = mp.time_s if mp.status == "ok" else None
+    peak = mp.attention.hardware.accelerator.peak_tflops[s.dtype] * 1e12
+    rec.update({
+        "experiment": experiment, "level": "model", "model_config": mp.config.name,
+        "case_id": rec["case_id"].replace(".layer.", ".model.").replace(".op.", ".model."),
+        "config": {**rec["config"], "experiment": experiment, "level": "model", "model": mp.config.name},
+        "time_model_s": mp.time_s, "time_median_s": t, "flops": mp.flops,
+        "flops_convention": "burst_impl.model.flops: 6 x matmul params x tokens + attention (causal halved), "
+                            "recompute not counted",
+        "tflops_total": mp.flops / t / 1e12 if t else None,
+        "tflops_per_rank": mp.flops / t / 1e12 / s.world_size if t else None,
+        "mfu": mp.flops / t / (s.world_size * peak) if t else None,
+        "tokens_per_s": s.batch * s.seqlen / t if t else None,
+    })
+    for phase, key in (("forward", "comm_fwd"), ("backward", "comm_bwd")):
+        add = sum(v for (p, _), v in mp.mlp_bytes.items() if p == phase)
+        add_f = sum(v for (p, _), v in mp.mlp_registry_bytes.items() if p == phase)
+        if rec.get(f"{key}_bytes") is not None:
+            rec[f"{key}_bytes"] += add
+        rec[f"{key}_formula_bytes"] = (rec.get(f"{key}_formula_bytes") or 0) + add_f
+    rec["comm_measured_over"] = "modelled schedule, one layer (attention layer + MLP block)"
+    rec["model"] = {**rec["model"], "level": "model", "parts_s": mp.parts, "assumptions":
+                    list(rec["model"]["assumptions"]) + list(ASSUMPTIONS),
+                    "breakdown": {"makespan_s": mp.time_s, "critical_comm_s": mp.critical_comm_s}}
+    return rec
+
+
+def with_layer_level(case):
+    """An op-level case of a spec, lifted to the attention layer (projections included)."""
+    return dataclasses.replace(case, level="layer") if case.level == "op" else case

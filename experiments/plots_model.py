@@ -1,0 +1,214 @@
+"""Figures and tables for model-level records (``measure.level: model``), from results files only.
+
+``experiments.plots.draw_experiment`` hands an experiment here when its records are model-level. A
+*row* is what the papers' legends and tables list: the method, "+ZeRO" when its weights are FSDP2
+sharded, and the kernel's variant ("without LAO" for a ring method on the ``math`` kernel, "without
+FlashAttention" for TP on it). ``plots/<experiment>/`` gets, where the sweep has the axis:
+
+* ``model_tokens_per_s_vs_seqlen.png``: tokens/s per rank (median; bars from the p10/p90 step times);
+* ``model_mfu_vs_seqlen.png``: MFU (GPU records), else model TFLOP/s per rank, with the FLOP convention;
+* ``model_memory_vs_seqlen.png``: peak memory per rank: weights + gradients + optimizer state, plus the
+  step's peak above them (measured);
+* ``model_tokens_per_s_vs_batch.png``: throughput vs batch (Fig. 4b);
+* ``model_summary.png`` (one sequence length and batch, e.g. Fig. 3's rows): tokens/s per rank and memory
+  per rank as bars per row;
+* ``model_comm_per_layer.png``: bytes per layer, measured next to the formula;
+* ``prefill_latency.md`` / ``.csv``: first-token latency table (rows x sequence lengths), Tables 2/3 style.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from . import plots as P
+
+TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
+
+
+def row_label(r) -> str:
+    label = str(r["method"]) + ("+ZeRO" if bool(r.get("zero")) else "")
+    if r.get("kernel") == "math":
+        label += " without FlashAttention" if str(r["method"]).startswith("tp_") else " without LAO"
+    return label
+
+
+def _rows(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["row"] = [row_label(r) for _, r in df.iterrows()]
+    return df
+
+
+def _style(row: str, method: str) -> dict:
+    dashed = "+ZeRO" in row or "without" in row
+    return {"color": P.color(method), "linestyle": "--" if dashed else "-",
+            "marker": "s" if "+ZeRO" in row else "o"}
+
+
+def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
+    r = df.iloc[0]
+    ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
+    return (f"{r['experiment']}{ref}: {what}\nmodel {r.get('model')}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
+            f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{P._hw_and_date(df)}")
+
+
+def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
+           band: tuple[str, str] | None = None, logy: bool = False) -> Path | None:
+    ok = df[df["status"] == "ok"]
+    if y not in ok or ok[y].isna().all():
+        return None
+    fig, ax = plt.subplots(figsize=(7.8, 5.0))
+    for row, part in sorted(df.groupby("row"), key=lambda kv: (P._method_order(kv[1]["method"].iloc[0]), kv[0])):
+        method = part["method"].iloc[0]
+        good = part[(part["status"] == "ok") & part[y].notna()].sort_values(x)
+        if len(good):
+            kw = _style(row, method)
+            if band is not None and all(c in good for c in band):
+                ax.errorbar(good[x], good[y], yerr=[good[y] - good[band[0]], good[band[1]] - good[y]],
+                            label=row, capsize=3, **kw)
+            else:
+                ax.plot(good[x], good[y], label=row, **kw)
+        P._mark_bad(ax, part.assign(method=row), x, row)
+    P._log2_x(ax, df[x])
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel({"seqlen": "sequence length N (tokens)", "batch": "batch size B"}[x])
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    P._status_legend(ax, df)
+    ax.set_title(_title(df, meta, what), fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _with_rates(df: pd.DataFrame) -> pd.DataFrame:
+    """tokens/s per rank at the median and at the p90/p10 step times (slow end, fast end)."""
+    df = df.copy()
+    tokens = df["batch"] * df["seqlen"] / df["world_size"]
+    df["tok_rank"] = tokens / df["time_median_s"]
+    df["tok_rank_lo"] = tokens / df["time_p90_s"]
+    df["tok_rank_hi"] = tokens / df["time_p10_s"]
+    if "mem_peak_bytes" in df:
+        state = df.get("mem_state_bytes_per_rank")
+        base = state.map(lambda v: max(v) if isinstance(v, list) and v else 0) if state is not None else 0
+        df["mem_total_gib"] = (df["mem_peak_bytes"] + base) / 2 ** 30
+    if "mfu" in df:
+        df["mfu_pct"] = df["mfu"].astype(float) * 100
+    return df
+
+
+def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows x sequence lengths of first-token latency in ms (median [p10, p90]), 'OOM' / 'failed' where so."""
+    cells: dict[str, dict[int, str]] = {}
+    for _, r in df.sort_values("seqlen").iterrows():
+        if r["status"] == "ok":
+            cell = f"{r['time_median_s'] * 1e3:.1f} [{r['time_p10_s'] * 1e3:.1f}, {r['time_p90_s'] * 1e3:.1f}]"
+        else:
+            cell = {"oom": "OOM", "failed": "failed"}.get(r["status"], r["status"])
+        cells.setdefault(r["row"], {})[int(r["seqlen"])] = cell
+    order = sorted(cells, key=lambda row: (P._method_order(row.split("+")[0].split(" ")[0]), row))
+    table = pd.DataFrame([cells[r] for r in order], index=order)
+    table.index.name = "first-token latency, ms median [p10, p90]"
+    return table.reindex(columns=sorted(table.columns)).fillna("-")
+
+
+def _write_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
+    table = prefill_table(df)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv, md = out_dir / "prefill_latency.csv", out_dir / "prefill_latency.md"
+    table.to_csv(csv)
+    head = table.rename(columns=P._human)
+    lines = ["| " + " | ".join([table.index.name, *map(str, head.columns)]) + " |",
+             "|" + "---|" * (len(head.columns) + 1)]
+    lines += ["| " + " | ".join([idx, *map(str, row)]) + " |" for idx, row in head.iterrows()]
+    md.write_text(_title(df, meta, "first-token latency") + "\n\n" + "\n".join(lines) + "\n")
+    return [csv, md]
+
+
+def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]:
+    """Every model-level figure and table of one experiment (records already without 'skipped')."""
+    files: list = []
+    df = _with_rates(_rows(df))
+    for mode, part in df.groupby("mode"):
+        sfx = f"_{mode}" if df["mode"].nunique() > 1 else ""
+        if part["seqlen"].nunique() > 1:
+            files.append(_lines(part, "seqlen", "tok_rank", "tokens/s per rank", "throughput per rank", meta,
+                                out / f"model_tokens_per_s_vs_seqlen{sfx}.png", band=("tok_rank_lo", "tok_rank_hi")))
+            has_mfu = "mfu_pct" in part and part["mfu_pct"].notna().any()
+            conv = part["flops_convention"].dropna().iloc[0] if "flops_convention" in part and \
+                part["flops_convention"].notna().any() else ""
+            files.append(_lines(part, "seqlen", "mfu_pct" if has_mfu else "tflops_per_rank",
+                                "MFU (%)" if has_mfu else "model TFLOP/s per rank",
+                                ("MFU" if has_mfu else "model TFLOP/s per rank") + f"\nFLOPs: {conv[:110]}",
+                                meta, out / f"model_mfu_vs_seqlen{sfx}.png"))
+            files.append(_lines(part, "seqlen", "mem_total_gib", "GiB per rank (state + step peak, measured)",
+                                "peak memory per rank", meta, out / f"model_memory_vs_seqlen{sfx}.png", logy=True))
+        if part["seqlen"].nunique() == 1 and part["batch"].nunique() == 1:
+            files.append(_summary_bars(part, meta, out / f"model_summary{sfx}.png"))
+        if part["batch"].nunique() > 1:
+            files.append(_lines(part, "batch", "tok_rank", "tokens/s per rank", "throughput vs batch", meta,
+                                out / f"model_tokens_per_s_vs_batch{sfx}.png", band=("tok_rank_lo", "tok_rank_hi")))
+        files.append(_comm_per_layer(part, meta, out / f"model_comm_per_layer{sfx}.png"))
+        if mode == "prefill":
+            files.extend(_write_table(part, meta, out))
+    return [f for f in files if f is not None]
+
+
+def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
+    ok = df[(df["status"] == "ok")]
+    if "comm_layer_bytes" not in ok or ok["comm_layer_bytes"].isna().all():
+        return None
+    n = ok["seqlen"].max()
+    sel = ok[(ok["seqlen"] == n) & (ok["batch"] == ok["batch"].min())].drop_duplicates("row")
+    sel = sel.sort_values("row", key=lambda s: [P._method_order(r.split("+")[0].split(" ")[0]) for r in s])
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(sel) + 2), 4.8))
+    xs = range(len(sel))
+    ax.bar([x - 0.2 for x in xs], sel["comm_layer_bytes"] / 2 ** 20, 0.4, label="measured", color="tab:blue")
+    ax.bar([x + 0.2 for x in xs], sel["comm_layer_formula_bytes"] / 2 ** 20, 0.4, label="formula", hatch="//",
+           color="tab:blue", alpha=0.45, edgecolor="black", linewidth=0.5)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(list(sel["row"]), rotation=20, fontsize=8)
+    ax.set_ylabel("MiB sent per rank per layer (max over ranks)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(_title(sel, meta, f"bytes per layer at N={P._human(int(n))}"), fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
+    """Tokens/s per rank (p10/p90 step times as whiskers) and memory per rank (state + step peak), one bar per row."""
+    ok = df[df["status"] == "ok"]
+    if ok.empty:
+        return None
+    ok = ok.sort_values("row", key=lambda s: [(P._method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
+    xs = list(range(len(ok)))
+    cols = [P.color(m) for m in ok["method"]]
+    a1.bar(xs, ok["tok_rank"], color=cols, yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]],
+           capsize=4)
+    a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
+    if "mem_total_gib" in ok:
+        state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)
+        a2.bar(xs, state, color=cols, alpha=0.5, label="weights + grads + optimizer state")
+        a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
+        a2.set_ylabel("GiB per rank (measured)")
+        a2.legend(fontsize=8)
+    for ax in (a1, a2):
+        ax.set_xticks(xs)
+        ax.set_xticklabels(list(ok["row"]), rotation=20, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(_title(ok, meta, f"N={P._human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
+                 fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

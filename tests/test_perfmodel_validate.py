@@ -1,0 +1,137 @@
+"""The model's validation on our own measurements (experiments/perfmodel/validate.py, measured.py).
+
+Synthetic emulated records with hand-set kernel times: the predicted time is
+checked against a hand-computed G=2 ring schedule, the error against its
+definition (predicted / measured - 1), the verdict against the 20% target at
+the two largest N, and the load scale against the run's calibration.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baselines import AttnShape, get
+from experiments.cluster.report import with_model
+from experiments.perfmodel import validate
+from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts, measure
+from experiments.perfmodel.schedules.common import merge_bytes
+
+RATE = 1e6           # bytes/s of the shaped inter-node link, per rank
+ATTN = 0.25          # s per forward kernel call (set by hand)
+PER_BYTE = 1e-9      # s per byte of memory traffic (1 GB/s)
+
+
+def _cluster(calibration=None) -> dict:
+    return {"emulated": True, "nodes": 2, "ranks_per_node": 1, "profile": "t_emu", "summary": "synthetic 2x1",
+            "links": {"inter": {"bytes_per_s": RATE, "kind": "roce", "latency_us": 0.0}},
+            "calibration": calibration}
+
+
+def _record(seqlen: int, method: str, measured: float, cluster: dict | None = None) -> dict:
+    s = AttnShape(batch=1, seqlen=seqlen, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
+                  causal=False, layout="contiguous")
+    return {"status": "ok", "method": method, "mode": "forward", "level": "op", "case_id": f"{method}.N{seqlen}",
+            "cluster": cluster or _cluster(), "time_median_s": measured, "time_samples_s": [measured],
+            **{k: getattr(s, k) for k in validate.SHAPE_KEYS}}
+
+
+def _times(records, attn: float = ATTN) -> KernelTimes:
+    keys = validate.needed_keys(records)
+    sec = {k: (PER_BYTE if k == HBM else attn) for k in keys}
+    return KernelTimes(procs=2, threads=1, seconds=sec)
+
+
+def _hand_burst_forward(seqlen: int) -> float:
+    """G=2 ring, forward, full mask: step 0 computes on the own block while K, V go to the other node;
+    step 1 starts when both are done, computes and merges (O, lse) in fp32."""
+    shape = AttnShape(batch=1, seqlen=seqlen, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
+                      causal=False, layout="contiguous")
+    sent = sum(v for (p, _), v in get("burst").bytes(shape).items() if p == "forward")
+    local = seqlen // 2
+    return max(ATTN, sent / RATE) + ATTN + merge_bytes(1, local, 2, 8, 4) * PER_BYTE
+
+
+def test_compare_reproduces_a_hand_computed_g2_ring():
+    # N=4096: K, V of 2048 tokens x 2 heads x 8 x fp32 = 262144 B -> 0.26 s > ATTN: comm-bound step 0
+    recs = [_record(4096, "burst", 1.0), _record(256, "burst", 0.6)]
+    rows = validate.compare(recs, _times(recs), rescale=False)
+    by_n = {r["seqlen"]: r for r in rows}
+    for n in (256, 4096):
+        assert by_n[n]["predicted_s"] == pytest.approx(_hand_burst_forward(n), rel=1e-9)
+    assert _hand_burst_forward(4096) > 2 * ATTN + 0.01          # the transfer, not the kernel, set step 0
+    assert _hand_burst_forward(256) == pytest.approx(2 * ATTN, rel=1e-3)   # compute-bound: transfer hidden
+    r = by_n[4096]
+    assert r["error"] == pytest.approx(r["predicted_s"] / 1.0 - 1, rel=1e-12)
+    assert r["ratio"] == pytest.approx(r["predicted_s"], rel=1e-12)
+
+
+def test_error_table_judges_the_two_largest_n_only():
+    hand = {n: _hand_burst_forward(n) for n in (256, 1024, 4096)}
+    # within 20% at 1024 and 4096 (+10%, -15%); 256 is far off but not judged
+    recs = [_record(4096, "burst", hand[4096] / 1.10), _record(1024, "burst", hand[1024] / 0.85),
+            _record(256, "burst", hand[256] * 3)]
+    rep = validate.error_table(validate.compare(recs, _times(recs), rescale=False))
+    assert rep["largest_n"] == [1024, 4096]
+    assert rep["met"] and rep["worst_abs_error"] == pytest.approx(0.15, rel=1e-6)
+    assert "met (worst 15.0%)" in rep["text"] and "OUT" not in rep["text"]
+    # one case at +25% fails the target, and the table says which
+    recs[0] = _record(4096, "burst", hand[4096] / 1.25)
+    rep = validate.error_table(validate.compare(recs, _times(recs), rescale=False))
+    assert not rep["met"] and rep["worst_abs_error"] == pytest.approx(0.25, rel=1e-6)
+    assert "NOT met" in rep["text"] and rep["text"].count("OUT") == 1
+
+
+def test_load_scale_carries_the_table_to_the_run():
+    # the run's calibration did 4*512^2*2*8*3.5 FLOPs at a rate that takes 2x the table's time for it
+    cal = {"tokens": 512, "heads": 2, "head_dim": 8, "dtype": "float32"}
+    key = ("attention", 1, 2, 8, 512, 512, False, "fwd_bwd", "float32")
+    flops = 4 * 512 * 512 * 2 * 8 * 3.5
+    cal["per_rank_flops_s"] = flops / 0.2
+    recs = [_record(256, "burst", 1.0, _cluster(cal))]
+    times = _times(recs)
+    assert key in times.seconds             # needed_keys asks for the calibration work too
+    times = KernelTimes(2, 1, {**times.seconds, key: 0.1})
+    assert validate.load_scale(recs[0]["cluster"], times) == pytest.approx(2.0)
+    slow = validate.compare(recs, times)[0]["predicted_s"]
+    assert slow == pytest.approx(2 * validate.compare(recs, times, rescale=False)[0]["predicted_s"])
+
+
+def test_measured_costs_refuse_unmeasured_work_and_round_trip(tmp_path):
+    recs = [_record(256, "burst", 1.0)]
+    times = _times(recs)
+    back = KernelTimes.load(times.save(tmp_path / "t.json"))
+    assert back.seconds == times.seconds
+    hw = validate.emulated_hardware(recs[0]["cluster"], "float32")
+    with pytest.raises(KeyError, match="no measured time"):
+        MeasuredCosts(hw, "float32", times=back).attention(1, 2, 8, 100, 100, False, "forward")
+    with pytest.raises(ValueError, match="not an emulated run"):
+        validate.emulated_hardware({"emulated": False, "summary": "loopback"}, "float32")
+
+
+def test_report_appends_the_model_table(tmp_path):
+    """``with_model`` reads kernel_times.json next to the records (nothing measured) and appends the table."""
+    recs = [_record(4096, "burst", 0.8), _record(256, "burst", 0.5)]
+    d = tmp_path / "t_emu"
+    d.mkdir()
+    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    _times(recs).save(d / validate.KERNEL_TIMES_FILE)
+    rep = with_model({"experiment": "t_emu", "text": "ratios"}, tmp_path, measure_missing=False)
+    assert rep["text"].startswith("ratios\n\nperformance model")
+    assert {r["seqlen"] for r in rep["model"]["rows"]} == {256, 4096}
+
+
+def test_measure_times_real_work():
+    key = ("attention", 1, 1, 8, 32, 48, True, "backward", "float32")
+    t = measure([key, HBM], procs=1, threads=1, seconds=0.01, rounds=2)
+    assert t.seconds[key] > 0 and 0 < t.seconds[HBM] < 1e-6   # more than 1 MB/s of memory traffic
+    assert len(t.samples[key]) == 2                            # one per process and round
+
+
+def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):
+    recs = [_record(256, "burst", 0.5)]           # given link rates: no calibration in the cluster block
+    d = tmp_path / "t_emu"
+    d.mkdir()
+    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    with pytest.raises(ValueError, match="no compute calibration"):
+        validate.validate_experiment(tmp_path, "t_emu", require_calibration=True)
