@@ -149,6 +149,12 @@ def _warm_up_imports() -> None:
     measure_peak(lambda: torch.ones(1) * 2, torch.device("cpu"))
 
 
+def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
+    """Measure one case on every rank (a group of one); its record on rank 0, None elsewhere."""
+    recs = run_group([case], rank=rank, world=world, device=device)
+    return recs[0] if recs else None
+
+
 def run_group(cases: list[Case], *, rank: int, world: int, device: torch.device,
               current: Current | None = None) -> list[dict] | None:
     """Measure ``cases`` (one case shape) on every rank; their records on rank 0, None elsewhere."""
