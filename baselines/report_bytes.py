@@ -2,6 +2,11 @@
 
     python -m baselines.report_bytes                     # B=1 Z=8 Zkv=8 N=8192 d=64 G=4, causal, bf16
     python -m baselines.report_bytes --seqlen 1024 --methods ring ulysses --json out.json
+    python -m baselines.report_bytes --links --world-size 8 --node-size 4 --methods burst burst_double_ring
+
+``--links``: the closed-form bytes per link class (intra-node / inter-node) of every rank, from the
+registry's per-link formulas (``Method.links``; tests assert them equal to the counted bytes on every
+rank), ranks placed node-major over nodes of ``--node-size`` ranks. No processes are spawned.
 
 Spawns G local processes (gloo), runs one forward + backward of each method
 and prints, per (phase, kind), the bytes this rank's counters recorded next to
@@ -91,6 +96,37 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def link_table(methods, shape, node_size: int, ulysses_degree=None) -> list[dict]:
+    """Per method and rank: bytes sent per link class for one forward + backward (formulas only)."""
+    from baselines.registry import get
+
+    rows = []
+    for name in methods:
+        m = get(name)
+        opts = {"ulysses_degree": ulysses_degree} if name == "usp" and ulysses_degree else {}
+        m.validate(shape, **opts)
+        for rank in range(shape.world_size):
+            by: dict[str, int] = {}
+            for (_, _, link), b in m.links(shape, rank, node_size, **opts).items():
+                by[link] = by.get(link, 0) + int(b)
+            rows.append({"method": name, "rank": rank, "intra": by.get("intra", 0), "inter": by.get("inter", 0)})
+    return rows
+
+
+def _print_links(rows, shape, node_size: int) -> None:
+    G = shape.world_size
+    print(f"bytes per link class sent per rank, one forward + backward (registry formulas): B={shape.batch} "
+          f"Z={shape.heads} Zkv={shape.kv_heads} N={shape.seqlen} d={shape.head_dim} {shape.dtype} "
+          f"{'causal' if shape.causal else 'non-causal'}, {G // node_size} nodes x {node_size} ranks (node-major)")
+    print(f"  {'method':<30}{'ranks':<16}{'intra-node':>16}{'inter-node':>16}{'intra MiB':>11}{'inter MiB':>11}")
+    groups: dict = {}
+    for r in rows:       # ranks with equal bytes on one line
+        groups.setdefault((r["method"], r["intra"], r["inter"]), []).append(r["rank"])
+    for (name, intra, inter), ranks in groups.items():
+        print(f"  {name:<30}{','.join(map(str, ranks)):<16}{intra:>16,}{inter:>16,}{intra / 2**20:>11.2f}"
+              f"{inter / 2**20:>11.2f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=1)
@@ -106,8 +142,20 @@ def main(argv=None) -> int:
     p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--links", action="store_true", help="bytes per link class from the formulas (no processes)")
+    p.add_argument("--node-size", type=int, default=None, help="--links: ranks per node (default: all on one)")
     a = p.parse_args(argv)
     G = a.world_size
+    if a.links:
+        node_size = a.node_size or G
+        if node_size < 1 or G % node_size:
+            raise SystemExit(f"--node-size={node_size} must divide --world-size={G}")
+        rows = link_table(a.methods, _shape(a, G), node_size, a.ulysses_degree)
+        _print_links(rows, _shape(a, G), node_size)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(dict(args=vars(a), links=rows), f, indent=1)
+        return 0
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()

@@ -342,7 +342,7 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
-    from .cluster.report import loopback_twin, report, with_model
+    from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report, with_model
 
     out = []
     for spec in preset.specs:
@@ -360,6 +360,10 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
             rep = {**rep, "text": rep["text"] + f"\n\nperformance model: not compared: {e}"}
         (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
         print(rep["text"])
+        if any(m.endswith(NO_OVERLAP) for m in spec.methods) and spec.baseline in spec.methods:
+            rat = ratios_of(spec.name, results_root=results_root, ref=spec.baseline)
+            (R.experiment_dir(results_root, spec.name) / "ratios.txt").write_text(rat["text"] + "\n")
+            print(rat["text"])
         out.append(rep)
     return out
 

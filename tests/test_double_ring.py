@@ -390,21 +390,16 @@ def test_closing_note_bytes_per_link_class():
     backward, fp32 dQ): the flat ring sends 42.44 MiB per rank, all of it inter-node on local index 3
     and intra-node elsewhere; the double ring sends 36.38 MiB intra-node and 6.06 MiB inter-node on
     every rank (1/7 of it: E-1 = 1 of G-1 = 7 sends)."""
-    from baselines import get
+    from baselines.report_bytes import link_table   # what `python -m baselines.report_bytes --links` prints
 
     s = AttnShape(1, 8192, 8, 8, 64, 8, dtype="bfloat16")
     mib = 2 ** 20
-
-    def per_link(method, rank):
-        out: dict = {}
-        for (_, _, link), b in get(method).links(s, rank, 4).items():
-            out[link] = out.get(link, 0) + b
-        return out
-
+    rows = {(r["method"], r["rank"]): r for r in link_table(["burst", "burst_double_ring"], s, 4)}
     for rank in range(8):
-        flat, double = per_link("burst", rank), per_link("burst_double_ring", rank)
-        assert flat == ({"inter": 42.4375 * mib} if rank % 4 == 3 else {"intra": 42.4375 * mib}), (rank, flat)
-        assert double == {"intra": 36.375 * mib, "inter": 6.0625 * mib}, (rank, double)
+        flat, double = rows[("burst", rank)], rows[("burst_double_ring", rank)]
+        want = (0, 42.4375 * mib) if rank % 4 == 3 else (42.4375 * mib, 0)
+        assert (flat["intra"], flat["inter"]) == want, (rank, flat)
+        assert (double["intra"], double["inter"]) == (36.375 * mib, 6.0625 * mib), (rank, double)
 
 
 # ---------------------------------------------------------------- fallback, bad input, failure

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cluster import netns, selftest, shaping, slurmd
+from experiments.cluster import cpuquota, netns, selftest, shaping, slurmd
 from experiments.cluster.emulated import EmulatedCluster
 from experiments.cluster.profile import parse_profile
 from experiments.harness import results as R
@@ -54,6 +54,9 @@ def _assert_gone(run_id: str) -> None:
     assert not [ns for ns in netns.our_namespaces() if ns.startswith(run_id)], netns.our_namespaces()
     assert not netns.state_path(run_id).exists()
     assert not list(Path(tempfile.gettempdir()).glob(f"{run_id}-*"))      # the run's work directory
+    root = cpuquota._root()
+    if not isinstance(root, str):                                         # the ranks' cpu cgroups
+        assert not list(root[0].glob(f"{run_id}-*"))
     deadline = time.monotonic() + 10
     while _processes_with(run_id) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -157,6 +160,11 @@ def test_torchrun_across_namespaces_shaped_and_a_rank_that_dies(tmp_path, monkey
     assert ring["cluster"]["links"] == {"intra": ring["cluster"]["links"]["intra"],
                                         "inter": ring["cluster"]["links"]["inter"]}
     assert ring["cluster"]["links"]["inter"]["bytes_per_s"] == 5e5 and ring["cluster"]["ranks_per_core"] > 0
+    quota = ring["cluster"]["cpu_quota"]     # each rank capped at its share of the cores (cpuquota.py)
+    assert quota["cpus_per_rank"] == os.cpu_count() / 4
+    assert quota["applied"] or quota["why"], quota          # applied, or the record says why not
+    if os.path.isdir("/sys/fs/cgroup/cpu") and os.access("/sys/fs/cgroup/cpu", os.W_OK):
+        assert quota["applied"], quota                     # a writable cgroup v1 cpu controller (this VM)
     sent = ring["comm_fwd_bytes"] + ring["comm_bwd_bytes"]
     assert sent == ring["comm_fwd_formula_bytes"] + ring["comm_bwd_formula_bytes"] > 0
     assert min(ring["time_samples_s"]) > 0.8 * sent / 5e5     # the ring waits on its inter-node hop

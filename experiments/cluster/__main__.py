@@ -8,6 +8,7 @@
     python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     python -m experiments.cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     python -m experiments.cluster report cpu_train_emulated --model   # + the performance model, per case
+    python -m experiments.cluster ratios cpu_double_ring_emulated   # speedups over --ref and overlap on/off, intervals
 
 Needs root (network namespaces); SLURM profiles need the Debian packages slurmd, slurmctld, slurm-client, munge.
 """
@@ -109,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--model", action="store_true",
                     help="also the performance model's predicted / measured per case (measures kernel times here "
                          "if results/<experiment>/kernel_times.json lacks them)")
+    ra = sub.add_parser("ratios", help="speedups over --ref and overlap on/off gains, with bootstrap intervals")
+    ra.add_argument("experiment")
+    ra.add_argument("--results", default=None)
+    ra.add_argument("--ref", default="burst", help="method the speedups are relative to")
+    ra.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    ra.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
 
     if args.cmd == "up":
@@ -146,6 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
             out = with_model(out, args.results)
+        print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
+        return 0
+    if args.cmd == "ratios":
+        from .report import ratios_of
+
+        out = ratios_of(args.experiment, results_root=args.results, ref=args.ref, level=args.level)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     return 2

@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import emulation, netns, shaping
+from . import cpuquota, emulation, netns, shaping
 from .hardware import load_hardware
 from .profile import Profile
 from .rankexec import ENV as RANK_NETNS_ENV
@@ -67,6 +67,8 @@ class EmulatedCluster:
         self.topo: netns.Topology | None = None
         self.scaling: emulation.Scaling | None = None
         self.fallback: str | None = None
+        self.cpu_quota: dict = {}        # {"cpus_per_rank", "applied", "why"}: cpuquota.py
+        self._cgroup_template: str | None = None
         self.slurm = None
         self.work: Path | None = None
         self._old_handlers: dict = {}
@@ -92,6 +94,7 @@ class EmulatedCluster:
         try:
             self.work = Path(tempfile.mkdtemp(prefix=f"{self.topo.run_id}-"))
             netns.build(self.topo)
+            self._cap_cpus()
             self.scaling = self._scaling()
             netem = self.scaling.links and any(v.latency_us > 0 for v in self.scaling.links.values())
             links = self.scaling.links
@@ -111,6 +114,23 @@ class EmulatedCluster:
                  f"{self.scaling.summary()}")
         return self
 
+    def _cap_cpus(self) -> None:
+        """Each rank at the CPU share it has when every rank computes (cpuquota.py)."""
+        p = self.profile
+        cpus = (os.cpu_count() or 1) / (p.nodes * p.ranks_per_node)
+        names = [self.topo.rank(i, k) for i in range(p.nodes) for k in range(p.ranks_per_node)]
+        self._cgroup_template, why = cpuquota.create(self.topo.run_id, names, cpus)
+        self.cpu_quota = {"cpus_per_rank": cpus, "applied": self._cgroup_template is not None, "why": why}
+        if why:
+            self.log(f"[emulated cluster] ranks not capped at {cpus:.3g} CPU each: {why}")
+
+    def _rank_cgroups(self) -> list[str] | None:
+        p = self.profile
+        if self._cgroup_template is None:
+            return None
+        return [self._cgroup_template.format(node=i, local_rank=k)
+                for i in range(p.nodes) for k in range(p.ranks_per_node)]
+
     def _scaling(self) -> emulation.Scaling:
         p = self.profile
         netem = shaping.netem_available(self.topo.fabric)
@@ -124,7 +144,8 @@ class EmulatedCluster:
         self.log(f"[emulated cluster] calibrating: {procs} processes x {threads} thread(s), fwd+bwd of a "
                  f"{tokens}-token block, {s.heads} heads x {s.head_dim}, {s.dtype}")
         cal = emulation.calibrate(procs=procs, threads=threads, tokens=tokens, heads=s.heads,
-                                  head_dim=s.head_dim, dtype=s.dtype, python=self.python)
+                                  head_dim=s.head_dim, dtype=s.dtype, python=self.python,
+                                  cgroups=self._rank_cgroups())
         return emulation.scale(load_hardware(p.hardware), cal, latency_cap_us=p.latency_cap_us, netem=netem)
 
     # ------------------------------------------------------------ tear-down
@@ -185,9 +206,11 @@ class EmulatedCluster:
                  links={k: {"bytes_per_s": v.bytes_s, "target_bytes_per_s": v.target_bytes_s, "kind": v.kind,
                             "latency_us": v.latency_us, "latency_dilated_us": v.latency_dilated_us,
                             "latency_note": v.latency_note} for k, v in s.links.items()},
-                 calibration=s.to_dict().get("calibration"),
+                 calibration=s.to_dict().get("calibration"), cpu_quota=dict(self.cpu_quota),
                  summary=f"emulated {d['nodes']}x{d['ranks_per_node']} {p.hardware} ({s.summary()}), "
-                         f"{d['ranks_per_core']:.3g} ranks/core")
+                         f"{d['ranks_per_core']:.3g} ranks/core"
+                         + (f", each capped at {self.cpu_quota['cpus_per_rank']:.3g} CPU"
+                            if self.cpu_quota.get("applied") else ", CPU not capped per rank"))
         return d
 
     def env(self, world_size: int) -> dict[str, str]:
@@ -195,6 +218,8 @@ class EmulatedCluster:
         e = {CLUSTER_ENV: json.dumps(self.info(world_size))}
         if self.emulated:
             e.update({"GLOO_SOCKET_IFNAME": "eth0", RANK_NETNS_ENV: self.topo.rank_netns_template})
+            if self._cgroup_template is not None:
+                e[cpuquota.ENV] = self._cgroup_template
         if self.slurm is not None:
             e.update(self.slurm.env)
         return e

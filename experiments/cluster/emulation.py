@@ -179,15 +179,23 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
 
 
 def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: int, dtype: str,
-              seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300) -> Calibration:
-    """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s."""
+              seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300,
+              cgroups: list[str] | None = None) -> Calibration:
+    """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s; with
+    ``cgroups`` (one per process, ``cpuquota.py``) each runs in its rank's cpu cgroup, as the rank will."""
     with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
         sync = Path(d)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
         cmd = [python, "-m", "experiments.cluster.emulation", "bench", str(tokens), str(heads), str(head_dim),
                dtype, str(threads), str(sync), "{id}", str(seconds)]
-        ps = [subprocess.Popen([c.replace("{id}", str(i)) for c in cmd], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env) for i in range(procs)]
+        ps = []
+        for i in range(procs):
+            ps.append(subprocess.Popen([c.replace("{id}", str(i)) for c in cmd], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=env))
+            if cgroups:           # before the benchmark starts timing (it waits for "go")
+                from .cpuquota import join
+
+                join(cgroups[i], ps[-1].pid)
         try:
             deadline = time.monotonic() + timeout_s
             while len(list(sync.glob("ready.*"))) < procs:

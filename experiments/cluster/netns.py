@@ -300,6 +300,9 @@ def teardown(run_id: str, *, grace_s: float = 5.0) -> list[str]:
         if _alive(int(extra)):
             pids.append(int(extra))
     kill_pids(pids, grace_s)
+    from .cpuquota import remove as remove_cgroups   # the ranks' cpu cgroups, once their processes are gone
+
+    remove_cgroups(run_id)
     # Ranks before nodes before the fabric: deleting a namespace destroys its end of each veth pair.
     for ns in sorted(mine, key=lambda n: (0 if re.search(r"-n\d+r\d+$", n) else 1 if "-n" in n else 2, n)):
         ip(None, "netns", "del", ns, check=False)

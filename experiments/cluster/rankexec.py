@@ -10,12 +10,16 @@ and it replaces itself (exec, same pid: torchrun still watches and signals
 the rank) with ``nsenter --net=<rank namespace> python -m <module> <args>``,
 the namespace path being ``$BURST_EMU_RANK_NETNS`` with ``{node}`` =
 ``$GROUP_RANK`` (torchrun's node rank) and ``{local_rank}`` = ``$LOCAL_RANK``.
-Without that variable (a real cluster) it simply execs the module.
+Without that variable (a real cluster) it simply execs the module. With
+``$BURST_EMU_RANK_CGROUP`` (``cpuquota.py``) it first moves itself into the
+rank's cpu cgroup, so the worker computes at the rank's fixed CPU share.
 """
 from __future__ import annotations
 
 import os
 import sys
+
+from . import cpuquota
 
 ENV = "BURST_EMU_RANK_NETNS"
 
@@ -36,6 +40,12 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m experiments.cluster.rankexec <module> [args...]")
     cmd = command(sys.argv[1], sys.argv[2:])
+    template = os.environ.get(cpuquota.ENV)
+    if template:
+        try:
+            cpuquota.join(cpuquota.rank_dir(template))
+        except OSError as e:
+            raise SystemExit(f"rankexec: cannot join the rank's cpu cgroup ({cpuquota.ENV}={template!r}): {e}")
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)
 

@@ -15,6 +15,15 @@ Ratios are against ``--ref`` (default burst). A measured ratio whose interval ov
 
 ``with_model`` adds the performance model's prediction of every case (``experiments.perfmodel.validate``:
 its schedules on this machine as emulated), predicted / measured, next to these two bounds.
+
+``ratios(records)`` (``python -m experiments.cluster ratios <experiment>``) is the comparison of an
+experiment with overlap variants (cpu_double_ring_emulated): per N, each method's speedup over ``ref``
+(median(ref) / median(method), a bootstrap interval from ``timing.ratio_interval``), and per method with
+a ``<method>_no_overlap`` twin the overlap gain median(off) / median(on) and the fraction of
+communication hidden, (median(off) - median(on)) / c_off, where c_off is the communication time of the
+no-overlap run: the seconds its ranks waited on transfers in the counted step (median over ranks; with
+overlap off every transfer is waited for right after it is posted, so the waits are the serialised
+communication). The hidden fraction's interval maps the gain's: median(on) x (gain - 1) / c_off.
 """
 from __future__ import annotations
 
@@ -23,6 +32,9 @@ from pathlib import Path
 
 from ..harness import results as R
 from ..harness.flops import attention_flops
+from ..harness.timing import ratio_interval
+
+NO_OVERLAP = "_no_overlap"
 
 
 def _interval(samples: list[float]) -> tuple[float, float]:
@@ -147,4 +159,96 @@ def figure(rep: dict, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------- speedups and overlap, with intervals
+
+
+def _ok_by_case(records) -> dict[tuple[int, str], dict]:
+    return {(int(r["seqlen"]), r["method"]): r for r in records if r.get("status") == "ok"}
+
+
+def _median(xs) -> float:
+    import statistics
+
+    return statistics.median(xs) if xs else math.nan
+
+
+def _wait(r: dict) -> float:
+    """Median over ranks of the seconds waited on transfers in the counted step (nan if not recorded)."""
+    return _median([w for w in r.get("comm_wait_s_per_rank") or [] if w is not None])
+
+
+def _calibrated_compute(r: dict) -> float:
+    """Seconds of compute per rank the emulator's calibration implies for this case (FLOPs / G / the
+    calibrated per-rank FLOP/s): the compute the link rates were scaled to. Measured compute far from it
+    means the machine's load changed between bring-up and the run, and so did the compute : communication
+    ratio the scaling rule set."""
+    cal = ((r.get("cluster") or {}).get("calibration") or {}).get("per_rank_flops_s")
+    if not cal or "heads" not in r:
+        return math.nan
+    fl = attention_flops(r["batch"], int(r["seqlen"]), r["heads"], r["head_dim"], causal=r["causal"], mode=r["mode"])
+    return fl / r["world_size"] / cal
+
+
+def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
+    """Speedups over ``ref`` and overlap gains, with bootstrap intervals, from result records (dicts with
+    status, seqlen, method, time_samples_s and, for the hidden fraction, comm_wait_s_per_rank)."""
+    cases = _ok_by_case(records)
+    if not cases:
+        raise ValueError("ratios: no ok records")
+    speed, overlap = [], []
+    for (n, method), r in sorted(cases.items()):
+        base = cases.get((n, ref))
+        if base is not None:     # the reference itself too: its interval is the noise of one set of samples
+            ri = ratio_interval(list(base["time_samples_s"]), list(r["time_samples_s"]), level=level)
+            speed.append({"seqlen": n, "method": method, "ref": ref, "speedup": ri["ratio"], "lo": ri["lo"],
+                          "hi": ri["hi"], "resolved": not ri["lo"] <= 1.0 <= ri["hi"],
+                          "median_s": _median(list(r["time_samples_s"])), "wait_s": _wait(r),
+                          "ref_wait_s": _wait(base)})
+        off = cases.get((n, method + NO_OVERLAP))
+        if off is None:
+            continue
+        on_s, off_s = list(r["time_samples_s"]), list(off["time_samples_s"])
+        gi = ratio_interval(off_s, on_s, level=level)
+        c_off = _wait(off)
+        t_on = _median(on_s)
+        hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
+        overlap.append({"seqlen": n, "method": method, "on_s": t_on, "off_s": _median(off_s), "gain": gi["ratio"],
+                        "gain_lo": gi["lo"], "gain_hi": gi["hi"], "comm_off_s": c_off,
+                        "compute_off_s": _median(off_s) - c_off, "compute_cal_s": _calibrated_compute(off),
+                        "hidden": hid(gi["ratio"]), "hidden_lo": hid(gi["lo"]), "hidden_hi": hid(gi["hi"])})
+    largest = max(n for n, _ in cases)
+    lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval]; "
+             "* = the interval excludes 1; wait = seconds a rank waited on transfers (median over ranks, "
+             "counted step; all-to-alls not included), the exposed ring communication",
+             f"{'N':>6} {'method':<30} {'median s':>9} {'wait s':>7} {'speedup':>8} {'interval':>16}"]
+    lines += [f"{x['seqlen']:>6} {x['method']:<30} {x['median_s']:9.3f} {x['wait_s']:7.3f} {x['speedup']:8.2f} "
+              f"[{x['lo']:6.2f},{x['hi']:6.2f}]{' *' if x['resolved'] else ''}" for x in speed]
+    if overlap:
+        lines += ["", "overlap: gain = median(off) / median(on); hidden = (off - on) / c_off, c_off = the "
+                      "no-overlap run's transfer waits (median over ranks); compute = off - c_off (measured) next "
+                      "to FLOPs / calibrated rate (what the links were scaled to)",
+                  f"{'N':>6} {'method':<22} {'on s':>7} {'off s':>7} {'gain':>6} {'interval':>15} {'c_off s':>8}"
+                  f" {'hidden':>7} {'interval':>15} {'compute s':>9} {'calib. s':>8}"]
+        lines += [f"{x['seqlen']:>6} {x['method']:<22} {x['on_s']:7.3f} {x['off_s']:7.3f} {x['gain']:6.2f} "
+                  f"[{x['gain_lo']:5.2f},{x['gain_hi']:5.2f}] {x['comm_off_s']:8.3f} {x['hidden']:7.0%} "
+                  f"[{x['hidden_lo']:5.0%},{x['hidden_hi']:5.0%}] {x['compute_off_s']:9.3f} {x['compute_cal_s']:8.3f}"
+                  for x in overlap]
+    return {"ref": ref, "level": level, "largest_seqlen": largest, "speedup": speed, "overlap": overlap,
+            "text": "\n".join(lines)}
+
+
+def ratios_of(experiment: str, *, results_root: str | Path | None = None, ref: str = "burst",
+              level: float = 0.95) -> dict:
+    """``ratios`` of the newest record per case of ``results/<experiment>``, with where it ran."""
+    root = Path(results_root) if results_root else REPO / "results"
+    df = R.load_results(root, experiment)
+    recs = df.to_dict("records") if len(df) else []
+    out = ratios(recs, ref=ref, level=level)
+    ok = [r for r in recs if r.get("status") == "ok"]
+    where = ((ok[0].get("cluster") or {}).get("summary", ""), (ok[0].get("hardware") or {}).get("summary", ""),
+             str(ok[0].get("timestamp", ""))[:16])
+    out["text"] = f"{experiment}: {where[0]}\n{where[1]} · measured {where[2]}\n" + out["text"]
     return out

@@ -135,6 +135,10 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
         "comm_fwd": counts.phase_total("forward") if counts is not None else None,
         "comm_bwd": counts.phase_total("backward") if counts is not None else None,
         "notes": {k: str(v) for k, v in counts.notes.items()} if counts is not None else {},
+        "links": counts.by_link() if counts is not None else None,
+        # host seconds this rank waited on transfers in the counted step (overlap on: the exposed part;
+        # overlap off: every transfer, so the serialised communication time)
+        "wait_s": float(sum(counts.wait_s.values())) if counts is not None else None,
         # model level: weights + gradients + optimizer state this rank keeps between steps
         "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
     }
@@ -206,6 +210,8 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "comm_bytes_by_kind": per_rank[0]["comm"],
             "comm_formula_by_kind": {f"{p}/{k}": int(v) for (p, k), v in sorted(formula.items())},
             "comm_notes": per_rank[0]["notes"],
+            "comm_bytes_by_link_per_rank": [r["links"] for r in per_rank],
+            "comm_wait_s_per_rank": [r["wait_s"] for r in per_rank],
             "comm_measured_over": "forward" if not has_bwd else "forward + backward",
         })
     return rec
