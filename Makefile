@@ -53,7 +53,10 @@ endif
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# `make reproduce`: the CPU preset end to end (results/ and plots/). PRESET=<name> picks another
+# `make reproduce`: the CPU preset end to end, measured on this machine: results/<machine>/ and
+# plots/<machine>/ (<machine>: this machine's hardware slug, or the SLURM cluster profile's name). Only
+# cases measured by this machine at this commit are skipped, so a fresh clone re-measures everything;
+# the committed reference results (results/reference/) are never resumed from. PRESET=<name> picks another
 # preset (a named list of specs: experiments/presets/<name>.yaml, e.g. a100_8, a100_32, a800_32,
 # whose specs run on SLURM cluster profiles); CLUSTER=<name> runs every spec of the preset on that
 # cluster profile (experiments/clusters/<name>.yaml); RUN_ARGS passes options (--dry-run, --force).
@@ -69,7 +72,8 @@ endif
 reproduce: $(STAMP)
 	$(PY) -m experiments.run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
 
-# Redraw every figure from the results files; runs nothing.
+# Redraw every figure from every results folder (results/<machine>/, results/reference/<machine>/,
+# results/modelled/) into the same path under plots/; runs nothing.
 plots: $(STAMP)
 	$(PY) -m experiments.plots
 

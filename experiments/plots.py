@@ -7,11 +7,16 @@ For each experiment ``plots/<experiment>/`` gets, where the sweep has the axis:
 speedup over the spec's baseline vs sequence length, time vs sequence length,
 TFLOP/s per rank vs sequence length, peak memory per rank vs sequence length,
 communication volume per method (measured next to the formula, forward and
-backward), time vs world size (scaling) and throughput vs batch; where the
-masks vary (``mask`` axis), time, TFLOP/s per rank and the work balance of
-each layout per mask (grouped bars, ``masks_*.png``). Every figure
-states the hardware and the date in its title; OOM and failed cases are
-marked on the x axis. All numbers are measurements; the only formula drawn is
+backward), time vs world size (scaling) and throughput vs batch. Every figure
+says in its title what it was measured on (machine, commit, results folder) or
+"modelled"; OOM, failed and skipped cases are marked on the x axis. Times are
+drawn with the 95% interval of the median (records without one: p10-p90, said
+so in the axis label), speedups with their bootstrap interval; methods differ
+by marker and line style so identical lines stay visible. Bytes that an adapter
+records from a formula (``bytes_source: formula``) are hatched, not solid.
+Where the masks vary (``mask`` axis): time, TFLOP/s per rank and the work
+balance of each layout per mask (grouped bars, ``masks_*.png``). All numbers
+are measurements; the only formula drawn is
 the communication formula, beside the measured bytes and labelled as such.
 Records of the performance model (``"source": "modelled"``, experiments.perfmodel)
 are drawn by the same code, with "modelled" in every title and file name.
@@ -33,15 +38,34 @@ import yaml  # noqa: E402
 
 from .harness import axes, results as R  # noqa: E402
 from baselines.registry import METHODS  # noqa: E402
+from burst_impl.shape import AttnShape  # noqa: E402
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
 _PALETTE = plt.get_cmap("tab10").colors
 
 
+_MARKERS = "osD^vP*X<>hp"
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
 def color(method: str) -> tuple:
     # registry order: a method keeps its colour in every figure and every run
     return _PALETTE[_method_order(method) % len(_PALETTE)]
+
+
+def style(method: str) -> dict:
+    """Marker and line style by registry order: two methods with equal numbers stay distinguishable."""
+    k = _method_order(method)
+    return {"color": color(method), "marker": _MARKERS[k % len(_MARKERS)],
+            "linestyle": _LINESTYLES[(k // len(_PALETTE)) % len(_LINESTYLES) if k >= len(_PALETTE) else k % 2],
+            "markersize": 7 - 0.4 * (k % 5), "markerfacecolor": "none" if k % 2 else color(method)}
+
+
+def _offset(xs, k: int, n: int):
+    """x positions shifted by a few percent per method (log axes), so coincident points and their
+    interval bars do not hide each other; the figure's note says so."""
+    return [x * 2 ** (0.035 * (k - (n - 1) / 2)) for x in xs]
 
 
 def _spec_meta(results_root: Path, exp: str) -> dict:
@@ -54,13 +78,25 @@ def _source(df: pd.DataFrame) -> str:
     return "modelled" if "source" in df and (df["source"] == "modelled").all() else "measured"
 
 
-def _hw_and_date(df: pd.DataFrame) -> str:
+def _hw_and_date(df: pd.DataFrame, meta: dict | None = None) -> str:
+    """'measured on <machine> (<hardware>) at <commit> · <date> · <results folder>', or 'modelled ...'."""
     hw = df["hardware"].dropna()
     summary = hw.iloc[0].get("summary", "") if len(hw) else "unknown hardware"
     nodes = hw.iloc[0].get("nodes", 1) if len(hw) else 1
     date = str(df["timestamp"].max())[:10] if "timestamp" in df else ""
     extra = f", {nodes} nodes" if nodes and nodes > 1 and "node" not in summary else ""
-    return f"{summary}{extra} · {_source(df)} {date}{_cluster_note(df)}"
+    origin = (meta or {}).get("origin", "")
+    if _source(df) == "modelled":
+        return f"modelled for {summary}{extra} · {date}" + (f" · {origin}" if origin else "")
+    # records written before they named their machine: the slug of the hardware they recorded
+    from .harness.env import machine_slug
+
+    machines = sorted({str(r["machine"]) if isinstance(r.get("machine"), str) else machine_slug(r["hardware"])
+                       for r in df.to_dict("records") if isinstance(r.get("hardware"), dict)}) or ["unknown machine"]
+    commits = sorted({str((g or {}).get("commit") or "?")[:7] + ("+dirty" if (g or {}).get("dirty") else "")
+                      for g in df["git"]}) if "git" in df else ["?"]
+    return textwrap.fill(f"measured on {', '.join(machines)} ({summary}{extra}) at {', '.join(commits)} · {date}"
+                         + (f" · {origin}" if origin else ""), 100) + _cluster_note(df)
 
 
 def _cluster_note(df: pd.DataFrame) -> str:
@@ -91,10 +127,13 @@ def _fixed_label(df: pd.DataFrame, x: str) -> str:
     return ", ".join(b for b in bits if b)
 
 
+_BAD = (("oom", "v", "tab:orange", "OOM"), ("failed", "X", "tab:red", "fail"), ("skipped", "s", "dimgray", "skip"))
+
+
 def _mark_bad(ax, part: pd.DataFrame, x: str, method: str) -> None:
-    """OOM / failed cases as markers on the x axis, so a missing point is visibly missing."""
+    """OOM / failed / skipped cases as markers on the x axis, so a missing point is visibly missing."""
     trans = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
-    for status, marker, col, text in (("oom", "v", "tab:orange", "OOM"), ("failed", "X", "tab:red", "fail")):
+    for status, marker, col, text in _BAD:
         bad = part[(part["method"] == method) & (part["status"] == status)]
         for xv in bad[x]:
             ax.plot([xv], [0.03], marker=marker, color=col, markersize=9, transform=trans, clip_on=False,
@@ -113,6 +152,9 @@ def _status_legend(ax, df: pd.DataFrame) -> None:
     if (df["status"] == "failed").any():
         handles.append(Line2D([], [], marker="X", color="tab:red", linestyle="none"))
         labels.append("failed (see results reason)")
+    if (df["status"] == "skipped").any():
+        handles.append(Line2D([], [], marker="s", color="dimgray", linestyle="none"))
+        labels.append("skipped: cannot run here (reason below)")
     ax.legend(handles, labels, fontsize=8, loc="best")
 
 
@@ -142,19 +184,21 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     fig, axes = plt.subplots(1, len(facets), figsize=(max(7.5, 6.2 * len(facets)), 5.0), squeeze=False)
     drew = False
     for ax, (label, part) in zip(axes[0], facets):
-        for method in methods or sorted(part["method"].unique(), key=_method_order):
+        order = methods or sorted(part["method"].unique(), key=_method_order)
+        for k, method in enumerate(order):
             ok = part[(part["method"] == method) & (part["status"] == "ok")].sort_values(x)
             if transform is not None:
                 ok = transform(ok, part, method)
             ok = ok[ok[ycol].notna()] if ycol in ok else ok.iloc[0:0]
             if len(ok):
                 drew = True
-                if errbars and "time_p10_s" in ok:
-                    yerr = [ok[ycol] - ok["time_p10_s"], ok["time_p90_s"] - ok[ycol]]
-                    ax.errorbar(ok[x], ok[ycol], yerr=yerr, marker="o", label=method, color=color(method),
-                                capsize=3)
+                xs = _offset(list(ok[x]), k, len(order))
+                lo, hi = _interval(ok, ycol) if errbars else (None, None)
+                if lo is not None:
+                    yerr = [(ok[ycol] - lo).clip(lower=0), (hi - ok[ycol]).clip(lower=0)]
+                    ax.errorbar(xs, ok[ycol], yerr=yerr, label=method, capsize=3, **style(method))
                 else:
-                    ax.plot(ok[x], ok[ycol], marker="o", label=method, color=color(method))
+                    ax.plot(xs, ok[ycol], label=method, **style(method))
             _mark_bad(ax, part, x, method)
         if ref_line is not None:
             ax.axhline(ref_line, color="grey", linestyle="--", linewidth=1)
@@ -167,15 +211,18 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
         ax.set_title(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
         _status_legend(ax, part)
-    if not drew and not (df["status"].isin(["oom", "failed"])).any():
+    if not drew and not (df["status"].isin(["oom", "failed", "skipped"])).any():
         plt.close(fig)
         return None
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
-    fig.suptitle(f"{df['experiment'].iloc[0]}: {title}{ref}\n{_hw_and_date(df)}", fontsize=10)
+    head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title}", int(fig.get_figwidth() * 11))
+    fig.suptitle(f"{head}{ref}\n{_hw_and_date(df, meta)}", fontsize=10)
     fig.tight_layout()
-    if meta.get("skipped_note"):
-        fig.subplots_adjust(bottom=0.16)
-        fig.text(0.5, 0.01, meta["skipped_note"], ha="center", va="bottom", fontsize=8, color="dimgray")
+    note = "; ".join(n for n in (meta.get("skipped_note"), "points offset horizontally by a few % per method "
+                                 "so equal values stay visible") if n)
+    fig.subplots_adjust(bottom=0.18)
+    fig.text(0.5, 0.01, textwrap.fill(note, int(fig.get_figwidth() * 17)), ha="center", va="bottom", fontsize=7,
+             color="dimgray")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -187,11 +234,37 @@ def _method_order(m: str) -> int:
     return order.index(m) if m in order else len(order)
 
 
+def _interval(ok: pd.DataFrame, ycol: str):
+    """(lo, hi) columns of the interval drawn around ``ycol``: the median's 95% interval for times,
+    the bootstrap interval for speedups; p10-p90 for records that have no interval (fewer than 6
+    samples, or written before intervals were recorded); (None, None) when there is nothing."""
+    if ycol == "speedup" and "speedup_lo" in ok:
+        return ok["speedup_lo"], ok["speedup_hi"]
+    if ycol == "time_median_s":
+        if "time_ci_lo_s" in ok and ok["time_ci_lo_s"].notna().all():
+            return ok["time_ci_lo_s"].astype(float), ok["time_ci_hi_s"].astype(float)
+        if "time_p10_s" in ok:
+            return ok["time_p10_s"], ok["time_p90_s"]
+    return None, None
+
+
+def _time_label(df: pd.DataFrame) -> str:
+    ok = df[df["status"] == "ok"]
+    full = "time_ci_lo_s" in ok and len(ok) and ok["time_ci_lo_s"].notna().all()
+    return "time per step (s, median)\nbars: " + ("95% interval of the median" if full else
+                                                  "95% interval of median (p10-p90 if n < 6)")
+
+
 def _speedup(baseline: str):
     def f(ok: pd.DataFrame, part: pd.DataFrame, method: str) -> pd.DataFrame:
-        base = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")["time_median_s"]
+        from .harness.summary import _ratio
+
+        keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
-        ok["speedup"] = [base.get(n, math.nan) / t for n, t in zip(ok["seqlen"], ok["time_median_s"])]
+        rows = [(_ratio(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None) for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
+        ok["speedup"] = [r["ratio"] if r else math.nan for r in rows]
+        ok["speedup_lo"] = [r["lo"] if r else math.nan for r in rows]
+        ok["speedup_hi"] = [r["hi"] if r else math.nan for r in rows]
         return ok
     return f
 
@@ -216,13 +289,30 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     word = _source(df)
     series = [("comm_fwd_bytes", f"forward, {word}", "", 0), ("comm_fwd_formula_bytes", "forward, formula", "//", 1),
               ("comm_bwd_bytes", f"backward, {word}", "", 2), ("comm_bwd_formula_bytes", "backward, formula", "//", 3)]
+    if mode == "forward":   # nothing was sent backward: no backward bars, not even formula ones
+        series = series[:2]
+    # records written before bytes_source existed: the method's registry entry says
+    registry = pd.Series([bool(METHODS[m].bytes_by_formula) if m in METHODS else False for m in sel.index],
+                         index=sel.index)
+    by_formula = (sel["bytes_source"].fillna("").map({"formula": True, "counted": False}).fillna(registry)
+                  .astype(bool) if "bytes_source" in sel else registry)
     for col, label, hatch, k in series:
         if col not in sel or sel[col].isna().all():
             continue
         vals = [v / 2 ** 20 if v == v and v is not None else 0 for v in sel[col]]
-        ax.bar([x + (k - 1.5) * width for x in xs], vals, width, label=label, hatch=hatch,
-               color=("tab:blue" if "forward" in label else "tab:purple"), alpha=1.0 if not hatch else 0.45,
-               edgecolor="black", linewidth=0.5)
+        # "measured" bars of adapters that record bytes from a formula (bytes_source) are hatched "xx"
+        hatches = [("xx" if (not hatch and f) else hatch) for f in by_formula]
+        bars = ax.bar([x + (k - 1.5) * width for x in xs], vals, width, label=label,
+                      color=("tab:blue" if "forward" in label else "tab:purple"), alpha=1.0 if not hatch else 0.45,
+                      edgecolor="black", linewidth=0.5)
+        for b, h in zip(bars, hatches):
+            b.set_hatch(h)
+    if by_formula.any():
+        from matplotlib.patches import Patch
+        ax.add_artist(ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="xx",
+                                               label="recorded from a formula by the adapter (not counted): "
+                                                     + ", ".join(sel.index[by_formula]))],
+                                fontsize=7, loc="upper left"))
     ax.set_xticks(list(xs))
     ax.set_xticklabels(list(sel.index), rotation=20)
     ax.set_ylabel("MiB sent per rank (max over ranks)")
@@ -236,7 +326,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
     ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, {word} (solid) vs formula (hatched)\n"
                  f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
-                 f"{_hw_and_date(df)}", fontsize=9)
+                 f"{_hw_and_date(df, meta)}", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -246,6 +336,14 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
 
 def _mask_name(r) -> str:
     return r["mask"] if isinstance(r.get("mask"), str) and r["mask"] else ("causal" if r["causal"] else "full")
+
+
+def _record_shape(r: dict) -> AttnShape:
+    """The problem shape of a result record (its mask too: the FLOPs count the live entries)."""
+    kv, mask = r.get("kv_heads"), r.get("mask")
+    return AttnShape(int(r["batch"]), int(r["seqlen"]), int(r["heads"]),
+                     int(kv) if kv is not None and kv == kv else int(r["heads"]), int(r["head_dim"]),
+                     int(r["world_size"]), causal=bool(r["causal"]), mask=mask if isinstance(mask, str) else "")
 
 
 def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
@@ -308,10 +406,10 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     if df.empty:
         return []
     skipped = df[df["status"] == "skipped"]
-    df = df[df["status"] != "skipped"]
-    if df.empty:
+    if (df["status"] == "skipped").all():
         return []
     meta = dict(_spec_meta(results_root, exp))
+    meta["origin"] = _origin(results_root)
     if len(skipped):
         # methods that could not run on this machine are named, not silently absent
         reasons = skipped.drop_duplicates("method").set_index("method")["reason"].fillna("")
@@ -328,18 +426,40 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     if df["seqlen"].nunique() > 1:
         if baseline in set(df["method"]):
             files.append(_line_figure(df, "seqlen", "speedup", f"speedup over {baseline} (x)",
-                                      f"speedup over {baseline} vs sequence length", meta,
-                                      out / f"speedup_vs_seqlen{sfx}.png", logy=False, transform=_speedup(baseline),
-                                      ref_line=1.0))
-        files.append(_line_figure(df, "seqlen", "time_median_s", "time per step (s, median; bars p10-p90)",
+                                      f"speedup over {baseline} vs sequence length (bars: 95% bootstrap interval)",
+                                      meta, out / f"speedup_vs_seqlen{sfx}.png", logy=False,
+                                      transform=_speedup(baseline), ref_line=1.0, errbars=True))
+        files.append(_line_figure(df, "seqlen", "time_median_s", _time_label(df),
                                   "time vs sequence length", meta, out / f"time_vs_seqlen{sfx}.png", logy=True,
                                   errbars=True))
-        files.append(_line_figure(df, "seqlen", "tflops_per_rank", "TFLOP/s per rank",
-                                  "attention throughput (FLOPs of PAPER.md convention)", meta,
+        # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
+        # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
+
+        from .harness.flops import case_flops
+
+        ok = df["status"] == "ok"
+        def flops_of(r: dict) -> tuple[float, str]:
+            try:   # "block": the old name of "layer"; a level without a formula here keeps its record's value
+                return case_flops({"block": "layer"}.get(r["level"], r["level"]), _record_shape(r), r["mode"])
+            except ValueError:
+                return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
+                    str(r.get("flops_scope") or r["level"])
+
+        fl = [flops_of(r) if o else (math.nan, "") for r, o in zip(df.to_dict("records"), ok)]
+        df = df.assign(tflops_per_rank=[f / t / 1e12 / w if o else math.nan for (f, _), t, w, o in
+                                        zip(fl, df["time_median_s"] if "time_median_s" in df else [math.nan] * len(df),
+                                            df["world_size"], ok)])
+        scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
+        scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
+        files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
+                                  f"throughput: {scope} FLOPs / {scope} time" + (" (QKV, output projections and attention)"
+                                                                                if scope == "attention layer" else ""),
+                                  meta,
                                   out / f"tflops_vs_seqlen{sfx}.png", logy=False))
         if "mem_peak_bytes" in df:
             dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
-            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib", f"peak memory per rank above inputs (MiB, {_source(df)})",
+            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib",
+                                      f"peak memory per rank: inputs + peak increase (MiB, {_source(df)})",
                                       "peak memory per rank vs sequence length", meta,
                                       out / f"memory_vs_seqlen{sfx}.png", logy=True))
     varies_mask = "mask" in df and (df["mask"].fillna("").nunique() > 1 or df["layout"].nunique() > 1) \
@@ -354,7 +474,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
                                  "columns hatched)", meta, out / f"masks_balance{sfx}.png", per_method=False,
                                  second="work_imbalance_cols"))
     elif df["world_size"].nunique() > 1:
-        files.append(_line_figure(df, "world_size", "time_median_s", "time per step (s, median; bars p10-p90)",
+        files.append(_line_figure(df, "world_size", "time_median_s", _time_label(df),
                                   "scaling with world size", meta, out / f"scaling_world_size{sfx}.png", logy=True,
                                   errbars=True))
     if df["batch"].nunique() > 1:
@@ -362,6 +482,14 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
                                   out / f"throughput_vs_batch{sfx}.png", logy=False))
     files.append(comm_figure(df, meta, out / f"comm_volume{sfx}.png"))
     return [f for f in files if f is not None]
+
+
+def _origin(results_root: Path) -> str:
+    """The results folder a figure was drawn from, relative to the repository (e.g. 'results/reference/<machine>')."""
+    from .harness.env import REPO
+
+    p = Path(results_root).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
 
 
 def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None = None) -> list[Path]:
@@ -382,10 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiments", nargs="*", help="experiment names (default: all under --results)")
-    ap.add_argument("--results", default=str(REPO / "results"))
+    ap.add_argument("--results", default=str(REPO / "results"),
+                    help="a results root, or a folder of roots (default results/: every results/<machine>/, "
+                         "results/reference/<machine>/, results/modelled/), drawn to the same place under --out")
     ap.add_argument("--out", default=str(REPO / "plots"))
     args = ap.parse_args(argv)
-    files = draw_all(Path(args.results), Path(args.out), args.experiments or None)
+    base, files = Path(args.results), []
+    for root in R.result_roots(base):
+        files += draw_all(root, Path(args.out) / root.relative_to(base), args.experiments or None)
     for f in files:
         print(f)
     print(f"{len(files)} figure(s)")

@@ -5,8 +5,14 @@
     python -m experiments.run fig2_train_7b_8gpu --dry-run   # print the commands, run nothing
     python -m experiments.run a100_32                   # cluster preset: SLURM jobs, one per world size
 
-Cases that already have a result are skipped (``--force`` re-runs them,
-``--retry-failed`` re-runs failed ones). Cases that cannot run on this machine
+Results belong to a machine: they go to ``results/<machine>/`` (this machine's
+hardware slug, or the SLURM cluster profile's name) and plots to
+``plots/<machine>/``. Cases that already have a result from the same machine
+and commit are skipped (``--force`` re-runs them, ``--retry-failed`` re-runs
+failed ones); results from another machine or commit (e.g. the committed
+``results/reference/``) never count, so a fresh clone re-measures. The run ends
+with a summary per experiment (``experiments.harness.summary``): interval widths,
+speedups with intervals, and pairs sharing a code path that differ. Cases that cannot run on this machine
 (an adapter whose package is missing) are recorded as skipped with the reason
 and re-evaluated by every run.
 """
@@ -31,7 +37,7 @@ from .cluster.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
 from .harness import results as R
-from .harness.env import REPO
+from .harness.env import REPO, machine_slug
 from .harness.launch import run_batch, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
 
@@ -45,7 +51,18 @@ def _cost(c: Case) -> float:
         from burst_impl.model import get_config
 
         work *= get_config(c.model).n_layers
-    return 1.0 + (c.warmup + c.repeats + 3) * mode * work / 2e9
+    reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap
+    return 1.0 + (c.warmup + reps + 3) * mode * work / 2e9
+
+
+def machine_label(preset: Preset) -> str:
+    """Whose results these are: a real SLURM cluster profile's name, else this machine's hardware slug
+    (an emulated cluster runs on this machine; its records name the profile besides)."""
+    slurm = sorted({s.cluster for s in preset.specs if s.profile.scheduler == "slurm"})
+    if len(slurm) > 1:
+        raise SystemExit(f"preset {preset.name} runs on several SLURM cluster profiles {slurm}: run it once per "
+                         "profile (--cluster NAME) so each profile's results stay in results/<profile>/")
+    return slurm[0] if slurm else machine_slug()
 
 
 def plan(preset: Preset, *, results_root: Path, force: bool, retry_failed: bool
@@ -183,7 +200,7 @@ def _slurm_files(spec_name: str, ws: int, cases: list[Case], prof, *, results_ro
     script = render_sbatch(spec_name=spec_name, profile=prof, world_size=ws, n_cases=len(cases),
                            cases_file=str(cases_file.resolve()), results_root=str(results_root.resolve()),
                            repo=str(REPO), log_dir=str(R.experiment_dir(results_root, spec_name).resolve()),
-                           case_budget_s=sum(c.case_timeout_s for c in cases))
+                           case_budget_s=sum(c.case_timeout_s for c in cases), machine=R.current_machine())
     where = out_dir if out_dir is not None else R.experiment_dir(results_root, spec_name) / "slurm"
     return write_sbatch(where / f"{spec_name}-G{ws}.sbatch", script), script
 
@@ -251,8 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", "--target", dest="cluster",
                     help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>); "
                          "--target is its old name")
-    ap.add_argument("--results", default=str(REPO / "results"), help="results root (default: results/)")
-    ap.add_argument("--plots", default=str(REPO / "plots"), help="figures root (default: plots/)")
+    ap.add_argument("--results", default=None,
+                    help="results root (default: results/<machine>/, machine = this machine's hardware slug or "
+                         "the SLURM cluster profile)")
+    ap.add_argument("--plots", default=None, help="figures root (default: plots/<machine>/)")
     ap.add_argument("--dry-run", action="store_true", help="print the launch commands / SLURM scripts only")
     ap.add_argument("--force", action="store_true", help="re-run cases that already have results")
     ap.add_argument("--retry-failed", action="store_true", help="re-run cases recorded as failed")
@@ -261,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     preset = load_any(args.what, cluster=args.cluster)
-    results_root = Path(args.results)
+    machine = machine_label(preset)
+    os.environ[R.MACHINE_ENV] = machine        # every record, worker and job names it
+    results_root = Path(args.results) if args.results else R.machine_root(machine)
+    args.results = str(results_root)
+    args.plots = args.plots or str(REPO / "plots" / machine)
+    print(f"results of machine {machine!r}: {results_root}")
     if not args.dry_run:
         merged = merge_leftovers(results_root)
         if merged:
@@ -270,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     n = sum(len(v) for v in batches.values())
     total = sum(len(s.cases()) for s in preset.specs)
     print(f"{preset.name}: {len(preset.specs)} spec(s), {total} case(s), {n} to run "
-          f"({total - n} already have results{'' if not args.force else '; --force'})")
+          f"({total - n} already have results from this machine and commit{'' if not args.force else '; --force'})")
     via_slurm = {s.profile.via_slurm for s in preset.specs}
     if len(via_slurm) > 1:
         raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or emulated-torchrun "
@@ -300,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    from .harness.summary import write_summary
+
+    for spec in preset.specs:
+        if (R.experiment_dir(args.results, spec.name) / R.RESULTS_FILE).exists():
+            print(write_summary(args.results, spec.name, spec.baseline))
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
         from .cluster.report import figure

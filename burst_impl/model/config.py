@@ -9,6 +9,7 @@ vocabulary small enough that the loss visibly falls in 30 steps.
 
     cfg = get_config("llama2_7b")        # ValueError for an unknown name
     cfg = replace(cfg, n_layers=2)       # dataclasses.replace for variants; validated on creation
+    cfg = replace(cfg, loss="fused", checkpoint="seq")   # the training-memory choices (issue 11)
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ class ModelConfig:
     vocab_size: int        # V
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    # Training-memory choices (issue 11), not architecture: the LM head + cross-entropy
+    # implementation (burst_impl.loss_modes: unfused, fused, liger, cce) and the activation
+    # checkpointing of the blocks (checkpoint.MODES: none, full, seq, whole).
+    loss: str = "unfused"
+    checkpoint: str = "none"
 
     def __post_init__(self):
         self.validate()
@@ -50,6 +56,12 @@ class ModelConfig:
                              f"of channels (model {self.name!r})")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError(f"rope_theta={self.rope_theta} and norm_eps={self.norm_eps} must be positive")
+        from burst_impl.loss_modes import get_loss_mode   # late: config is imported by everything
+
+        from .checkpoint import check_mode
+
+        get_loss_mode(self.loss)            # ValueError naming loss= for an unknown mode
+        check_mode(self.checkpoint)         # ValueError naming checkpoint= for an unknown mode
 
 
 CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (

@@ -9,9 +9,10 @@
 single-device model passes ``arange(N)``. The LM head and the loss run inside
 ``forward`` (so FSDP2 has the root's weights gathered while they run) through
 the swappable ``model.loss_fn(hidden, head_weight, labels, ignore_index) ->
-(sum of token losses, number of counted tokens)``: a fused LM head +
-cross-entropy (issue 11) replaces ``model.loss_fn`` without touching the
-model. The mean over all global tokens is formed by the caller
+(sum of token losses, number of counted tokens)``, chosen by ``cfg.loss``
+(``loss_fn_for``: unfused, or the fused LM head + cross-entropy and its
+peers of ``burst_impl.loss_modes``). Blocks run under ``cfg.checkpoint``
+(``checkpoint.run_block``: none, full, seq, whole). The mean over all global tokens is formed by the caller
 (``parallel.global_mean``).
 
 Hooks for parallelisation and memory features: ``model.layers`` is a
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checkpoint import run_block
 from .config import ModelConfig
 from .layers import RMSNorm, TransformerBlock, rope_tables
 
@@ -47,6 +49,26 @@ def cross_entropy_sum(hidden: Tensor, head_weight: Tensor, labels: Tensor,
     return total, (labels != ignore_index).sum()
 
 
+def loss_fn_for(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The ``loss_fn`` of loss mode ``name`` (``ModelConfig.loss``): ``unfused`` is
+    ``cross_entropy_sum``; the others are ``burst_impl.loss_modes`` entries called with
+    ``reduction="sum", return_count=True``. ValueError for a mode that cannot run here
+    (Liger and CCE need CUDA and their package)."""
+    if name == "unfused":
+        return cross_entropy_sum
+    from burst_impl.loss_modes import get_loss_mode
+
+    mode = get_loss_mode(name)
+    if not mode.available():
+        raise ValueError(f"loss={name!r} cannot run here: {mode.unavailable()}")
+
+    def loss_fn(hidden: Tensor, head_weight: Tensor, labels: Tensor, ignore_index: int = IGNORE_INDEX):
+        return mode(hidden, head_weight, labels, ignore_index=ignore_index, reduction="sum", return_count=True)
+
+    loss_fn.__name__ = f"{name}_loss_sum"
+    return loss_fn
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, device=None, dtype=None):
         super().__init__()
@@ -55,7 +77,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, device, dtype) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, device, dtype)
         self.output = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False, device=device, dtype=dtype)  # untied
-        self.loss_fn: Callable[..., tuple[Tensor, Tensor]] = cross_entropy_sum
+        self.loss_fn: Callable[..., tuple[Tensor, Tensor]] = loss_fn_for(cfg.loss)
         self.parallel = None                                                    # parallel.ParallelPlan
 
     def forward(self, tokens: Tensor, positions: Tensor, labels: Tensor | None = None, *,
@@ -68,7 +90,7 @@ class Transformer(nn.Module):
         rope = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta,
                            dtype=torch.promote_types(h.dtype, torch.float32))
         for block in self.layers:
-            h = block(h, rope)
+            h = run_block(block, h, rope, self.cfg.checkpoint)   # checkpoint.py: none/full/seq/whole
         h = self.norm(h)
         if labels is not None:
             return self.loss_fn(h, self.output.weight, labels, ignore_index)

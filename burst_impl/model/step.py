@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .checkpoint import check_checkpoint
 from .parallel import global_mean, local_batch, plan_of, sync_grads
 from .sequence_parallel import check_sequence
 
@@ -24,6 +25,7 @@ Tensor = torch.Tensor
 def forward_loss(model, tokens: Tensor, labels: Tensor) -> Tensor:
     """Global mean token loss of the global batch; differentiable (this rank's share)."""
     check_sequence(model, tokens.shape[1])
+    check_checkpoint(model, tokens.shape[1])
     x, y, pos = local_batch(model, tokens, labels)
     return global_mean(model, *model(x, pos, y))
 

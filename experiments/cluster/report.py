@@ -33,7 +33,6 @@ from pathlib import Path
 from burst_impl.shape import AttnShape
 
 from ..harness import results as R
-from ..harness.env import REPO
 from ..harness.flops import attention_flops
 from ..harness.timing import ratio_interval
 
@@ -52,7 +51,7 @@ def _rows(df) -> dict:
 
 def report(experiment: str, *, results_root: str | Path | None = None, compute_from: str | None = None,
            ref: str = "burst") -> dict:
-    root = Path(results_root) if results_root else REPO / "results"
+    root = Path(results_root) if results_root else R.machine_root()
     rows = _rows(R.load_results(root, experiment))
     if not rows:
         raise ValueError(f"no ok records for experiment {experiment!r} under {root}")

@@ -51,6 +51,7 @@ RESERVE_S={reserve_s}
 {env}
 {setup}
 export CASES={cases} RESULTS_ROOT={results}
+export EXPERIMENTS_MACHINE={machine}   # records belong to this cluster profile (results/<profile>/)
 # This job's own results folder (merged into $RESULTS_ROOT at the end): jobs sharing a node never share a file.
 export RESULTS="$RESULTS_ROOT/.jobs/$SLURM_JOB_ID"
 mkdir -p "$RESULTS"
@@ -131,7 +132,8 @@ def launch_timeout(profile: Profile, case_budget_s: float) -> int:
 
 
 def render_sbatch(*, spec_name: str, profile: Profile, world_size: int, n_cases: int, cases_file: str,
-                  results_root: str, repo: str, log_dir: str, case_budget_s: float) -> str:
+                  results_root: str, repo: str, log_dir: str, case_budget_s: float, machine: str | None = None) -> str:
+    """``machine``: the name the job's records carry (the driver's results folder; default the profile's name)."""
     nodes = profile.nodes_for(world_size)
     ppn = profile.procs_per_node(world_size)
     limit = profile.time_limit_s
@@ -155,7 +157,7 @@ def render_sbatch(*, spec_name: str, profile: Profile, world_size: int, n_cases:
         time_limit=profile.time_limit, time_limit_s=limit, reserve_s=RESERVE_S,
         log_dir=shlex.quote(log_dir), sbatch_extra="\n".join(f"#SBATCH {x}" for x in profile.sbatch_extra),
         repo=shlex.quote(repo), env=env, setup="\n".join(profile.setup),
-        cases=shlex.quote(cases_file), results=shlex.quote(results_root),
+        cases=shlex.quote(cases_file), results=shlex.quote(results_root), machine=shlex.quote(machine or profile.name),
         master_port=profile.master_port, port_span=PORT_SPAN, omp=max(1, profile.cpus_per_gpu),
         python=profile.python, node_setup=shlex.quote("; ".join(node_setup_lines(profile))),
         max_attempts=MAX_ATTEMPTS, launch_timeout=timeout, min_attempt=MIN_ATTEMPT_S, entry=entry,

@@ -5,6 +5,7 @@ import functools
 import importlib.metadata
 import os
 import platform
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -92,3 +93,18 @@ def describe(hw: dict) -> str:
         nodes = hw.get("nodes") or 1
         return f"{hw['gpu_name']} x{hw.get('gpu_count')}/node, {nodes} node{'s' if nodes > 1 else ''}"
     return f"{hw.get('cpu_count')}-core {hw.get('cpu_model')} (CPU, gloo)"
+
+
+def slug(text: str) -> str:
+    """'2-core AMD EPYC' -> '2-core-amd-epyc': a folder name."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "unknown"
+
+
+def machine_slug(hw: dict | None = None) -> str:
+    """A short, stable name of this machine's hardware, the folder its results live in
+    (``results/<machine>/``): 'cpu2-amd-epyc' (cores, CPU model) or '8x-nvidia-a100-sxm4-80gb' (GPUs
+    per node, GPU model). Machines of the same kind share it: their numbers are comparable."""
+    hw = hw or hardware()
+    if hw.get("gpu_name"):
+        return slug(f"{hw.get('gpu_count')}x {hw['gpu_name']}")
+    return slug(f"cpu{hw.get('cpu_count')} {hw.get('cpu_model')}")

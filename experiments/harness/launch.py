@@ -196,8 +196,11 @@ def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
                         age = time.time() - m.stat().st_mtime
                     except FileNotFoundError:
                         continue
-                    if age > c.case_timeout_s + GRACE_S and not killed_for:
-                        killed_for = (f"timeout: no result after {age:.0f} s (budget {c.case_timeout_s:.0f} s); "
+                    budget = R.marker_budget(results_root, c)   # the group's, when timed with others
+                    if budget is None:                           # finished since: its record is on its way
+                        continue
+                    if age > budget + GRACE_S and not killed_for:
+                        killed_for = (f"timeout: no result after {age:.0f} s (budget {budget:.0f} s); "
                                       "launch killed by the driver")
                         procs.kill()
                 if rc is not None:

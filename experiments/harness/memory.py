@@ -8,10 +8,17 @@ Summing those events in time order gives the live tensor bytes over the step;
 its maximum is the peak. Profiling is slow, so this runs in a separate,
 untimed step and never distorts the timings.
 
-Both report the peak *increase* over what was live when the step began
-(inputs and anything allocated before), plus that starting level, so the
-numbers are comparable across devices: ``peak_bytes`` = activations, saved
+Both report the peak *increase* over what was live when the step began, so
+the numbers are comparable across devices: ``peak_bytes`` = activations, saved
 tensors, temporaries and communication buffers of the step.
+
+One definition for every method (the records' ``mem_peak_bytes``): the bytes of
+the step's own inputs and weights (``Step.start_bytes``: the (B, N/G, ...)
+shards of a sequence-parallel method, the replicated (B, N, H) input and the
+weight slices of TP V1) PLUS the peak increase during the step. Each method
+is thus charged for what it needs to hold, inputs included; "peak above
+inputs" alone hid TP's replicated input. The part a method's formula models,
+the bytes kept for backward, is measured separately (``saved_for_backward``).
 """
 from __future__ import annotations
 
@@ -71,3 +78,25 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, (MemoryError, RuntimeError)) and (
         "out of memory" in text.lower() or "CUDA error: out of memory" in text
         or "DefaultCPUAllocator: can't allocate memory" in text)
+
+
+def saved_for_backward(forward: Callable[[], object], exclude: tuple = ()) -> int:
+    """Bytes autograd keeps for the backward of one ``forward()`` (grad enabled): every tensor saved
+    through ``save_for_backward`` or by a built-in op, counted once per storage (views of one buffer
+    share it). This is what ``Method.memory`` models ("activation bytes kept for backward"), so the
+    two are compared directly (tests/test_memory_reconcile.py); it does not depend on the allocator.
+    ``exclude``: tensors not counted (the layer's weights, which matmuls save for dX but which are
+    parameters, not activations)."""
+    seen: dict[int, int] = {}
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        if st.data_ptr() not in skip:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = forward()
+    del out
+    return int(sum(seen.values()))

@@ -1,4 +1,10 @@
-"""Result records: one JSON line per case in ``results/<experiment>/results.jsonl``.
+"""Result records: one JSON line per case in ``<root>/<experiment>/results.jsonl``.
+
+Results belong to a machine: the root is ``results/<machine>/`` (``env.machine_slug``
+for this machine, the cluster profile's name for a SLURM cluster), every record
+names it (``machine``), and a run resumes only cases measured by the same machine
+at the same commit (``done_case_ids``). Committed reference results live apart,
+in ``results/reference/<machine>/``; the performance model's in ``results/modelled/``.
 
 Written by rank 0 of the worker (ok/failed/oom) or by the driver (cases that
 timed out, crashed, or were skipped). Readable by ``pandas.read_json(lines=True)``;
@@ -20,7 +26,7 @@ from . import env
 from .axes import AXES
 from .spec import Case
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2     # 2: machine, time intervals, repeat_stop, bytes_source, one memory definition
 STATUSES = ("ok", "failed", "oom", "skipped")
 # Cases with one of these statuses are not run again unless --force
 # (failed ones with --retry-failed); "skipped" is always re-evaluated, so a
@@ -33,7 +39,19 @@ CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")   # 
 # ``kernel``: the local attention kernel that ran (the worker resolves it on its device); in records
 # written without running (skipped, or failed before the worker) the one asked for, or "auto".
 REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS, "kernel",
-                 "time_samples_s", "config", "git", "versions", "hardware")
+                 "time_samples_s", "config", "git", "versions", "hardware", "machine")
+# The machine records are written for (the results root's name); the driver sets it for every rank and job.
+MACHINE_ENV = "EXPERIMENTS_MACHINE"
+RESULTS_BASE = env.REPO / "results"
+
+
+def current_machine() -> str:
+    return os.environ.get(MACHINE_ENV) or env.machine_slug()
+
+
+def machine_root(machine: str | None = None, base: Path | str = RESULTS_BASE) -> Path:
+    """``results/<machine>/``: where this machine's (or cluster profile's) results go."""
+    return Path(base) / (machine or current_machine())
 
 
 def experiment_dir(results_root: Path | str, experiment: str) -> Path:
@@ -85,6 +103,7 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "git": env.git_info(),
         "versions": env.versions(),
         "hardware": env.hardware(world_size or case.world_size),
+        "machine": current_machine(),
         "cluster": cluster_info(world_size or case.world_size),
     }
     return rec
@@ -128,10 +147,34 @@ def latest_by_case(records: Iterable[dict]) -> dict[str, dict]:
     return out
 
 
-def done_case_ids(results_root: Path | str, experiment: str, *, retry_failed: bool = False) -> set[str]:
+def same_origin(rec: dict, machine: str, git: dict) -> bool:
+    """Measured by ``machine`` at commit ``git['commit']`` with the same dirty flag (a dirty tree's
+    diff is not recorded, so its records are only comparable with another dirty run of that commit)."""
+    g = rec.get("git") or {}
+    return (rec.get("machine") == machine and g.get("commit") == git.get("commit")
+            and bool(g.get("dirty")) == bool(git.get("dirty")))
+
+
+def done_case_ids(results_root: Path | str, experiment: str, *, retry_failed: bool = False,
+                  machine: str | None = None, git: dict | None = None) -> set[str]:
+    """Cases a run may skip: their newest record from this machine and commit (``same_origin``) is
+    done. Records from another machine or commit never count: a fresh clone re-measures."""
     done = DONE_STATUSES if not retry_failed else ("ok", "oom")
-    recs = latest_by_case(read_records(experiment_dir(results_root, experiment) / RESULTS_FILE))
-    return {cid for cid, r in recs.items() if r.get("status") in done}
+    machine, git = machine or current_machine(), git or env.git_info()
+    mine = [r for r in read_records(experiment_dir(results_root, experiment) / RESULTS_FILE)
+            if same_origin(r, machine, git)]
+    return {cid for cid, r in latest_by_case(mine).items() if r.get("status") in done}
+
+
+def result_roots(base: Path | str = RESULTS_BASE) -> list[Path]:
+    """Every results root under ``base`` (a folder holding <experiment>/results.jsonl folders):
+    ``results/<machine>``, ``results/reference/<machine>``, ``results/modelled``, ``base`` itself."""
+    base = Path(base)
+    if not base.exists():
+        return []
+    roots = {p.parent.parent for p in base.glob(f"**/{RESULTS_FILE}")
+             if not any(part.startswith(".") for part in p.relative_to(base).parts)}
+    return sorted(roots)
 
 
 def load_results(results_root: Path | str, experiment: str | None = None):
@@ -151,6 +194,57 @@ def load_results(results_root: Path | str, experiment: str | None = None):
 
 def marker_path(results_root, case: Case) -> Path:
     return work_dir(results_root, case.experiment) / f"{case.case_id}.started"
+
+
+def write_marker(results_root, case: Case, budget_s: float, group: list[str] | None = None) -> None:
+    """The case has started; ``budget_s``: the wall-clock budget it runs under (its group's); ``group``:
+    the ids of the cases timed with it (finalisation charges a failure to the case that caused it)."""
+    marker_path(results_root, case).write_text(json.dumps(
+        {"started": now(), "budget_s": budget_s, "group": group or [case.case_id]}))
+
+
+def _marker(results_root, case: Case) -> dict:
+    try:
+        return json.loads(marker_path(results_root, case).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def marker_budget(results_root, case: Case) -> float | None:
+    """The budget a started case runs under (its own when the marker does not say); None when the marker
+    is gone (the case just finished: its record is being written)."""
+    try:
+        text = marker_path(results_root, case).read_text()
+    except OSError:
+        return None
+    try:
+        return float(json.loads(text)["budget_s"])
+    except (KeyError, TypeError, ValueError):
+        return case.case_timeout_s
+
+
+def current_path(results_root, experiment: str, rank: int) -> Path:
+    return work_dir(results_root, experiment) / f"current.rank{rank}"
+
+
+def write_current(results_root, case: Case, rank: int) -> None:
+    """The case this rank runs now (a rank killed outright leaves no error file, only this)."""
+    p = current_path(results_root, case.experiment, rank)
+    tmp = p.with_name(p.name + ".tmp")     # per rank: ranks write at the same time
+    tmp.write_text(case.case_id)
+    os.replace(tmp, p)
+
+
+def _currents(results_root, experiment: str) -> dict[int, str]:
+    out = {}
+    for p in work_dir(results_root, experiment).glob("current.rank*"):
+        if p.name.endswith(".tmp"):
+            continue
+        try:
+            out[int(p.name.rsplit(".rank", 1)[1])] = p.read_text().strip()
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def err_path(results_root, case: Case, rank: int) -> Path:
@@ -204,10 +298,28 @@ def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[
     return "failed", default_reason
 
 
+def _culprits(results_root, group: list[str], by_id: dict[str, Case], experiment: str) -> set[str]:
+    """Which cases of an interleaved group caused its failure: those with an error of their own that is
+    not a lost peer; else those that a rank which left no error file (killed outright) was running;
+    else, nothing being known, all of them."""
+    errs = {cid: rank_errors(results_root, by_id[cid]) for cid in group if cid in by_id}
+    caused = {cid for cid, es in errs.items() if any(not _peer_lost(e.get("reason", "")) for e in es)}
+    if caused:
+        return caused
+    ranks_with_err = {e["rank"] for es in errs.values() for e in es}
+    hard = {cid for r, cid in _currents(results_root, experiment).items() if r not in ranks_with_err and cid in group}
+    return hard or set(group)
+
+
 def finalize_unfinished(results_root, cases: list[Case], default_reason: str) -> list[str]:
-    """Record every case that was started but has no record since; returns their ids."""
+    """Record every case that was started but has no record since; returns their ids.
+
+    A case timed in an interleaved group (its marker lists the group) is recorded only if it caused
+    the failure (``_culprits``); the others are left unrecorded, so the next launch runs them again."""
     out: list[str] = []
     by_exp: dict[str, dict] = {}
+    by_id = {c.case_id: c for c in cases}
+    unfinished: list[tuple[Case, dict]] = []
     for case in cases:
         marker = marker_path(results_root, case)
         if not marker.exists():
@@ -218,8 +330,23 @@ def finalize_unfinished(results_root, cases: list[Case], default_reason: str) ->
         rec = by_exp[case.experiment].get(case.case_id)
         started = marker.stat().st_mtime
         if rec is None or datetime.datetime.fromisoformat(rec["timestamp"]).timestamp() < started - 1:
-            status, reason = failure_from_errors(results_root, case, default_reason)
-            append_record(results_root, base_record(case, status, reason))
-            out.append(case.case_id)
+            unfinished.append((case, _marker(results_root, case)))
+        else:
+            clear_work(results_root, case)
+    for case, m in unfinished:
+        group = [g for g in (m.get("group") or [case.case_id])]
+        if len(group) > 1 and case.case_id not in _culprits(results_root, group, by_id, case.experiment):
+            continue
+        status, reason = failure_from_errors(results_root, case, default_reason)
+        if not rank_errors(results_root, case) and len(group) > 1:
+            others = [f"rank {e['rank']} (in {cid.split('.')[0]}): {e['reason']}" for cid in group if cid in by_id
+                      for e in rank_errors(results_root, by_id[cid])]
+            reason = "; ".join([reason, *others])
+        append_record(results_root, base_record(case, status, reason))
+        out.append(case.case_id)
+    for case, _ in unfinished:
         clear_work(results_root, case)
+    for exp in {c.experiment for c, _ in unfinished}:
+        for p in work_dir(results_root, exp).glob("current.rank*"):
+            p.unlink(missing_ok=True)
     return out

@@ -17,7 +17,10 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     kernels: [flash_attn, xformers]   # optional: local kernels (burst_impl.kernels names, or auto); default automatic
     exclude: [{method: ulysses, world_size: 16}]   # optional: drop combinations explicitly
     warmup: 2
-    repeats: 10
+    repeats: 6                        # at least this many timed steps (6: the first n with a 95% interval)
+    max_repeats: 30                   # then until the median's 95% interval is within +-ci_target, at most this
+    ci_target: 0.05                   # relative half-width of the interval of the median (0.05 = +-5%)
+    interleave: true                  # time the methods of one case shape in rounds A B A B (paired ratios)
     seed: 0
     cluster: a100_8                   # "cpu", "local" or experiments/clusters/<name>.yaml
     timeouts: {case_s: 900, pg_s: 300}
@@ -36,6 +39,14 @@ method's usual kernel beside one with materialised scores (the papers'
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
+
+Repeats (``experiments.harness.timing``): ``repeats`` timed steps at least; with
+``max_repeats`` (default: ``repeats``, a fixed count) more until the 95% interval
+of the median is within +-``ci_target``, or the cap, or about half the case's
+wall-clock budget (``timeouts.case_s``) is spent timing, whichever comes first;
+each record says which (``repeat_stop``). With ``interleave`` the cases that
+share a shape, mode and kernel are timed together in rounds, and their
+watchdog budget is the sum of theirs.
 
 Names: a *preset* (``experiments/presets/``) is a named list of specs; a
 *cluster profile* (``experiments/clusters/``, ``experiments.cluster.profile``)
@@ -126,6 +137,21 @@ class Case:
     model: str | None = None
     zero: bool = False
     optimizer: str = "adamw"
+    max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
+    ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
+    interleave: bool = True          # time with the other methods of the same shape, in rounds
+
+    @property
+    def repeat_cap(self) -> int:
+        return max(self.repeats, self.max_repeats or self.repeats)
+
+    @property
+    def group_key(self) -> tuple:
+        """Cases with equal keys are timed together in interleaved rounds (methods of one case shape).
+        Model-level cases run alone: a whole decoder per method at once would not fit where one does."""
+        if not self.interleave or self.level == "model":
+            return (self.case_id,)
+        return (self.experiment, self.level, self.mode, self.shape, self.kernel)
 
     def __getattr__(self, name: str):
         # case.seqlen, case.world_size, ...: the sweep axes are the shape's fields
@@ -194,6 +220,10 @@ class Spec:
     kernels: tuple[str, ...] = field(default=(), metadata={"check": _check_kernels})   # (): automatic
     warmup: int = field(default=2, metadata={"check": _at_least(0)})
     repeats: int = field(default=10, metadata={"check": _at_least(1)})
+    max_repeats: int | None = field(default=None, metadata={"check": lambda v: v is not None and _at_least(1)(v) or None})
+    ci_target: float = field(default=0.05, metadata={"check": lambda v: None if 0 < v < 1 else
+                                                     f"{v!r} must be a relative half-width in (0, 1), e.g. 0.05"})
+    interleave: bool = True
     seed: int = field(default=0, metadata={"check": _at_least(0)})
     timeouts: Timeouts = field(default_factory=Timeouts)
     model: ModelSetup | None = None   # required at measure.level: model, refused otherwise
@@ -252,6 +282,8 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
     if "sweep" not in raw:
         raise err("sweep", "is required")
     kw["sweep"] = axes.parse_sweep(raw["sweep"], err)
+    if kw.get("max_repeats") is not None and kw["max_repeats"] < kw.get("repeats", 10):
+        raise err("max_repeats", f"{kw['max_repeats']} must be >= repeats ({kw.get('repeats', 10)}), the minimum")
     level = kw.get("measure", Measure()).level
     if level == "model":
         if kw.get("model") is None:
@@ -305,7 +337,8 @@ def expand(spec: Spec) -> list[Case]:
                                         shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
                                         measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
                                         case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
-                                        kernel=kernel, **extra))
+                                        kernel=kernel, max_repeats=spec.max_repeats, ci_target=spec.ci_target,
+                                        interleave=spec.interleave, **extra))
     return out
 
 

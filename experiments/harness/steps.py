@@ -28,7 +28,9 @@ from .spec import Case
 class Step:
     step: Callable[[], object]              # what is timed
     setup: Callable[[], object] | None      # untimed, before each timed step
-    start_bytes: int                        # bytes of the inputs live before the step (CPU memory base)
+    start_bytes: int                        # bytes of the step's inputs and weights (its own, every method alike)
+    forward: Callable[[], object] | None = None   # the forward with grad enabled (bytes kept for backward)
+    weights: tuple = ()                           # parameters (not activations: not counted as saved)
     context: object = None                  # what the step holds, for its record (model level: model_steps.ModelRun)
 
     def live_bytes(self) -> int:
@@ -116,7 +118,7 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
 
     step, setup = _wrap_mode(case.mode, forward, [q, k, v], lambda out: dout)
     start = sum(t.numel() * t.element_size() for t in (q, k, v, dout))
-    return Step(step=step, setup=setup, start_bytes=start)
+    return Step(step=step, setup=setup, start_bytes=start, forward=forward if grad else None)
 
 
 def build_layer_step(case: Case, method: Method, *, rank: int, group, device: torch.device) -> Step:
@@ -131,7 +133,10 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
     grad = case.mode != "forward"
     x = _randn((s.batch, tokens, hidden), gen, s.torch_dtype, device).requires_grad_(grad)
     params = [x, *lay.params.values()]
-    douts: dict[tuple, torch.Tensor] = {}
+    # dY has the layer output's shape, which is the input's (B, tokens, H) for every method (TP V1:
+    # replicated in and out); drawn up front so it counts among the step's inputs like the op's dout.
+    douts: dict[tuple, torch.Tensor] = {} if not grad else {
+        tuple(x.shape): _randn(tuple(x.shape), gen, s.torch_dtype, device)}
 
     def forward():
         return attn_layer.layer_forward(lay, x)
@@ -143,8 +148,9 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
         return douts[key]
 
     step, setup = _wrap_mode(case.mode, forward, params, dout_like)
-    start = sum(p.numel() * p.element_size() for p in params)
-    return Step(step=step, setup=setup, start_bytes=start)
+    start = sum(t.numel() * t.element_size() for t in [*params, *douts.values()])
+    return Step(step=step, setup=setup, start_bytes=start, forward=forward if grad else None,
+                weights=tuple(lay.params.values()))
 
 
 def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:

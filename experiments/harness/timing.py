@@ -1,19 +1,36 @@
-"""The one place where time is measured.
+"""The one place where time is measured, and the statistics of the times.
 
 ``time_steps`` runs warm-up steps, then ``repeats`` timed steps. Before each
 timed step every rank synchronises its device and meets the others at a
 barrier, so all ranks start the step together; each rank times its own step
 (CUDA events on GPU, ``perf_counter`` on CPU) and the step's time is the
 MAXIMUM over ranks (a distributed step is as slow as its slowest rank). Raw
-per-step samples are returned; ``summarize`` gives median and quantiles.
+per-step samples are returned; ``summarize`` gives median, quantiles and the
+95% confidence interval of the median.
+
+``time_interleaved`` times several steps (methods sharing one case shape) in
+rounds, A B C A B C ..., one sample of each per round, until the confidence
+interval of every median is within ``RepeatPolicy.target`` (relative
+half-width, e.g. +-5%), or a cap (``max_repeats``, or the wall-clock budget)
+is reached. Interleaving spreads slow drifts of the machine (other load,
+clocks, thermals) over every method alike, and pairs the samples by round, so
+``ratio_interval(..., paired=True)`` gives the ratio of two methods with an
+interval that such drifts do not widen.
+
+The interval of a median is the distribution-free order-statistic interval
+(``median_ci``): with n samples it is [x_(k), x_(n+1-k)] for the largest k
+whose binomial coverage is at least the level; it exists from n = 6 on at 95%.
 
 An optional ``setup`` runs before each step and is not timed (e.g. the forward
 whose backward is being timed).
 """
 from __future__ import annotations
 
+import math
+import random
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -93,12 +110,130 @@ def quantile(samples: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarize(samples: list[float]) -> dict[str, float]:
-    """Median, quantiles, mean, spread of per-step times (seconds)."""
+def median_ci(samples: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the median: order statistics (x_(k), x_(n+1-k)) with
+    the largest k such that P(k <= rank of the median < n+1-k) >= ``level`` under Binomial(n, 1/2).
+    None when n is too small for any interval at that level (n < 6 at 95%)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level} must be between 0 and 1")
+    xs = sorted(samples)
+    n = len(xs)
+    tail = 0.0          # P(B <= k-1), B ~ Binomial(n, 1/2)
+    best = None
+    for k in range(1, n // 2 + 1):
+        tail += math.comb(n, k - 1) / 2 ** n
+        if 1 - 2 * tail < level:
+            break
+        best = k
+    return (xs[best - 1], xs[n - best]) if best else None
+
+
+def ci_halfwidth(samples: list[float], level: float = 0.95) -> float:
+    """Relative half-width of the median's interval: max(median - lo, hi - median) / median; inf when
+    there is no interval yet (too few samples) or the median is not positive."""
+    ci = median_ci(samples, level)
+    med = statistics.median(samples) if samples else 0.0
+    if ci is None or med <= 0:
+        return math.inf
+    return max(med - ci[0], ci[1] - med) / med
+
+
+@dataclass(frozen=True)
+class RepeatPolicy:
+    """When to stop timing: at least ``min_repeats`` samples, then until the median's interval at
+    ``level`` is within +-``target`` (relative half-width) for every step, at most ``max_repeats``
+    samples, and no round started after ``budget_s`` seconds of timing (the case's wall-clock budget
+    must cover the memory and byte steps that follow)."""
+
+    min_repeats: int
+    max_repeats: int
+    target: float = 0.05
+    level: float = 0.95
+    budget_s: float = math.inf
+
+    def __post_init__(self):
+        if self.min_repeats < 1:
+            raise ValueError(f"min_repeats={self.min_repeats} must be at least 1")
+        if self.max_repeats < self.min_repeats:
+            raise ValueError(f"max_repeats={self.max_repeats} must be >= min_repeats={self.min_repeats}")
+        if not self.target > 0:
+            raise ValueError(f"target={self.target} must be a positive relative half-width (0.05 = +-5%)")
+
+    def stop(self, samples: list[list[float]], elapsed_s: float, round_s: float) -> str | None:
+        """Why to stop after these samples (one list per step, equal lengths), else None."""
+        n = len(samples[0])
+        if n < self.min_repeats:
+            return None
+        if all(ci_halfwidth(s, self.level) <= self.target for s in samples):
+            return "converged"
+        if n >= self.max_repeats:
+            return "max_repeats"
+        if elapsed_s + round_s > self.budget_s:
+            return "time_budget"
+        return None
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    samples: list[list[float]]      # per step, one sample per round (max over ranks), round order
+    stop: str                       # converged | max_repeats | time_budget
+    rounds: int
+
+
+def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
+                     policy: RepeatPolicy, device: torch.device, group=None,
+                     on_step: Callable[[int], None] | None = None) -> Interleaved:
+    """Time ``steps`` ((step, setup) pairs) in rounds A B C A B C ... until ``policy`` says stop.
+
+    After each round every rank holds the same numbers (the round's samples and the elapsed time,
+    maximum over ranks), so every rank takes the same stop decision. ``on_step(i)`` is called before
+    step i runs (the worker's watchdog names the case that hangs)."""
+    if not steps:
+        raise ValueError("time_interleaved needs at least one step")
+    t0 = time.perf_counter()
+    for i, (step, setup) in enumerate(steps):
+        if on_step is not None:
+            on_step(i)
+        for _ in range(warmup):
+            if setup is not None:
+                setup()
+            step()
+        synchronize(device)
+    t_rounds = time.perf_counter()
+    samples: list[list[float]] = [[] for _ in steps]
+    while True:
+        local = []
+        for i, (step, setup) in enumerate(steps):
+            if on_step is not None:
+                on_step(i)
+            if setup is not None:
+                setup()
+            synchronize(device)
+            barrier(group, device)
+            local.append(_time_one(step, device))
+        *times, elapsed = max_over_ranks(local + [time.perf_counter() - t0], device, group)
+        for s, t in zip(samples, times):
+            s.append(t)
+        n = len(samples[0])
+        # the next round costs about what the rounds so far cost on average (setups included)
+        round_s = (elapsed - (t_rounds - t0)) / n
+        why = policy.stop(samples, elapsed, round_s)
+        if why:
+            return Interleaved(samples=samples, stop=why, rounds=n)
+
+
+def summarize(samples: list[float], level: float = 0.95) -> dict[str, float]:
+    """Median with its confidence interval, quantiles, mean, spread of per-step times (seconds).
+    ``time_ci_lo_s``/``time_ci_hi_s`` are None when there are too few samples for an interval."""
     if not samples:
         return {}
+    ci = median_ci(samples, level)
     return {
         "time_median_s": statistics.median(samples),
+        "time_ci_lo_s": ci[0] if ci else None,
+        "time_ci_hi_s": ci[1] if ci else None,
+        "time_ci_level": level,
+        "time_ci_halfwidth_rel": ci_halfwidth(samples, level) if ci else None,
         "time_p10_s": quantile(samples, 0.10),
         "time_p90_s": quantile(samples, 0.90),
         "time_mean_s": statistics.fmean(samples),
@@ -109,20 +244,32 @@ def summarize(samples: list[float]) -> dict[str, float]:
 
 
 def ratio_interval(num: list[float], den: list[float], *, level: float = 0.95, n_boot: int = 4000,
-                   seed: int = 0) -> dict[str, float]:
-    """The ratio of medians median(num) / median(den) of two independent sets of step times, with a
-    percentile-bootstrap interval at ``level`` (each set resampled with replacement; fixed seed, so
-    the same samples give the same interval). E.g. num = flat-ring times, den = double-ring times:
-    a speedup whose interval excludes 1 is a difference the measurement resolves."""
-    import random
+                   seed: int = 0, paired: bool = False) -> dict[str, float]:
+    """The ratio of medians median(num) / median(den) of two sets of step times, with a
+    percentile-bootstrap interval at ``level`` (fixed seed, so the same samples give the same
+    interval). E.g. num = flat-ring times, den = double-ring times: a speedup whose interval excludes
+    1 is a difference the measurement resolves.
 
+    Independent sets: each is resampled on its own. ``paired=True`` (samples taken in the same
+    interleaved rounds, ``time_interleaved``; equal lengths): rounds are resampled, both sides of a
+    round together, so a drift of the machine that slowed both does not widen the interval."""
     if not num or not den:
         raise ValueError("ratio_interval needs at least one sample on each side")
     if not 0 < level < 1:
         raise ValueError(f"level={level} must be between 0 and 1")
+    if paired and len(num) != len(den):
+        raise ValueError(f"paired=True needs one sample per round on each side; got {len(num)} and {len(den)}")
     rng = random.Random(seed)
-    boots = sorted(statistics.median(rng.choices(num, k=len(num))) / statistics.median(rng.choices(den, k=len(den)))
-                   for _ in range(n_boot))
+    boots = []
+    for _ in range(n_boot):
+        if paired:
+            idx = rng.choices(range(len(num)), k=len(num))
+            a, b = [num[i] for i in idx], [den[i] for i in idx]
+        else:
+            a, b = rng.choices(num, k=len(num)), rng.choices(den, k=len(den))
+        boots.append(statistics.median(a) / statistics.median(b))
+    boots.sort()
     alpha = (1 - level) / 2
     return {"ratio": statistics.median(num) / statistics.median(den), "lo": quantile(boots, alpha),
-            "hi": quantile(boots, 1 - alpha), "level": level, "n_num": len(num), "n_den": len(den)}
+            "hi": quantile(boots, 1 - alpha), "level": level, "n_num": len(num), "n_den": len(den),
+            "paired": paired}

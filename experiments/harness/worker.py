@@ -3,7 +3,11 @@
     torchrun --standalone --nproc-per-node G -m experiments.harness.worker --cases cases.json --results results
     python -m experiments.harness.worker --cases cases.json            # world size 1, no torchrun
 
-Rank 0 writes one record per case. A case that raises is recorded by the
+Rank 0 writes one record per case. The cases of one case shape (methods
+sharing shape, mode and kernel; ``Case.group_key``) are measured together
+(``experiments.harness.measure``: timed in interleaved rounds); their watchdog
+budget is the sum of theirs, and a failure is charged to the case that was
+running, the others of the group being run again by the next launch. A case that raises is recorded by the
 rank that saw it (``.work/<case>.rank<r>.err``) and the process exits: after a
 failed collective the group cannot be trusted, so the driver relaunches the
 rest of the batch. A watchdog thread ends a case that outlives its wall-clock
@@ -30,14 +34,13 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
-from burst_impl.balance import balance_report
 
 from . import results as R
-from .flops import attention_flops, tflops_per_s, tokens_per_s
+from .measure import Current, measure_group
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
-from .steps import Step, build_step, kernel_used
-from .timing import barrier, summarize, time_steps
+from .steps import Step
+from .timing import barrier
 
 EXIT_CASE_FAILED = 3
 EXIT_TIMEOUT = 124
@@ -83,18 +86,23 @@ def log(msg: str) -> None:
 
 
 class Watchdog:
-    """Ends the process if a case runs past its budget (records why first)."""
+    """Ends the process if a group of cases runs past its budget (the sum of theirs); records why first,
+    charged to the case running then (``current``); the group's other cases run again in the next launch
+    (``results.finalize_unfinished``)."""
 
     def __init__(self, results_root, rank: int):
         self.results_root, self.rank = results_root, rank
         self._timer: threading.Timer | None = None
 
-    def arm(self, case: Case) -> None:
+    def arm(self, cases: list[Case], current: Current) -> None:
+        budget = sum(c.case_timeout_s for c in cases)
+
         def fire():
-            R.write_rank_error(self.results_root, case, self.rank, "failed",
-                               f"timeout: case exceeded its wall-clock budget of {case.case_timeout_s:.0f} s")
+            R.write_rank_error(self.results_root, current.case or cases[0], self.rank, "failed",
+                               f"timeout: case exceeded its wall-clock budget of {budget:.0f} s"
+                               + (f" (shared by the {len(cases)} cases timed with it)" if len(cases) > 1 else ""))
             os._exit(EXIT_TIMEOUT)
-        self._timer = threading.Timer(case.case_timeout_s, fire)
+        self._timer = threading.Timer(budget, fire)
         self._timer.daemon = True
         self._timer.start()
 
@@ -104,12 +112,12 @@ class Watchdog:
             self._timer = None
 
 
-def _gather(obj, world: int):
-    if world == 1 or not dist.is_initialized():
-        return [obj]
-    out = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
+def groups(cases: list[Case]) -> list[list[Case]]:
+    """Cases grouped by ``Case.group_key`` (the methods of one case shape), in first-appearance order."""
+    out: dict[tuple, list[Case]] = {}
+    for c in cases:
+        out.setdefault(c.group_key, []).append(c)
+    return list(out.values())
 
 
 def _shape_checked_once(step: Step) -> Step:
@@ -141,123 +149,17 @@ def _warm_up_imports() -> None:
     measure_peak(lambda: torch.ones(1) * 2, torch.device("cpu"))
 
 
-def _measured_over(case: Case) -> str:
-    return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
-            "train": "train step (forward + backward + gradient sync + optimizer)"}.get(case.mode, "forward + backward")
-
-
 def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict | None:
-    """Measure one case on every rank; the full record on rank 0, None elsewhere."""
-    t_start = time.perf_counter()
-    _inject(case, rank)
-    group = dist.group.WORLD if dist.is_initialized() else None
-    torch.manual_seed(case.seed)
-    step = _shape_checked_once(build_step(case, rank=rank, group=group, device=device))
-    samples = time_steps(step.step, setup=step.setup, warmup=case.warmup, repeats=case.repeats,
-                         device=device, group=group)
-    mem = None
-    counts = None
-    if case.measure_memory or case.measure_comm:
-        barrier(group, device)
-        with comm.count_bytes() as counts:
-            if case.measure_memory:
-                mem = measure_peak(step.full, device, start_bytes=step.live_bytes())
-            else:
-                step.full()
-    local = {
-        "mem_peak": mem.peak_bytes if mem else None,
-        "mem_start": mem.start_bytes if mem else None,
-        "mem_method": mem.method if mem else None,
-        "comm": counts.as_dict() if counts is not None else None,
-        "comm_fwd": counts.phase_total("forward") if counts is not None else None,
-        "comm_bwd": counts.phase_total("backward") if counts is not None else None,
-        "notes": {k: str(v) for k, v in counts.notes.items()} if counts is not None else {},
-        "links": counts.by_link() if counts is not None else None,
-        # host seconds this rank waited on transfers in the counted step (overlap on: the exposed part;
-        # overlap off: every transfer, so the serialised communication time)
-        "wait_s": float(sum(counts.wait_s.values())) if counts is not None else None,
-        # model level: weights + gradients + optimizer state this rank keeps between steps
-        "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
-    }
-    per_rank = _gather(local, world)
-    if rank != 0:
-        return None
-
-    from baselines.registry import METHODS
-
-    method = METHODS[case.method]
-    shape = case.shape
-    rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
-                                                   "backend": "nccl" if device.type == "cuda" else "gloo"})
-    rec["kernel"] = kernel_used(case, device)
-    stats = summarize(samples)
-    med = stats["time_median_s"]
-    rec.update(stats)
-    rec["time_samples_s"] = samples
-    if case.level == "model":
-        from .model_record import model_fields
-
-        rec.update(model_fields(case, step.context, med, per_rank, device))
-    else:
-        flops = attention_flops(shape, mode=case.mode)
-        rec.update({
-            "flops": flops,
-            "tflops_total": tflops_per_s(flops, med),
-            "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
-            "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
-        })
-    if case.measure_memory:
-        peaks = [r["mem_peak"] for r in per_rank]
-        rec.update({
-            "mem_peak_bytes": max(peaks),
-            "mem_peak_bytes_per_rank": peaks,
-            "mem_start_bytes_per_rank": [r["mem_start"] for r in per_rank],
-            "mem_method": per_rank[0]["mem_method"],
-            "mem_measured_over": _measured_over(case),
-        })
-    if case.level == "model":
-        rec["duration_s"] = time.perf_counter() - t_start
-        return rec
-    # Work balance of the layout under the mask (burst_impl.balance): live score entries of each
-    # rank's rows and columns, and max/mean; what a ring method's slowest rank has to compute.
-    rec.update(balance_report(shape.attn_mask, shape.resolved_layout, shape.seqlen, shape.world_size))
-    skipped = [{p: _int_note(r["notes"], f"burst.skipped_blocks.{p}") for p in ("forward", "backward")}
-               for r in per_rank]
-    if any(v is not None for s in skipped for v in s.values()):
-        # pairs of (q shard, kv shard) fully masked: not computed, but their blocks travelled
-        rec["skipped_blocks_per_rank"] = skipped
-        rec["live_entries_per_rank"] = [{p: _int_note(r["notes"], f"burst.live_entries.{p}")
-                                         for p in ("forward", "backward")} for r in per_rank]
-    try:
-        rec["mem_model_bytes"] = int(method.memory(shape))
-    except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
-        rec["mem_model_bytes"] = None
-        rec["mem_model_error"] = str(e)
-    if case.measure_comm:
-        formula = method.bytes(shape)
-        f_fwd = sum(v for (p, _), v in formula.items() if p == "forward")
-        f_bwd = sum(v for (p, _), v in formula.items() if p == "backward")
-        has_bwd = case.mode != "forward"
-        rec.update({
-            "comm_fwd_bytes": max(r["comm_fwd"] for r in per_rank),
-            "comm_bwd_bytes": max(r["comm_bwd"] for r in per_rank) if has_bwd else None,
-            "comm_fwd_bytes_per_rank": [r["comm_fwd"] for r in per_rank],
-            "comm_bwd_bytes_per_rank": [r["comm_bwd"] for r in per_rank] if has_bwd else None,
-            "comm_fwd_formula_bytes": int(f_fwd),
-            "comm_bwd_formula_bytes": int(f_bwd),
-            "comm_bytes_by_kind": per_rank[0]["comm"],
-            "comm_formula_by_kind": {f"{p}/{k}": int(v) for (p, k), v in sorted(formula.items())},
-            "comm_notes": per_rank[0]["notes"],
-            "comm_bytes_by_link_per_rank": [r["links"] for r in per_rank],
-            "comm_wait_s_per_rank": [r["wait_s"] for r in per_rank],
-            "comm_measured_over": "forward" if not has_bwd else "forward + backward",
-        })
-    rec["duration_s"] = time.perf_counter() - t_start
-    return rec
+    """Measure one case on every rank (a group of one); its record on rank 0, None elsewhere."""
+    recs = run_group([case], rank=rank, world=world, device=device)
+    return recs[0] if recs else None
 
 
-def _int_note(notes: dict, key: str) -> int | None:
-    return int(notes[key]) if key in notes else None
+def run_group(cases: list[Case], *, rank: int, world: int, device: torch.device,
+              current: Current | None = None) -> list[dict] | None:
+    """Measure ``cases`` (one case shape) on every rank; their records on rank 0, None elsewhere."""
+    return measure_group(cases, rank=rank, world=world, device=device, current=current or Current(),
+                         shape_checked=_shape_checked_once, inject=_inject)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,35 +206,48 @@ def main(argv: list[str] | None = None) -> int:
 
     _warm_up_imports()
     dog = Watchdog(root, rank)
-    for i, case in enumerate(todo):
-        if case.world_size != world:
-            if rank == 0:
-                R.append_record(root, R.base_record(case, "skipped",
-                                                    f"launched with world size {world}, case needs {case.world_size}"))
+    done_n = 0
+    for part in groups(todo):
+        runnable = []
+        for case in part:
+            if case.world_size != world:
+                if rank == 0:
+                    R.append_record(root, R.base_record(
+                        case, "skipped", f"launched with world size {world}, case needs {case.world_size}"))
+                continue
+            problem = case_problem(case)
+            if problem:
+                if rank == 0:
+                    R.append_record(root, R.base_record(case, "skipped", problem))
+                continue
+            runnable.append(case)
+        done_n += len(part) - len(runnable)
+        if not runnable:
             continue
-        problem = case_problem(case)
-        if problem:
-            if rank == 0:
-                R.append_record(root, R.base_record(case, "skipped", problem))
-            continue
+        budget = sum(c.case_timeout_s for c in runnable)
         if rank == 0:
-            R.clear_work(root, case)
-            R.marker_path(root, case).write_text(R.now())
+            for case in runnable:
+                R.clear_work(root, case)
+                R.write_marker(root, case, budget, [c.case_id for c in runnable])
         if world > 1:
             barrier(dist.group.WORLD, device)
-        log(f"[{i + 1}/{len(todo)}] {case.experiment}: {case.case_id}")
-        dog.arm(case)
+        log(f"[{done_n + 1}-{done_n + len(runnable)}/{len(todo)}] {runnable[0].experiment}: "
+            + ", ".join(c.case_id for c in runnable))
+        current = Current(root=root, rank=rank)
+        dog.arm(runnable, current)
         try:
-            rec = run_case(case, rank=rank, world=world, device=device)
+            recs = run_group(runnable, rank=rank, world=world, device=device, current=current)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a record
+            case = current.case or runnable[0]
             status = "oom" if is_oom(e) else "failed"
             tb = traceback.format_exc(limit=4)
             reason = f"{type(e).__name__}: {str(e)[:800]}"
             R.write_rank_error(root, case, rank, status, reason)
             print(f"rank {rank}: {case.case_id} {status}: {reason}\n{tb}", file=sys.stderr, flush=True)
-            # Rank 0 records the failure itself when it can; the driver (or the next
-            # launch) finalises it otherwise from the .err files.
-            if rank == 0:
+            # Rank 0 records the failure itself when it can (and when its error is a cause, not a lost
+            # peer: then another rank's case is the culprit); the driver (or the next launch) finalises
+            # it otherwise from the .err files.
+            if rank == 0 and (len(runnable) == 1 or not R._peer_lost(reason)):
                 time.sleep(1.0)  # let other ranks' .err files land (an OOM elsewhere explains our error)
                 st, why = R.failure_from_errors(root, case, reason)
                 R.append_record(root, R.base_record(case, st, why))
@@ -342,9 +257,11 @@ def main(argv: list[str] | None = None) -> int:
             os._exit(EXIT_CASE_FAILED)
         finally:
             dog.disarm()
+        done_n += len(runnable)
         if rank == 0:
-            R.append_record(root, rec)
-            R.clear_work(root, case)
+            for rec, case in zip(recs, runnable):
+                R.append_record(root, rec)
+                R.clear_work(root, case)
     if world > 1:
         dist.destroy_process_group()
     return 0

@@ -29,7 +29,7 @@ from ..cluster.hardware import Hardware, load_hardware
 from ..cluster.profile import load_profile
 from ..harness import results as R
 from ..harness.env import REPO
-from ..harness.flops import attention_flops, tflops_per_s, tokens_per_s
+from ..harness.flops import case_flops, tflops_per_s, tokens_per_s
 from ..harness.spec import Case, Spec
 from .model import ASSUMPTIONS, Prediction, predict_case
 from .placement import Placement
@@ -83,7 +83,8 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
     case = dataclasses.replace(case, experiment=experiment)
     rec = R.base_record(case, pred.status, pred.reason)
     s, hw = pred.shape, pred.hardware
-    flops = attention_flops(s, mode=case.mode)
+    # the FLOPs of what the time covers: the attention (op) or the whole layer with its projections
+    flops, scope = case_flops(case.level, s, case.mode)
     t = pred.time_s if pred.status == "ok" else None
     sim_bytes = pred.bytes_per_rank
     per_rank = [sim_bytes.get(g, {}) for g in range(s.world_size)]
@@ -92,6 +93,8 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
     formula = pred.registry_bytes
     rec.update({
         "source": "modelled",
+        "machine": "modelled",
+        "flops_scope": scope,
         "hardware_profile": hw.name,
         "hardware": hardware_record(hw, s.world_size),
         "versions": {**rec.get("versions", {}), "perfmodel": "experiments.perfmodel (attention and model level)"},

@@ -1,0 +1,235 @@
+"""Activation checkpointing of the decoder blocks, including BurstEngine's sequence-level variant.
+
+``ModelConfig.checkpoint`` (PAPER.md §2 and §4, "Sequence-level selective checkpointing"):
+
+* ``none``: every block keeps its activations for the backward (no recompute).
+* ``full``: every block is checkpointed (``torch.utils.checkpoint``, non-reentrant):
+  only its input (B, S, H) is kept; the backward re-runs the whole block,
+  attention and its communication included.
+* ``seq``: every block is checkpointed, but the first forward caches the
+  attention output O (B, S/2, Z, d, input dtype) and lse (B, Z, S/2, fp32) of
+  the SECOND half of each rank's local sequence; the recompute runs attention
+  for the FIRST half only, joins [recomputed | cached] and runs the ordinary
+  attention backward over the whole local sequence.
+* ``whole``: as ``seq`` with all of O and lse cached: attention and its
+  communication are never recomputed (their headline mode, PAPER.md §4).
+
+Which half, and why. With the causal zigzag layout rank r holds global
+chunks (r, 2G-1-r), so the first local halves of all ranks are chunks
+0..G-1: the first global half, in the contiguous layout. With the striped
+layout rank r holds tokens r, r+G, ..., and its first local half is tokens
+< N/2: again the first global half, in the striped layout. Under a causal
+mask the first global half attends only to itself, so its attention is the
+same operator (same method, same ring) on half-length shards in that
+sub-layout, and costs 1/4 of the causal attention FLOPs and half of the
+forward ring's bytes; the second half (the expensive 3/4, queries that see
+up to all N keys) is the one cached. With the contiguous layout at G > 1 the
+first local halves are not a prefix of the sequence, so ``seq`` is refused
+(ValueError); at G = 1 every layout is contiguous and the rule holds.
+
+Which attention runs this way. The cache needs an attention backward that
+starts from (q, k, v, O, lse): the BurstAttention operator's ring backwards
+(methods ``burst``, ``burst_qring``, ``burst_double_ring``, their
+``_no_overlap`` variants, and ``ring``, which is that operator with the
+key/value-circulating backward) and the single-device kernels
+(``LocalAttention``, fused). Other methods (Ulysses, USP, ring_rsa, TP)
+expose only their own autograd, so under ``seq``/``whole`` they are
+checkpointed as ``full`` (exact, no saving); ``effective_mode`` says which.
+
+Safety (their cache is a global dict keyed by layer with a stale entry
+after a forward without backward): here the cache is an object created per
+block call and reachable only from that call's checkpoint, so it dies with
+the graph; under ``torch.no_grad`` (prefill) nothing is checkpointed or cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from burst_impl import comm
+from burst_impl.attention import BACKWARD_FNS, check_inputs, resolve_backward, ring_forward
+from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale, stats_dtype
+from burst_impl.topology import transport as topology_transport
+
+Tensor = torch.Tensor
+MODES = ("none", "full", "seq", "whole")
+
+# Registry methods that are the BurstAttention operator, and the backward scheme each one binds.
+BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_no_overlap": "auto",
+                           "burst_double_ring": "auto", "burst_double_ring_no_overlap": "auto", "ring": "ring"}
+# The layout in which the ranks' first local halves hold the first global half.
+SUB_LAYOUT = {"zigzag": "contiguous", "striped": "striped", "contiguous": "contiguous"}
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"checkpoint={mode!r} is unknown; choose one of {MODES}")
+    return mode
+
+
+# ---------------------------------------------------------------- attention with a cache
+
+
+@dataclass
+class AttnSpec:
+    """How to run one block's attention from outside its method: forward -> (O, lse), and the
+    backward from (q, k, v, O, lse). ``kind`` "ring" (the BurstAttention operator on ``group``) or
+    "local" (one device)."""
+
+    kind: str
+    causal: bool
+    layout: str = "contiguous"
+    group: object = None
+    scheme: str = "auto"              # the operator's backward: "burst", "ring" or "auto"
+    backend: str | None = None
+    topology: str = "flat"
+    node_size: int | None = None
+    overlap: bool = True
+    grad_comm_dtype: torch.dtype | None = None
+    softmax_scale: float | None = None
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor]:
+        """(out (B, S, Z, d) in q's dtype, lse (B, Z, S) in the statistics dtype); no autograd."""
+        scale = default_scale(q.shape[-1], self.softmax_scale)
+        if self.kind == "local":
+            out, lse = attn_forward(q, k, v, causal=self.causal, scale=scale, backend=self.backend)
+            return out.to(q.dtype), lse
+        check_inputs(q, k, v, layout=layout, backward=self.scheme, softmax_scale=self.softmax_scale,
+                     backend=self.backend, grad_comm_dtype=self.grad_comm_dtype, group=self.group)
+        ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
+        return ring_forward(q, k, v, causal=self.causal, scale=scale, ring=ring, layout=layout, backend=self.backend)
+
+    def backward(self, dout, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
+        scale = default_scale(q.shape[-1], self.softmax_scale)
+        if self.kind == "local":
+            delta = compute_delta(dout, out)
+            return attn_backward(dout, q, k, v, lse, delta, causal=self.causal, scale=scale, backend=self.backend)
+        ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
+        grad_dtype = self.grad_comm_dtype if self.grad_comm_dtype is not None else stats_dtype(q.dtype)
+        chosen = resolve_backward(self.scheme, q, k, ring.size, grad_dtype)
+        comm.note("burst.backward", chosen)
+        return BACKWARD_FNS[chosen](dout, q, k, v, out, lse, causal=self.causal, scale=scale, ring=ring,
+                                    layout=self.layout, backend=self.backend, grad_dtype=grad_dtype)
+
+
+def attention_spec(core) -> AttnSpec | None:
+    """The ``AttnSpec`` of a block's attention core, or None when the core can only be recomputed
+    through its own autograd (then ``seq``/``whole`` checkpoint it as ``full``)."""
+    from .layers import LocalAttention  # late: layers is light, but keep this module's imports acyclic
+
+    if isinstance(core, LocalAttention):
+        return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
+    method = getattr(core, "method", None)
+    if method is None or method.name not in BURST_OPERATOR_BACKWARD:
+        return None
+    opts = {**method.options, **getattr(core, "options", {})}
+    return AttnSpec("ring", causal=core.causal, layout=core.layout, group=core.group,
+                    scheme=BURST_OPERATOR_BACKWARD[method.name], backend=opts.get("backend"),
+                    topology=opts.get("topology", "flat"), node_size=opts.get("node_size"),
+                    overlap=opts.get("overlap", True), grad_comm_dtype=opts.get("grad_comm_dtype"))
+
+
+@dataclass
+class _Cache:
+    """What one block call's first forward leaves for its recompute (never global)."""
+
+    mode: str
+    out: Tensor | None = None         # (B, S or S/2, Z, d)
+    lse: Tensor | None = None         # (B, Z, S or S/2)
+    filled: bool = False
+
+
+class _CachedAttention(torch.autograd.Function):
+    """o = attention(q, k, v); the first call (the checkpoint's forward) computes all of it and
+    fills the cache; the second (the recompute) takes the cached part and computes the rest. The
+    saved tensors (q, k, v, O, lse) are the same shapes both times, as the checkpoint requires."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, spec: AttnSpec, cache: _Cache):
+        half = q.shape[1] // 2
+        if not cache.filled:
+            out, lse = spec.forward(q, k, v, spec.layout)
+            if cache.mode == "whole":
+                cache.out, cache.lse = out.detach(), lse
+            else:  # copies, so the full O is freed with the checkpoint's discarded activations
+                cache.out, cache.lse = out[:, half:].clone(), lse[:, :, half:].clone()
+            cache.filled = True
+        else:
+            if cache.out is None:
+                raise RuntimeError("the attention cache of this block was already used: a checkpointed block "
+                                   "with checkpoint='seq'/'whole' supports one backward per forward")
+            if cache.mode == "whole":
+                out, lse = cache.out, cache.lse
+            else:
+                o1, l1 = spec.forward(q[:, :half], k[:, :half], v[:, :half], SUB_LAYOUT[spec.layout])
+                out, lse = torch.cat((o1, cache.out), 1), torch.cat((l1, cache.lse), 2)
+            cache.out = cache.lse = None      # the saved tensors below now own them
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.spec = spec
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.spec.backward(dout.contiguous(), q, k, v, out, lse)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+# ---------------------------------------------------------------- blocks
+
+
+def effective_mode(block, mode: str) -> str:
+    """The mode a block actually runs: ``seq``/``whole`` fall back to ``full`` for attention
+    cores without an ``AttnSpec`` (see the module docstring)."""
+    check_mode(mode)
+    if mode in ("seq", "whole") and attention_spec(block.attention.core) is None:
+        return "full"
+    return mode
+
+
+def check_checkpoint(model, seqlen: int) -> None:
+    """ValueError (before any communication) unless ``model.cfg.checkpoint`` can run a global
+    sequence of ``seqlen`` tokens: ``seq`` needs a causal mask, an even local length, and at
+    G > 1 the zigzag or striped layout (module docstring, "Which half")."""
+    mode = check_mode(model.cfg.checkpoint)
+    if mode != "seq":
+        return
+    plan = model.parallel
+    G = plan.world_size if plan is not None and plan.shards_sequence else 1
+    local = seqlen // G
+    for block in model.layers:
+        spec = attention_spec(block.attention.core)
+        if spec is None:
+            continue
+        if not spec.causal:
+            raise ValueError("checkpoint='seq' needs causal attention (the recomputed first half must "
+                             "attend only to itself)")
+        if local % 2:
+            raise ValueError(f"checkpoint='seq' caches the second half of each rank's local sequence: "
+                             f"seq_local = N/G = {seqlen}/{G} = {local} must be even")
+        if G > 1 and spec.layout not in ("zigzag", "striped"):
+            raise ValueError(f"checkpoint='seq' with layout={spec.layout!r} at G={G}: the ranks' first local "
+                             "halves must form the first global half, which holds for 'zigzag' and 'striped' only")
+
+
+def _cached_block(block, x: Tensor, rope, spec: AttnSpec, cache: _Cache) -> Tensor:
+    attention = block.attention
+    base = attention.core
+    attention.core = lambda q, k, v: _CachedAttention.apply(q, k, v, spec, cache)
+    try:
+        return block(x, rope)
+    finally:
+        attention.core = base
+
+
+def run_block(block, x: Tensor, rope, mode: str) -> Tensor:
+    """``block(x, rope)`` under checkpoint mode ``mode``; plain when gradients are off."""
+    if mode == "none" or not torch.is_grad_enabled():
+        return block(x, rope)
+    mode = effective_mode(block, mode)
+    if mode == "full":
+        return checkpoint(block, x, rope, use_reentrant=False)
+    spec = attention_spec(block.attention.core)
+    return checkpoint(_cached_block, block, x, rope, spec, _Cache(mode), use_reentrant=False)

@@ -1,0 +1,173 @@
+"""Memory model of one training step per rank: weights, optimizer, gradients, activations, logits, attention.
+
+    m = step_memory(cfg, batch=1, seqlen=1 << 20, world_size=32, method="burst", weights="fsdp2")
+    m.resident_bytes       # weights + optimizer state, live before and after the step
+    m.step_peak_bytes      # the step's peak above that (what experiments/harness/memory.py measures)
+    m.total_bytes          # both: compare with the accelerator's memory to mark an OOM
+
+Per rank, with T = B * N / G local tokens, element size e of the model dtype,
+H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
+
+* **weights / optimizer / gradients** by sharding: P e each for weights and
+  gradients, 2 P e for AdamW's two moments (torch keeps them in the
+  parameter dtype); divided by G under FSDP2 (``fsdp2``), which adds one
+  gathered block's weights and gradients in flight.
+* **activations** by checkpoint mode (``checkpoint.py``). What autograd keeps
+  per token and block, counted from the layers (``layers.py``): each RMSNorm
+  its input, the normalised x and the weighted output (3H, twice); the
+  SwiGLU w1 x, silu(w1 x), w3 x and their product (4F); the attention
+  method's own saved tensors (``Method.memory``: q, k, v, O, lse for the ring
+  family; the kernels' O and lse and q, k, v for one device):
+  ``none`` L blocks of that; ``full`` L block inputs (H) plus one block's
+  activations during its recompute; ``seq`` adds O (e) and lse (fp32) of half
+  the local tokens per block; ``whole`` of all of them.
+* **logits** by loss mode: ``unfused`` the (T, V) logits, their log-softmax
+  (fp32) and, in the backward, two (T, V) gradients (3 T V fp32 live at the
+  loss's backward for fp32; the input-dtype logits plus 2 fp32 for bf16);
+  ``fused`` one (chunk_tokens, chunk_vocab) fp32 tile plus its fp32 d hidden
+  (T, H) accumulator; ``liger`` a (chunk, V) tile; ``cce`` nothing off-chip.
+* **backward temporaries** of one block, at its largest moment (the SwiGLU
+  product's backward): the incoming gradient (H), d(product) and the two
+  factors' gradients (3F) are live while the product itself (F) has been
+  released with the w2 node: a net 2F + H per token above its activations.
+
+The step's peak is the larger of two moments: the start of the backward
+(all kept activations, the loss's backward buffers, the head's gradient) and
+the backward of block 0 under a checkpoint mode (every block's gradients,
+block 0's recomputed activations, the cached attention outputs of block 0).
+Between them the model takes the larger; the tests check it against the
+measured CPU peak within 15% for every checkpoint mode.
+
+Not counted: the CUDA context, allocator fragmentation, communication
+library buffers (gloo/NCCL staging, the rings' blocks in flight), and the
+tokens and labels (int64, B N each). Checked against measurement on one
+process only (tests/test_step_memory.py): on the CPU mirror at G = 4
+(``ablation.py``, ring baseline) the measured peak was 42.1 MiB against
+28.1 MiB modelled (1.5x), from buffers not modelled yet.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+from burst_impl.loss import DEFAULT_TILES
+
+from .checkpoint import check_mode
+from .config import ModelConfig, layer_params, num_params
+from .parallel import BUCKET_BYTES
+from .sequence_parallel import attn_shape
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+WEIGHTS = ("replicated", "fsdp2")
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    weights: int
+    optimizer: int
+    grads: int
+    activations: int        # kept for the backward at its start (by checkpoint mode)
+    recompute: int          # one block's activations rebuilt in the backward (checkpoint modes)
+    cache: int              # seq/whole: cached attention outputs (included in activations)
+    logits: int             # the loss's buffers at its backward (by loss mode)
+    attention: int          # the method's saved tensors of one layer (included in activations)
+    block_temp: int         # one block's backward temporaries
+    gathered: int           # FSDP2: one block's gathered weights and gradients
+    resident_bytes: int     # weights + optimizer
+    step_peak_bytes: int    # the step's peak above ``resident_bytes``
+    total_bytes: int
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _elem(dtype: str | torch.dtype) -> int:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_BYTES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def logits_bytes(cfg: ModelConfig, tokens: int, e: int, loss: str, chunks: tuple[int, int] | None = None) -> int:
+    """The loss's live buffers at the start of its backward (see the module docstring)."""
+    V, H = cfg.vocab_size, cfg.hidden
+    if loss == "unfused":
+        return tokens * V * (e + 2 * 4) if e != 4 else 3 * tokens * V * 4
+    if loss == "fused":
+        ct, cv = chunks or DEFAULT_TILES["cpu"]
+        return min(ct, max(tokens, 1)) * min(cv, V) * 4 + tokens * H * 4
+    if loss == "liger":
+        return min(tokens, 2048) * V * 4    # its token chunk against the whole vocabulary (a model)
+    if loss == "cce":
+        return 0
+    raise ValueError(f"loss={loss!r} is unknown; choose unfused, fused, liger or cce")
+
+
+def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 1, method: str | None = None,
+                layout: str = "zigzag", dtype: str = "float32", weights: str = "replicated",
+                checkpoint: str | None = None, loss: str | None = None,
+                loss_chunks: tuple[int, int] | None = None, optimizer: bool = True) -> StepMemory:
+    """Bytes per rank of one training step of ``cfg`` (its ``checkpoint`` and ``loss`` unless given).
+    ``method``: the attention registry method (None: one device, the fused kernels)."""
+    checkpoint = check_mode(cfg.checkpoint if checkpoint is None else checkpoint)
+    loss = cfg.loss if loss is None else loss
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights={weights!r} must be one of {WEIGHTS}")
+    for name, v in (("batch", batch), ("seqlen", seqlen), ("world_size", world_size)):
+        if not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    if seqlen % world_size:
+        raise ValueError(f"seqlen={seqlen} must be divisible by world_size={world_size}")
+    e = _elem(dtype)
+    G = world_size
+    T = batch * seqlen // G
+    H, F, L = cfg.hidden, cfg.ffn_hidden, cfg.n_layers
+    P = num_params(cfg)
+    shard = G if weights == "fsdp2" else 1
+    w = -(-P // shard) * e
+    opt = 2 * w if optimizer else 0
+    grads = w
+    gathered = 2 * layer_params(cfg) * e if weights == "fsdp2" and G > 1 else 0
+
+    if method is None:
+        # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does at G = 1.
+        attn = T * ((2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * e + 4 * cfg.n_heads)
+    else:
+        from baselines.registry import get
+
+        attn = int(get(method).memory(attn_shape(cfg, batch, seqlen, G, layout, dtype=dtype)))
+    per_block = T * (6 * H + 4 * F) * e + attn
+    half = T // 2
+    o_lse = {"seq": (half, T - half), "whole": (0, T)}
+    cached_rows = o_lse.get(checkpoint, (0, 0))[1]
+    cache_block = cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads)
+    inputs_block = T * H * e
+    head_act = 3 * T * H * e                 # the final norm's saved tensors
+    head_grad = cfg.vocab_size * H * e
+    logits = logits_bytes(cfg, T, e, loss, loss_chunks)
+    block_temp = T * (2 * F + H) * e
+    block_grads = layer_params(cfg) * e // shard
+
+    if checkpoint == "none":
+        activations, recompute = L * per_block, 0
+    else:
+        activations, recompute = L * (inputs_block + cache_block), per_block
+    # Moment 1: the loss's backward, every block's kept activations live.
+    start = activations + head_act + logits + head_grad + gathered
+    # Moment 2: block 0's backward: every block's gradients, block 0's activations (recomputed under
+    # a checkpoint mode, whose cache it consumes), the block's temporaries.
+    block0 = (L * block_grads + head_grad + (per_block if checkpoint == "none" else inputs_block + recompute)
+              + block_temp + gathered)
+    # With no checkpointing the first moment's activations are all still live while block L-1 runs.
+    if checkpoint == "none":
+        block_last = activations + head_grad + block_grads + block_temp + gathered
+    else:
+        block_last = (activations - cache_block) + recompute + head_grad + block_grads + block_temp + gathered
+    # Moment 3 (replicated weights, G > 1): the gradient all-reduce (parallel.sync_grads) concatenates
+    # the gradients into flat buckets of at most BUCKET_BYTES while all of them are live.
+    bucket = min(BUCKET_BYTES, grads) if weights == "replicated" and G > 1 else 0
+    peak = max(start, block0, block_last, grads + bucket)
+    return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
+                      cache=L * cache_block, logits=logits, attention=attn, block_temp=block_temp,
+                      gathered=gathered, resident_bytes=w + opt, step_peak_bytes=peak, total_bytes=w + opt + peak)

@@ -1,0 +1,232 @@
+"""Measure a group of cases on every rank: the methods of one case shape, timed together.
+
+``measure_group`` builds every case's step, times them in interleaved rounds
+(``timing.time_interleaved``: A B A B ..., adaptive repeats), then measures each
+case's memory and bytes on its own (untimed), and returns one full record per
+case on rank 0 (None elsewhere). A group of one is a plain, non-interleaved case.
+
+``Current`` says which case of the group runs now, so a failure or a watchdog
+timeout is charged to that case alone; the others of the group are run again
+by the next launch.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from baselines.layer import layer_memory_bytes
+from baselines.registry import METHODS
+from burst_impl import comm
+from burst_impl.balance import balance_report
+
+from . import results as R
+from .flops import case_flops, tflops_per_s, tokens_per_s
+from .memory import measure_peak, saved_for_backward
+from .spec import Case
+from .steps import Step, build_step, kernel_used
+from .timing import RepeatPolicy, barrier, summarize, time_interleaved
+
+# Share of a group's wall-clock budget (sum of its cases' timeouts.case_s) that timing rounds may use:
+# the rest covers building the steps, the memory and byte steps (CPU memory profiling is slow) and noise.
+TIMING_SHARE = 0.5
+
+
+def _measured_over(case: Case) -> str:
+    return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
+            "train": "train step (forward + backward + gradient sync + optimizer)"}.get(case.mode, "forward + backward")
+
+
+@dataclass
+class Current:
+    """The case this rank runs now; with ``root``, also written to ``.work/current.rank<r>`` (on change)
+    so that a rank killed outright still says which case it was in."""
+
+    root: str | None = None
+    rank: int = 0
+    _case: Case | None = None
+
+    @property
+    def case(self) -> Case | None:
+        return self._case
+
+    @case.setter
+    def case(self, c: Case) -> None:
+        if self.root is not None and c is not None and (self._case is None or c.case_id != self._case.case_id):
+            R.write_current(self.root, c, self.rank)
+        self._case = c
+
+
+def _gather(obj, world: int):
+    if world == 1 or not dist.is_initialized():
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def policy_for(cases: list[Case], spent_s: float) -> RepeatPolicy:
+    """The repeat policy of a group: its cases come from one spec, so they share repeats and target."""
+    c = cases[0]
+    budget = TIMING_SHARE * sum(x.case_timeout_s for x in cases) - spent_s
+    return RepeatPolicy(min_repeats=c.repeats, max_repeats=c.repeat_cap, target=c.ci_target, budget_s=budget)
+
+
+def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.device, current: Current,
+                  shape_checked, inject) -> list[dict] | None:
+    t_start = time.perf_counter()
+    group = dist.group.WORLD if dist.is_initialized() else None
+    steps: list[Step] = []
+    for case in cases:
+        current.case = case
+        inject(case, rank)
+        torch.manual_seed(case.seed)
+        steps.append(shape_checked(build_step(case, rank=rank, group=group, device=device)))
+    policy = policy_for(cases, time.perf_counter() - t_start)
+    timed = time_interleaved([(s.step, s.setup) for s in steps], warmup=max(c.warmup for c in cases),
+                             policy=policy, device=device, group=group,
+                             on_step=lambda i: setattr(current, "case", cases[i]))
+    t_timed = time.perf_counter() - t_start
+    out = []
+    for i, (case, step) in enumerate(zip(cases, steps)):
+        current.case = case
+        out.append(_measure_rest(case, step, timed.samples[i], rank=rank, world=world, device=device,
+                                 group=group))
+    if rank != 0:
+        return None
+    ids = [c.case_id for c in cases]
+    for i, rec in enumerate(out):
+        rec["repeat_stop"] = timed.stop
+        rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
+                                "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
+        # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)
+        rec["interleaved_with"] = [x for x in ids if x != ids[i]]
+        rec["duration_s"] = t_timed / len(cases) + rec.pop("_rest_s")
+    return out
+
+
+def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, world: int,
+                  device: torch.device, group) -> dict | None:
+    """Memory and bytes of one case (untimed steps), then its record on rank 0."""
+    t0 = time.perf_counter()
+    mem = None
+    counts = None
+    saved = None
+    if case.measure_memory or case.measure_comm:
+        barrier(group, device)
+        with comm.count_bytes() as counts:
+            if case.measure_memory:
+                mem = measure_peak(step.full, device, start_bytes=step.live_bytes())
+            else:
+                step.full()
+    if case.measure_memory and step.forward is not None:
+        barrier(group, device)
+        saved = saved_for_backward(step.forward, exclude=step.weights)
+    local = {
+        # one definition for every method (experiments.harness.memory): the step's own inputs and
+        # weights plus the peak increase during the step
+        "mem_peak": mem.peak_bytes + step.live_bytes() if mem else None,
+        "mem_above": mem.peak_bytes if mem else None,
+        "mem_inputs": step.live_bytes(),
+        "mem_saved": saved,
+        "mem_method": mem.method if mem else None,
+        "comm": counts.as_dict() if counts is not None else None,
+        "comm_fwd": counts.phase_total("forward") if counts is not None else None,
+        "comm_bwd": counts.phase_total("backward") if counts is not None else None,
+        "notes": {k: str(v) for k, v in counts.notes.items()} if counts is not None else {},
+        "links": counts.by_link() if counts is not None else None,
+        # host seconds this rank waited on transfers in the counted step (overlap on: the exposed part;
+        # overlap off: every transfer, so the serialised communication time)
+        "wait_s": float(sum(counts.wait_s.values())) if counts is not None else None,
+        # model level: weights + gradients + optimizer state this rank keeps between steps
+        "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
+    }
+    per_rank = _gather(local, world)
+    if rank != 0:
+        return None
+    return _record(case, step, samples, per_rank, device) | {"_rest_s": time.perf_counter() - t0}
+
+
+def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], device: torch.device) -> dict:
+    method = METHODS[case.method]
+    shape = case.shape
+    rec = R.base_record(case, "ok", extra_config={"device": str(device.type),
+                                                   "backend": "nccl" if device.type == "cuda" else "gloo"})
+    rec["kernel"] = kernel_used(case, device)
+    stats = summarize(samples)
+    med = stats["time_median_s"]
+    rec.update(stats)
+    rec["time_samples_s"] = samples
+    if case.level == "model":
+        from .model_record import model_fields
+
+        rec.update(model_fields(case, step.context, med, per_rank, device))
+    else:
+        flops, scope = case_flops(case.level, shape, case.mode)
+        rec.update({
+            "flops": flops,
+            "flops_scope": scope,
+            "tflops_total": tflops_per_s(flops, med),
+            "tflops_per_rank": tflops_per_s(flops, med) / case.world_size,
+            "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
+        })
+    if case.measure_memory:
+        peaks = [r["mem_peak"] for r in per_rank]
+        saved = [r["mem_saved"] for r in per_rank]
+        rec.update({
+            "mem_peak_bytes": max(peaks),
+            "mem_peak_bytes_per_rank": peaks,
+            "mem_peak_above_inputs_bytes_per_rank": [r["mem_above"] for r in per_rank],
+            "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
+            "mem_saved_bytes": max(saved) if None not in saved else None,
+            "mem_method": per_rank[0]["mem_method"],
+            "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
+            "mem_measured_over": _measured_over(case),
+        })
+    if case.level == "model":
+        return rec
+    # Work balance of the layout under the mask (burst_impl.balance): live score entries of each
+    # rank's rows and columns, and max/mean; what a ring method's slowest rank has to compute.
+    rec.update(balance_report(shape.attn_mask, shape.resolved_layout, shape.seqlen, shape.world_size))
+    skipped = [{p: _int_note(r["notes"], f"burst.skipped_blocks.{p}") for p in ("forward", "backward")}
+               for r in per_rank]
+    if any(v is not None for s in skipped for v in s.values()):
+        # pairs of (q shard, kv shard) fully masked: not computed, but their blocks travelled
+        rec["skipped_blocks_per_rank"] = skipped
+        rec["live_entries_per_rank"] = [{p: _int_note(r["notes"], f"burst.live_entries.{p}")
+                                         for p in ("forward", "backward")} for r in per_rank]
+    try:
+        rec["mem_model_bytes"] = int(method.memory(shape) if case.level == "op" else layer_memory_bytes(method, shape))
+        rec["mem_model_of"] = "bytes kept for backward (compare mem_saved_bytes)"
+    except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
+        rec["mem_model_bytes"] = None
+        rec["mem_model_error"] = str(e)
+    if case.measure_comm:
+        formula = method.bytes(shape)
+        f_fwd = sum(v for (p, _), v in formula.items() if p == "forward")
+        f_bwd = sum(v for (p, _), v in formula.items() if p == "backward")
+        has_bwd = case.mode != "forward"
+        rec.update({
+            "comm_fwd_bytes": max(r["comm_fwd"] for r in per_rank),
+            "comm_bwd_bytes": max(r["comm_bwd"] for r in per_rank) if has_bwd else None,
+            "comm_fwd_bytes_per_rank": [r["comm_fwd"] for r in per_rank],
+            "comm_bwd_bytes_per_rank": [r["comm_bwd"] for r in per_rank] if has_bwd else None,
+            "comm_fwd_formula_bytes": int(f_fwd),
+            "comm_bwd_formula_bytes": int(f_bwd) if has_bwd else None,
+            # adapters whose sends happen inside another package record the formula at the send
+            # points: those bytes are not counted, and figures draw them hatched
+            "bytes_source": "formula" if method.bytes_by_formula else "counted",
+            "comm_bytes_by_kind": per_rank[0]["comm"],
+            "comm_formula_by_kind": {f"{p}/{k}": int(v) for (p, k), v in sorted(formula.items())},
+            "comm_notes": per_rank[0]["notes"],
+            "comm_bytes_by_link_per_rank": [r["links"] for r in per_rank],
+            "comm_wait_s_per_rank": [r["wait_s"] for r in per_rank],
+            "comm_measured_over": "forward" if not has_bwd else "forward + backward",
+        })
+    return rec
+
+
+def _int_note(notes: dict, key: str) -> int | None:
+    return int(notes[key]) if key in notes else None
