@@ -85,13 +85,25 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
     return out
 
 
+def _time_bounds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """(fast end, slow end) of each step time: the median's 95% interval where the record has one, else
+    p10/p90, else the median itself (modelled records carry no spread)."""
+    lo, hi = df["time_median_s"].copy(), df["time_median_s"].copy()
+    for lo_col, hi_col in (("time_p10_s", "time_p90_s"), ("time_ci_lo_s", "time_ci_hi_s")):
+        if lo_col in df and hi_col in df:
+            have = df[lo_col].notna() & df[hi_col].notna()
+            lo[have], hi[have] = df.loc[have, lo_col], df.loc[have, hi_col]
+    return lo.astype(float), hi.astype(float)
+
+
 def _with_rates(df: pd.DataFrame) -> pd.DataFrame:
-    """tokens/s per rank at the median and at the p90/p10 step times (slow end, fast end)."""
+    """tokens/s per rank at the median and at the slow and fast ends of the step time (_time_bounds)."""
     df = df.copy()
     tokens = df["batch"] * df["seqlen"] / df["world_size"]
+    fast, slow = _time_bounds(df)
     df["tok_rank"] = tokens / df["time_median_s"]
-    df["tok_rank_lo"] = tokens / df["time_p90_s"]
-    df["tok_rank_hi"] = tokens / df["time_p10_s"]
+    df["tok_rank_lo"] = tokens / slow
+    df["tok_rank_hi"] = tokens / fast
     if "mem_peak_bytes" in df:
         state = df.get("mem_state_bytes_per_rank")
         base = state.map(lambda v: max(v) if isinstance(v, list) and v else 0) if state is not None else 0
@@ -102,17 +114,20 @@ def _with_rates(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Rows x sequence lengths of first-token latency in ms (median [p10, p90]), 'OOM' / 'failed' where so."""
+    """Rows x sequence lengths of first-token latency in ms (median [interval of _time_bounds]),
+    'OOM' / 'failed' where so."""
     cells: dict[str, dict[int, str]] = {}
-    for _, r in df.sort_values("seqlen").iterrows():
+    df = df.sort_values("seqlen")
+    df["_fast"], df["_slow"] = _time_bounds(df) if "time_median_s" in df else (None, None)
+    for _, r in df.iterrows():
         if r["status"] == "ok":
-            cell = f"{r['time_median_s'] * 1e3:.1f} [{r['time_p10_s'] * 1e3:.1f}, {r['time_p90_s'] * 1e3:.1f}]"
+            cell = f"{r['time_median_s'] * 1e3:.1f} [{r['_fast'] * 1e3:.1f}, {r['_slow'] * 1e3:.1f}]"
         else:
             cell = {"oom": "OOM", "failed": "failed"}.get(r["status"], r["status"])
         cells.setdefault(r["row"], {})[int(r["seqlen"])] = cell
     order = sorted(cells, key=lambda row: (P._method_order(row.split("+")[0].split(" ")[0]), row))
     table = pd.DataFrame([cells[r] for r in order], index=order)
-    table.index.name = "first-token latency, ms median [p10, p90]"
+    table.index.name = "first-token latency, ms median [95% interval, else p10-p90]"
     return table.reindex(columns=sorted(table.columns)).fillna("-")
 
 
