@@ -158,16 +158,20 @@ def merge_partial(out: Tensor, lse: Tensor, out_blk: Tensor, lse_blk: Tensor) ->
 
     out (B, S, Z, d), lse (B, Z, S), both in the statistics dtype (fp32, or
     fp64 for fp64 inputs). PAPER.md §1 online-softmax rule in a stable form:
-    lse' = logaddexp(lse, lse_blk), out' = out + e^(lse_blk - lse') (out_blk - out)
-    (= e^(lse-lse') out + e^(lse_blk-lse') out_blk); neither exponentiates a
-    positive number. A row with no live key so far has lse = -inf and out = 0:
-    merging two such rows leaves them so (the weight e^(-inf - -inf) is taken as 0),
-    never NaN.
+    with m = max(lse, lse_blk), a = e^(lse - m), b = e^(lse_blk - m) (both in [0, 1]):
+    lse' = m + log(a + b), out' = out + b / (a + b) (out_blk - out). The weight is
+    taken from a and b, not from e^(lse_blk - lse'): lse' at |lse| ~ 1e4 carries an
+    fp32 rounding of ~5e-4 that the latter would put into the weight. A row with no
+    live key so far has lse = -inf and out = 0: merging two such rows leaves them so
+    (m is taken as 0 there, a = b = 0, weight 0), never NaN.
     """
-    new = torch.logaddexp(lse, lse_blk)
-    w = torch.exp(lse_blk - new).nan_to_num_(nan=0.0).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
+    m = torch.maximum(lse, lse_blk)
+    m = m.masked_fill(m == float("-inf"), 0.0)                    # (B, Z, S)
+    a, b = torch.exp(lse - m), torch.exp(lse_blk - m)
+    total = a + b
+    w = (b / total).nan_to_num_(nan=0.0).transpose(1, 2).unsqueeze(-1)  # (B, S, Z, 1)
     out.add_(w * (out_blk.to(out.dtype) - out))
-    lse.copy_(new)
+    lse.copy_(m + torch.log(total))
 
 
 # ---------------------------------------------------------------- tiles of a plan

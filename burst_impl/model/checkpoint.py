@@ -96,22 +96,29 @@ class AttnSpec:
         if self.kind == "local":
             out, lse = attn_forward(q, k, v, causal=self.causal, scale=scale, backend=self.backend)
             return out.to(q.dtype), lse
-        check_inputs(q, k, v, layout=layout, backward=self.scheme, softmax_scale=self.softmax_scale,
-                     backend=self.backend, grad_comm_dtype=self.grad_comm_dtype, group=self.group)
+        mask, layout = self._resolved(q, k, v, layout)
         ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
-        return ring_forward(q, k, v, causal=self.causal, scale=scale, ring=ring, layout=layout, backend=self.backend)
+        return ring_forward(q, k, v, mask=mask, scale=scale, ring=ring, layout=layout, backend=self.backend)
+
+    def _resolved(self, q: Tensor, k: Tensor, v: Tensor, layout: str):
+        """Validate before any byte and resolve (mask, layout) for this sequence length, as the operator does
+        (the model's blocks are causal or full; ``check_inputs`` turns that into a ``masks.Mask``)."""
+        return check_inputs(q, k, v, layout=layout, backward=self.scheme, softmax_scale=self.softmax_scale,
+                            backend=self.backend, grad_comm_dtype=self.grad_comm_dtype, group=self.group,
+                            causal=self.causal)
 
     def backward(self, dout, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
         scale = default_scale(q.shape[-1], self.softmax_scale)
         if self.kind == "local":
             delta = compute_delta(dout, out)
             return attn_backward(dout, q, k, v, lse, delta, causal=self.causal, scale=scale, backend=self.backend)
+        mask, layout = self._resolved(q, k, v, self.layout)
         ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
         grad_dtype = self.grad_comm_dtype if self.grad_comm_dtype is not None else stats_dtype(q.dtype)
         chosen = resolve_backward(self.scheme, q, k, ring.size, grad_dtype)
         comm.note("burst.backward", chosen)
-        return BACKWARD_FNS[chosen](dout, q, k, v, out, lse, causal=self.causal, scale=scale, ring=ring,
-                                    layout=self.layout, backend=self.backend, grad_dtype=grad_dtype)
+        return BACKWARD_FNS[chosen](dout, q, k, v, out, lse, mask=mask, scale=scale, ring=ring,
+                                    layout=layout, backend=self.backend, grad_dtype=grad_dtype)
 
 
 def attention_spec(core) -> AttnSpec | None:
