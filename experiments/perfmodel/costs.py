@@ -104,10 +104,10 @@ class CostModel:
         """
         if rows <= 0 or cols <= 0:
             return 0.0, 0.0
-        factor = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}[mode]
-        t, flops = self.gemm(batch * heads * rows, cols, head_dim, dtype=matmul_dtype)
-        t, flops = 2 * factor * t, 2 * factor * flops
-        return t + self.hbm(score_passes * batch * heads * rows * cols * elem), flops
+        # Every matmul of the mode at the rate of one QK^T (a measured table times that GEMM only).
+        t, gemm_flops = self.gemm(batch * heads * rows, cols, head_dim, dtype=matmul_dtype)
+        flops = entries_flops(batch, heads, head_dim, rows * cols, mode)
+        return t * flops / gemm_flops + self.hbm(score_passes * batch * heads * rows * cols * elem), flops
 
     # ------------------------------------------------------------ communication
 
