@@ -289,16 +289,14 @@ def sequence_parallel(ctx: Ctx, forward: Callable[[dict], dict], backward: Calla
             ready[g] = projections(ctx, g, tokens=tokens, q_heads=s.heads, kv_heads=s.kv_heads,
                                    out_heads=s.heads, phase=phase, which=which, deps=[ready[g]])
 
-    if "forward" in ctx.phases:
+    # the backward runs the layer in reverse: output projection, attention, QKV projection
+    for phase, attention, (before, after) in (("forward", forward, ("qkv", "out")),
+                                              ("backward", backward, ("out", "qkv"))):
+        if phase not in ctx.phases:
+            continue
         if layer:
-            proj("qkv", "forward")
-        ready = dict(forward(ready))
+            proj(before, phase)
+        ready = dict(attention(ready))
         if layer:
-            proj("out", "forward")
-    if "backward" in ctx.phases:
-        if layer:
-            proj("out", "backward")
-        ready = dict(backward(ready))
-        if layer:
-            proj("qkv", "backward")
+            proj(after, phase)
     return ready
