@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from .cluster.emulated import CalibrationShape, EmulatedCluster, local_info
+from .cluster.emulator.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
 from .harness import results as R

@@ -1,4 +1,4 @@
-"""experiments.cluster.cpuquota: per-rank CPU caps of the emulated cluster. On a fake cgroup tree (v1
+"""experiments.cluster.emulator.cpuquota: per-rank CPU caps of the emulated cluster. On a fake cgroup tree (v1
 and v2 layouts, no privileges needed) and, where this machine allows it, on the real one."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cluster import cpuquota
+from experiments.cluster.emulator import cpuquota
 
 
 def _fake(tmp_path: Path, version: int) -> Path:

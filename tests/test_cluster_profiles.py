@@ -13,11 +13,12 @@ import pytest
 from burst_impl.shape import AttnShape
 import yaml
 
-from experiments.cluster import emulation, jobs, shaping
-from experiments.cluster.emulated import EmulatedCluster
+from experiments.cluster import jobs
+from experiments.cluster.emulator import emulation, shaping
+from experiments.cluster.emulator.emulated import EmulatedCluster
 from experiments.cluster.hardware import load_hardware
 from experiments.cluster.profile import PROFILE_DIR, known_profiles, load_profile, parse_profile, parse_time_limit
-from experiments.cluster.rankexec import command as rank_command
+from experiments.cluster.emulator.rankexec import command as rank_command
 from experiments.cluster.slurm import RESERVE_S, check_submittable, render_sbatch
 from experiments.harness import results as R
 from experiments.harness.spec import Case
@@ -123,7 +124,7 @@ def test_shaping_commands():
 
 def test_fallback_says_so(monkeypatch):
     """Where namespaces are not permitted the cluster is plain loopback, and its record info says so."""
-    from experiments.cluster import netns
+    from experiments.cluster.emulator import netns
     from experiments.plots import _cluster_note
 
     monkeypatch.setattr(netns, "probe", lambda: "network namespaces need root (test)")
@@ -183,7 +184,7 @@ def test_every_profiles_job_script(name, tmp_path):
         assert ".venv-gpu/bin/python -m torch.distributed.run" in text
     else:
         assert "--gpus-per-node" not in text and "--device cpu" in text
-        assert "-m experiments.cluster.rankexec experiments.harness.worker" in text
+        assert "-m experiments.cluster.emulator.rankexec experiments.harness.worker" in text
 
 
 def test_roce_and_ib_profiles_carry_nccl_settings():

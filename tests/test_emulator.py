@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cluster import cpuquota, netns, selftest, shaping, slurmd
-from experiments.cluster.emulated import EmulatedCluster
+from experiments.cluster.emulator import cpuquota, netns, selftest, shaping, slurmd
+from experiments.cluster.emulator.emulated import EmulatedCluster
 from experiments.cluster.profile import parse_profile
 from experiments.harness import results as R
 from experiments.harness.env import REPO

@@ -136,10 +136,9 @@ def _worker(out: str, node_size: int) -> None:
 
 
 def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
-    from experiments.cluster.emulated import EmulatedCluster
+    from experiments.cluster.emulator import netns
+    from experiments.cluster.emulator.emulated import EmulatedCluster
     from experiments.cluster.profile import load_profile
-
-    from experiments.cluster import netns
 
     profile = load_profile(cluster)
     G = profile.nodes * profile.ranks_per_node
@@ -155,7 +154,7 @@ def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
             cmds = [netns.nsenter(cl.topo.node(i), [
                 sys.executable, "-m", "torch.distributed.run", "--nnodes", str(profile.nodes), "--node-rank", str(i),
                 "--nproc-per-node", str(profile.ranks_per_node), "--master-addr", cl.topo.node_addr(0),
-                "--master-port", str(port), "-m", "experiments.cluster.rankexec", "burst_impl.model.ablation",
+                "--master-port", str(port), "-m", "experiments.cluster.emulator.rankexec", "burst_impl.model.ablation",
                 *args]) for i in range(profile.nodes)]
         procs = [subprocess.Popen(c, cwd=repo, env=env) for c in cmds]
         rc = 0

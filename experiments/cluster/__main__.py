@@ -21,8 +21,8 @@ import signal
 import sys
 import time
 
-from . import netns, selftest, shaping
-from .emulated import EmulatedCluster
+from .emulator import netns, selftest, shaping
+from .emulator.emulated import EmulatedCluster
 from .profile import load_profile
 
 

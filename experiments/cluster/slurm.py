@@ -144,7 +144,7 @@ def render_sbatch(*, spec_name: str, profile: Profile, world_size: int, n_cases:
                 f"limit ({limit} s) less its reserve ({RESERVE_S} s):\n# cases not finished by then are recorded "
                 "as failed; split the spec or raise time_limit.")
     emulated = profile.scheduler == "emulated"
-    entry = ("-m experiments.cluster.rankexec experiments.harness.worker" if emulated
+    entry = ("-m experiments.cluster.emulator.rankexec experiments.harness.worker" if emulated
              else "-m experiments.harness.worker")
     env = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in profile.env.items())
     return TEMPLATE.format(

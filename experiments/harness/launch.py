@@ -103,7 +103,7 @@ def _tail(path: Path, n: int = 1500) -> str:
 
 # A launcher turns (cases file, launch number) into the commands of one launch: one per node, each with
 # its environment. The default is one ``torchrun --standalone`` on this machine; the emulated cluster
-# (experiments.cluster.emulated) gives one torchrun per node namespace.
+# (experiments.cluster.emulator.emulated) gives one torchrun per node namespace.
 Launcher = Callable[[Path, int], list[tuple[list[str], dict[str, str]]]]
 
 

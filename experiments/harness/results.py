@@ -65,7 +65,7 @@ def work_dir(results_root: Path | str, experiment: str) -> Path:
 
 
 # Where a record ran, beyond the machine: the cluster profile, the emulated link rates per class, ranks per
-# core. The launcher sets it (JSON, experiments.cluster.emulated) for the driver and every rank.
+# core. The launcher sets it (JSON, experiments.cluster.emulator.emulated) for the driver and every rank.
 CLUSTER_ENV = "EXPERIMENTS_CLUSTER"
 
 

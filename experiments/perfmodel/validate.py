@@ -6,10 +6,10 @@ The profile is THIS machine as the run emulated it:
   shapes, GEMMs and memory traffic the schedules ask for, with as many
   concurrent processes and threads as the run had ranks on this machine;
 * links: the per-rank rates (and applied latency) the emulator shaped, read
-  from the records' ``cluster`` block (``experiments/cluster/emulation.py``:
+  from the records' ``cluster`` block (``experiments/cluster/emulator/emulation.py``:
   the hardware profile's rates x this machine's compute / the target's), every
   rank its own link per class (``nics_per_node`` = ranks per node, nothing
-  shared), as ``shaping.py`` builds them.
+  shared), as ``emulator/shaping.py`` builds them.
 
 Everything else is the model as it predicts the papers' clusters (same
 schedules, simulator, byte placement). ``error = predicted / measured - 1``;

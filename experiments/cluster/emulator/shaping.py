@@ -9,7 +9,7 @@ HTB root with one class per link class, selected by destination address:
 
 so the bytes a rank sends to ranks of its own node are capped at the intra
 rate and the bytes it sends to other nodes at the inter rate, whatever the
-other ranks do: the hardware profiles' convention (``hardware.py``: the rate
+other ranks do: the hardware profiles' convention (``../hardware.py``: the rate
 one rank gets when every rank of its node sends at once). Pure ACKs go to
 1:30 so that a rank that both sends and receives (every ring step) does not
 hold its upstream sender's ACKs behind its own queued data.

@@ -7,8 +7,8 @@ receiver in the destination rank's namespace reports the payload bytes/s it
 got between its first and last byte. Run ``python -m experiments.cluster
 selftest`` on a cluster that is up, or call ``measure`` from a test.
 
-    python -m experiments.cluster.selftest serve <addr> <port> <seconds>   # inside a rank's namespace
-    python -m experiments.cluster.selftest send <addr> <port> <seconds>
+    python -m experiments.cluster.emulator.selftest serve <addr> <port> <seconds>   # inside a rank's namespace
+    python -m experiments.cluster.emulator.selftest send <addr> <port> <seconds>
 """
 from __future__ import annotations
 
@@ -81,11 +81,11 @@ def measure(topo: netns.Topology, seconds: float = 3.0, python: str = sys.execut
     servers, senders = [], []
     try:
         for n, (cls, _, (di, dk)) in enumerate(flows):
-            cmd = netns.nsenter(topo.rank(di, dk), [python, "-m", "experiments.cluster.selftest", "serve",
+            cmd = netns.nsenter(topo.rank(di, dk), [python, "-m", "experiments.cluster.emulator.selftest", "serve",
                                                     topo.rank_addr(di, dk), str(BASE_PORT + n), str(seconds)])
             servers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         for n, (cls, (si, sk), (di, dk)) in enumerate(flows):
-            cmd = netns.nsenter(topo.rank(si, sk), [python, "-m", "experiments.cluster.selftest", "send",
+            cmd = netns.nsenter(topo.rank(si, sk), [python, "-m", "experiments.cluster.emulator.selftest", "send",
                                                     topo.rank_addr(di, dk), str(BASE_PORT + n), str(seconds)])
             senders.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         results: dict[str, dict] = {}

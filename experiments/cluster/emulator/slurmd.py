@@ -7,7 +7,7 @@ daemons write lives under one work directory of the run: the munge key and
 socket, ``slurm.conf``, the controller's state, per-node spool, log and pid
 files (``%n`` in slurm.conf). Node names do not resolve anywhere, so each node
 has a ``NodeAddr`` (its address inside the emulated network) and job scripts
-take the rendezvous address from ``scontrol show node`` (``slurm.py``).
+take the rendezvous address from ``scontrol show node`` (``../slurm.py``).
 
 Plugins that need cgroups or accounting are off (``proctrack/linuxproc``,
 ``task/none``, no accounting): the point is the job path (sbatch, srun on
@@ -40,7 +40,7 @@ def render_conf(topo: netns.Topology, work: Path, cpus: int) -> str:
     host = socket.gethostname().split(".")[0]
     nodes = "\n".join(f"NodeName=n{i} NodeAddr={topo.node_addr(i)} CPUs={cpus} State=UNKNOWN"
                       for i in range(topo.nodes))
-    return f"""# Written by experiments/cluster/slurmd.py for emulated cluster {topo.run_id}.
+    return f"""# Written by experiments/cluster/emulator/slurmd.py for emulated cluster {topo.run_id}.
 ClusterName={topo.run_id}
 # The controller's name must be this host's; its address is the head namespace's.
 SlurmctldHost={host}({topo.head_addr})

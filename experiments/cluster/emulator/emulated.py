@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cpuquota, emulation, netns, shaping
-from .hardware import load_hardware
-from .profile import Profile
+from ..hardware import load_hardware
+from ..profile import Profile
 from .rankexec import ENV as RANK_NETNS_ENV
 
 CLUSTER_ENV = "EXPERIMENTS_CLUSTER"   # JSON read by experiments.harness.results.base_record
@@ -236,6 +236,6 @@ class EmulatedCluster:
             out.append(netns.nsenter(self.topo.node(i), [
                 self.python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(i),
                 "--nproc-per-node", str(ppn), "--master-addr", self.topo.node_addr(0), "--master-port", str(port),
-                "--monitor-interval", "0.5", "-m", "experiments.cluster.rankexec", "experiments.harness.worker",
-                *worker_args]))
+                "--monitor-interval", "0.5", "-m", "experiments.cluster.emulator.rankexec",
+                "experiments.harness.worker", *worker_args]))
         return out

@@ -2,7 +2,7 @@
 
 On the target, one ring step on a block of n tokens takes F(n) / C_t of
 compute (F from ``experiments.harness.flops``, C_t = peak FLOP/s x the
-kernel's efficiency at n tokens, ``hardware.py``) and b / B_t of
+kernel's efficiency at n tokens, ``../hardware.py``) and b / B_t of
 communication per link class (b bytes, B_t the per-rank bytes/s of the
 class). On this machine the same step computes at C_l, measured here with the
 suite's own kernel (``burst_impl.kernels``, fwd+bwd of one n x n block) in as
@@ -23,7 +23,7 @@ slower when their neighbours compute and faster when they wait; gloo adds
 per-message overheads a GPU collective does not have; attention only (no
 projections, norms or optimizer) sets the ratio.
 
-    python -m experiments.cluster.emulation bench <tokens> <heads> <head_dim> <dtype> <threads> <dir> <id> <s>
+    python -m experiments.cluster.emulator.emulation bench <tokens> <heads> <head_dim> <dtype> <threads> <dir> <id> <s>
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .hardware import Hardware
+from ..hardware import Hardware
 from .shaping import LinkShape
 
 DEFAULT_LATENCY_CAP_US = 2000.0
@@ -186,7 +186,7 @@ def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: in
     with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
         sync = Path(d)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-        cmd = [python, "-m", "experiments.cluster.emulation", "bench", str(tokens), str(heads), str(head_dim),
+        cmd = [python, "-m", "experiments.cluster.emulator.emulation", "bench", str(tokens), str(heads), str(head_dim),
                dtype, str(threads), str(sync), "{id}", str(seconds)]
         ps = []
         for i in range(procs):

@@ -4,7 +4,7 @@ torchrun starts every rank in the node's namespace; an emulated rank must send
 from its own ``eth0`` so that its link can be shaped on its own
 (``netns.py``). torchrun runs this module in place of the worker:
 
-    torchrun ... -m experiments.cluster.rankexec experiments.harness.worker --cases ...
+    torchrun ... -m experiments.cluster.emulator.rankexec experiments.harness.worker --cases ...
 
 and it replaces itself (exec, same pid: torchrun still watches and signals
 the rank) with ``nsenter --net=<rank namespace> python -m <module> <args>``,
@@ -38,7 +38,7 @@ def command(module: str, args: list[str], environ=os.environ) -> list[str]:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m experiments.cluster.rankexec <module> [args...]")
+        raise SystemExit("usage: python -m experiments.cluster.emulator.rankexec <module> [args...]")
     cmd = command(sys.argv[1], sys.argv[2:])
     template = os.environ.get(cpuquota.ENV)
     if template:
