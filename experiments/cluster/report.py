@@ -39,6 +39,11 @@ from ..harness.timing import ratio_interval
 NO_OVERLAP = "_no_overlap"
 
 
+def _root(results_root: str | Path | None) -> Path:
+    """Where the records are: ``results_root``, else this machine's ``results/<machine>/`` (where the runner writes)."""
+    return Path(results_root) if results_root else R.machine_root()
+
+
 def _interval(samples: list[float]) -> tuple[float, float]:
     xs = sorted(samples)
     return (xs[0], xs[-1]) if xs else (math.nan, math.nan)
@@ -51,7 +56,7 @@ def _rows(df) -> dict:
 
 def report(experiment: str, *, results_root: str | Path | None = None, compute_from: str | None = None,
            ref: str = "burst") -> dict:
-    root = Path(results_root) if results_root else R.machine_root()
+    root = _root(results_root)
     rows = _rows(R.load_results(root, experiment))
     if not rows:
         raise ValueError(f"no ok records for experiment {experiment!r} under {root}")
@@ -111,7 +116,7 @@ def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
     this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
     from ..perfmodel.validate import validate_experiment
 
-    root = Path(results_root) if results_root else REPO / "results"
+    root = _root(results_root)
     model = validate_experiment(root, rep["experiment"], **kw)
     return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
 
@@ -249,7 +254,7 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
 def ratios_of(experiment: str, *, results_root: str | Path | None = None, ref: str = "burst",
               level: float = 0.95) -> dict:
     """``ratios`` of the newest record per case of ``results/<experiment>``, with where it ran."""
-    root = Path(results_root) if results_root else REPO / "results"
+    root = _root(results_root)
     df = R.load_results(root, experiment)
     recs = df.to_dict("records") if len(df) else []
     out = ratios(recs, ref=ref, level=level)
