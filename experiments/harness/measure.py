@@ -198,7 +198,7 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
         rec["live_entries_per_rank"] = [{p: _int_note(r["notes"], f"burst.live_entries.{p}")
                                          for p in ("forward", "backward")} for r in per_rank]
     try:
-        rec["mem_model_bytes"] = int(method.memory(shape) if case.level == "op" else layer_memory_bytes(method, shape))
+        rec["mem_model_bytes"] = memory_model_bytes(case)
         rec["mem_model_of"] = "bytes kept for backward (compare mem_saved_bytes)"
     except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
         rec["mem_model_bytes"] = None
@@ -226,6 +226,13 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "comm_measured_over": "forward" if not has_bwd else "forward + backward",
         })
     return rec
+
+
+def memory_model_bytes(case: Case) -> int:
+    """The method's closed-form bytes kept for backward at the case's level (op: the operator's own;
+    layer: ``baselines.layer``, projections included); compare ``mem_saved_bytes``."""
+    method = METHODS[case.method]
+    return int(method.memory(case.shape) if case.level == "op" else layer_memory_bytes(method, case.shape))
 
 
 def _int_note(notes: dict, key: str) -> int | None:
