@@ -163,16 +163,8 @@ def _log2_x(ax, values) -> None:
     if len(vals) > 1 and vals[-1] / max(vals[0], 1) >= 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(vals)
-    ax.set_xticklabels([_human(v) for v in vals], rotation=0, fontsize=8)
+    ax.set_xticklabels([axes.human(v) for v in vals], rotation=0, fontsize=8)
     ax.minorticks_off()
-
-
-def _human(v: int) -> str:
-    if v >= 1 << 20 and v % (1 << 20) == 0:
-        return f"{v >> 20}M"
-    if v >= 1024 and v % 1024 == 0:
-        return f"{v >> 10}K"
-    return str(v)
 
 
 def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,

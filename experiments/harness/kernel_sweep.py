@@ -30,6 +30,7 @@ from burst_impl.kernels import BACKENDS, attn_backward, attn_forward, check_back
 from burst_impl.shape import DTYPE_NAMES, AttnShape
 
 from . import results as R
+from .axes import human
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
@@ -188,7 +189,7 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
         ax.set_xscale("log", base=2)
         ns = sorted({r["seqlen"] for r in ok})
         ax.set_xticks(ns)
-        ax.set_xticklabels([f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in ns], fontsize=8)
+        ax.set_xticklabels([human(n) for n in ns], fontsize=8)
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
         ax.set_xlabel("sequence length N (tokens, one device)")
