@@ -80,10 +80,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
     P._status_legend(ax, df)
     ax.set_title(_title(df, meta, what), fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)
 
 
 def _time_bounds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -193,10 +190,7 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.legend(fontsize=8)
     ax.set_title(_title(sel, meta, f"bytes per layer at N={human(int(n))}"), fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)
 
 
 def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
@@ -224,7 +218,4 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig.suptitle(_title(ok, meta, f"N={human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
                  fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)

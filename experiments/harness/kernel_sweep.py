@@ -162,9 +162,7 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
 
 def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    from ..plots import save_figure      # first: it selects the Agg backend
     import matplotlib.pyplot as plt
 
     ok = [r for r in records if r["status"] == "ok"]
@@ -209,7 +207,4 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     fig.tight_layout(rect=(0, 0.035 * len(notes), 1, 1))
     if notes:
         fig.text(0.5, 0.005, "\n".join(notes), ha="center", va="bottom", fontsize=7, color="dimgray")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
