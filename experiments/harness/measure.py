@@ -124,12 +124,12 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
     if case.measure_memory and step.forward is not None:
         barrier(group, device)
         saved = saved_for_backward(step.forward, exclude=step.weights)
+    live = step.live_bytes()
     local = {
         # one definition for every method (experiments.harness.memory): the step's own inputs and
         # weights plus the peak increase during the step
-        "mem_peak": mem.peak_bytes + step.live_bytes() if mem else None,
-        "mem_above": mem.peak_bytes if mem else None,
-        "mem_inputs": step.live_bytes(),
+        "mem_peak": mem.peak_bytes + live if mem else None,
+        "mem_inputs": live,
         "mem_saved": saved,
         "mem_method": mem.method if mem else None,
         "comm": counts.as_dict() if counts is not None else None,
@@ -178,7 +178,6 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
         rec.update({
             "mem_peak_bytes": max(peaks),
             "mem_peak_bytes_per_rank": peaks,
-            "mem_peak_above_inputs_bytes_per_rank": [r["mem_above"] for r in per_rank],
             "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
             "mem_saved_bytes": max(saved) if None not in saved else None,
             "mem_method": per_rank[0]["mem_method"],
