@@ -1,8 +1,9 @@
 """Benchmark (not a test): what skipping masked blocks buys, measured.
 
-The same BurstAttention call (forward + backward) with a mask, timed twice
-through the suite's timing module (``experiments.harness.timing``: warm-up,
-barrier, maximum over ranks per step, median and p10/p90):
+The same BurstAttention call (forward + backward) with a mask, timed both ways
+in interleaved rounds through the suite's timing module
+(``experiments.harness.timing``: warm-up, barrier, maximum over ranks per step,
+median and p10/p90), with the speedup's paired bootstrap interval:
 
 * ``skip``: the plans (``burst_impl.plan``): fully masked block pairs are
   not computed, partial pairs only on their live tiles;
@@ -21,7 +22,6 @@ sliding window of 256 tokens, contiguous layout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -36,7 +36,7 @@ def _measure(args) -> dict:
     from burst_impl import burst_attn_func, plan
     from burst_impl.shape import AttnShape
     from experiments.harness.flops import attention_flops
-    from experiments.harness.timing import summarize, time_steps
+    from experiments.harness.timing import RepeatPolicy, ratio_interval, summarize, time_interleaved
 
     rank, g = dist.get_rank(), dist.get_world_size()
     shape = AttnShape(1, args.seqlen, args.heads, args.heads, args.head_dim, g, dtype=args.dtype, causal=True,
@@ -53,14 +53,19 @@ def _measure(args) -> dict:
         out = burst_attn_func(q, k, v, causal=True, mask=args.mask, layout=args.layout, backward="burst")
         out.backward(do)
 
-    res = {}
-    for mode in ("skip", "no_skip"):
-        ctx = plan.no_skipping() if mode == "no_skip" else contextlib.nullcontext()
-        with ctx:
-            samples = time_steps(step, warmup=args.warmup, repeats=args.repeats, device=torch.device("cpu"))
-        res[mode] = dict(samples=samples, **summarize(samples))
+    def step_no_skip():
+        with plan.no_skipping():        # plans are cached per skip setting: the two never share one
+            step()
+
+    # A B A B ...: a drift of the machine slows both alike, and the ratio is paired by round
+    timed = time_interleaved([(step, None), (step_no_skip, None)], warmup=args.warmup,
+                             policy=RepeatPolicy(min_repeats=args.repeats, max_repeats=args.repeats),
+                             device=torch.device("cpu"))
+    skip, no_skip = timed.samples
+    res = {"skip": dict(samples=skip, **summarize(skip)), "no_skip": dict(samples=no_skip, **summarize(no_skip))}
     flops = attention_flops(shape, "fwd_bwd")
     res["speedup_median"] = res["no_skip"]["time_median_s"] / res["skip"]["time_median_s"]
+    res["speedup"] = ratio_interval(no_skip, skip, paired=True)
     res["config"] = dict(vars(args), world_size=g, flops_fwd_bwd=flops)
     return res
 
@@ -122,7 +127,8 @@ def main(argv=None) -> int:
     print(f"{args.mask} {args.layout} N={args.seqlen} G={res['config']['world_size']}: "
           f"skip {s['time_median_s']:.3f} s [p10 {s['time_p10_s']:.3f}, p90 {s['time_p90_s']:.3f}], "
           f"no skip {n['time_median_s']:.3f} s [p10 {n['time_p10_s']:.3f}, p90 {n['time_p90_s']:.3f}]: "
-          f"speedup {res['speedup_median']:.2f}x (median) -> {out / name}")
+          f"speedup {res['speedup_median']:.2f}x (median; 95% interval [{res['speedup']['lo']:.2f}, "
+          f"{res['speedup']['hi']:.2f}]) -> {out / name}")
     return 0
 
 

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
-from experiments.harness.flops import attention_flops
+from experiments.harness.flops import case_flops, tflops_per_s, tokens_per_s
+from experiments.harness.measure import memory_model_bytes
 from experiments.harness.memory import measure_peak
 from experiments.harness.spec import case_problem
 from experiments.harness.steps import build_step
@@ -62,8 +63,8 @@ def test_case(benchmark, case, device):
         mem_model = None
     else:
         formula = method.bytes(case.shape)
-        flops = attention_flops(case.shape, mode=case.mode)
-        mem_model = int(method.memory(case.shape))
+        flops, _ = case_flops(case.level, case.shape, case.mode)   # layer level: projections included
+        mem_model = memory_model_bytes(case)
     benchmark.extra_info.update({
         "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
         "mode": case.mode, "world_size": case.world_size, "rank": rank,
@@ -78,5 +79,5 @@ def test_case(benchmark, case, device):
 
     med = benchmark.stats.stats.median if benchmark.stats else None
     if med:
-        benchmark.extra_info["tflops_per_rank"] = benchmark.extra_info["flops"] / med / 1e12 / case.world_size
-        benchmark.extra_info["tokens_per_s"] = case.batch * case.seqlen / med
+        benchmark.extra_info["tflops_per_rank"] = tflops_per_s(flops, med) / case.world_size
+        benchmark.extra_info["tokens_per_s"] = tokens_per_s(case.batch, case.seqlen, med)

@@ -163,16 +163,8 @@ def _log2_x(ax, values) -> None:
     if len(vals) > 1 and vals[-1] / max(vals[0], 1) >= 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(vals)
-    ax.set_xticklabels([_human(v) for v in vals], rotation=0, fontsize=8)
+    ax.set_xticklabels([axes.human(v) for v in vals], rotation=0, fontsize=8)
     ax.minorticks_off()
-
-
-def _human(v: int) -> str:
-    if v >= 1 << 20 and v % (1 << 20) == 0:
-        return f"{v >> 20}M"
-    if v >= 1024 and v % 1024 == 0:
-        return f"{v >> 10}K"
-    return str(v)
 
 
 def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
@@ -223,6 +215,11 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     fig.subplots_adjust(bottom=0.18)
     fig.text(0.5, 0.01, textwrap.fill(note, int(fig.get_figwidth() * 17)), ha="center", va="bottom", fontsize=7,
              color="dimgray")
+    return save_figure(fig, out)
+
+
+def save_figure(fig, out: Path) -> Path:
+    """Write ``fig`` to ``out`` (its folder made) at the suite's one resolution, and free it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -328,10 +325,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
                  f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
                  f"{_hw_and_date(df, meta)}", fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def _mask_name(r) -> str:
@@ -395,10 +389,7 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
                          110)
     fig.suptitle(f"{head}{ref}\n{_hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path]:

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from . import plots as P
+from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
 
@@ -79,10 +80,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
     P._status_legend(ax, df)
     ax.set_title(_title(df, meta, what), fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)
 
 
 def _time_bounds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -136,7 +134,7 @@ def _write_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     csv, md = out_dir / "prefill_latency.csv", out_dir / "prefill_latency.md"
     table.to_csv(csv)
-    head = table.rename(columns=P._human)
+    head = table.rename(columns=human)
     lines = ["| " + " | ".join([table.index.name, *map(str, head.columns)]) + " |",
              "|" + "---|" * (len(head.columns) + 1)]
     lines += ["| " + " | ".join([idx, *map(str, row)]) + " |" for idx, row in head.iterrows()]
@@ -190,12 +188,9 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.set_ylabel("MiB sent per rank per layer (max over ranks)")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(_title(sel, meta, f"bytes per layer at N={P._human(int(n))}"), fontsize=9)
+    ax.set_title(_title(sel, meta, f"bytes per layer at N={human(int(n))}"), fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)
 
 
 def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
@@ -220,10 +215,7 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         ax.set_xticks(xs)
         ax.set_xticklabels(list(ok["row"]), rotation=20, fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(_title(ok, meta, f"N={P._human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
+    fig.suptitle(_title(ok, meta, f"N={human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
                  fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return P.save_figure(fig, out)

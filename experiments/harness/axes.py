@@ -26,6 +26,15 @@ ID_ORDER = _LEAD + tuple(a for a in AXES if a not in _LEAD)
 NEST_ORDER = ("world_size",) + tuple(a for a in AXES if a not in _LEAD) + ("seqlen",)
 
 
+def human(n: int) -> str:
+    """A token count as figures and tables print it: exact multiples of 2^20 as "1M", of 2^10 as "64K"."""
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n >> 10}K"
+    return str(n)
+
+
 def default(axis: str) -> Any:
     return _FIELDS[axis].metadata["sweep_default"]
 

@@ -30,6 +30,7 @@ from burst_impl.kernels import BACKENDS, attn_backward, attn_forward, check_back
 from burst_impl.shape import DTYPE_NAMES, AttnShape
 
 from . import results as R
+from .axes import human
 from .flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
@@ -161,9 +162,7 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
 
 def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    from ..plots import save_figure      # first: it selects the Agg backend
     import matplotlib.pyplot as plt
 
     ok = [r for r in records if r["status"] == "ok"]
@@ -188,7 +187,7 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
         ax.set_xscale("log", base=2)
         ns = sorted({r["seqlen"] for r in ok})
         ax.set_xticks(ns)
-        ax.set_xticklabels([f"{n // 1024}K" if n % 1024 == 0 else str(n) for n in ns], fontsize=8)
+        ax.set_xticklabels([human(n) for n in ns], fontsize=8)
         ax.minorticks_off()
         ax.set_ylim(bottom=0)
         ax.set_xlabel("sequence length N (tokens, one device)")
@@ -208,7 +207,4 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     fig.tight_layout(rect=(0, 0.035 * len(notes), 1, 1))
     if notes:
         fig.text(0.5, 0.005, "\n".join(notes), ha="center", va="bottom", fontsize=7, color="dimgray")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)

@@ -124,12 +124,12 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
     if case.measure_memory and step.forward is not None:
         barrier(group, device)
         saved = saved_for_backward(step.forward, exclude=step.weights)
+    live = step.live_bytes()
     local = {
         # one definition for every method (experiments.harness.memory): the step's own inputs and
         # weights plus the peak increase during the step
-        "mem_peak": mem.peak_bytes + step.live_bytes() if mem else None,
-        "mem_above": mem.peak_bytes if mem else None,
-        "mem_inputs": step.live_bytes(),
+        "mem_peak": mem.peak_bytes + live if mem else None,
+        "mem_inputs": live,
         "mem_saved": saved,
         "mem_method": mem.method if mem else None,
         "comm": counts.as_dict() if counts is not None else None,
@@ -178,7 +178,6 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
         rec.update({
             "mem_peak_bytes": max(peaks),
             "mem_peak_bytes_per_rank": peaks,
-            "mem_peak_above_inputs_bytes_per_rank": [r["mem_above"] for r in per_rank],
             "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
             "mem_saved_bytes": max(saved) if None not in saved else None,
             "mem_method": per_rank[0]["mem_method"],
@@ -198,7 +197,7 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
         rec["live_entries_per_rank"] = [{p: _int_note(r["notes"], f"burst.live_entries.{p}")
                                          for p in ("forward", "backward")} for r in per_rank]
     try:
-        rec["mem_model_bytes"] = int(method.memory(shape) if case.level == "op" else layer_memory_bytes(method, shape))
+        rec["mem_model_bytes"] = memory_model_bytes(case)
         rec["mem_model_of"] = "bytes kept for backward (compare mem_saved_bytes)"
     except Exception as e:  # noqa: BLE001 - a model that cannot evaluate is noted, not fatal
         rec["mem_model_bytes"] = None
@@ -226,6 +225,13 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "comm_measured_over": "forward" if not has_bwd else "forward + backward",
         })
     return rec
+
+
+def memory_model_bytes(case: Case) -> int:
+    """The method's closed-form bytes kept for backward at the case's level (op: the operator's own;
+    layer: ``baselines.layer``, projections included); compare ``mem_saved_bytes``."""
+    method = METHODS[case.method]
+    return int(method.memory(case.shape) if case.level == "op" else layer_memory_bytes(method, case.shape))
 
 
 def _int_note(notes: dict, key: str) -> int | None:

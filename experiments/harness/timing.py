@@ -66,7 +66,23 @@ def max_over_ranks(values: list[float], device: torch.device, group=None) -> lis
     return t.cpu().tolist()
 
 
-def _time_one(step: Callable[[], object], device: torch.device) -> float:
+def _warm_up(step: Callable[[], object], setup: Callable[[], object] | None, warmup: int,
+             device: torch.device) -> None:
+    for _ in range(warmup):
+        if setup is not None:
+            setup()
+        step()
+    synchronize(device)
+
+
+def _sample(step: Callable[[], object], setup: Callable[[], object] | None, device: torch.device,
+            group) -> float:
+    """One timed step on this rank: its setup untimed, then every rank synchronised and met at the
+    barrier, then the step alone between the two clock readings."""
+    if setup is not None:
+        setup()
+    synchronize(device)
+    barrier(group, device)
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -84,18 +100,8 @@ def time_steps(step: Callable[[], object], *, warmup: int, repeats: int, device:
     """Per-step wall times in seconds, each the maximum over ranks; ``repeats`` samples."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be at least 1")
-    for _ in range(warmup):
-        if setup is not None:
-            setup()
-        step()
-    synchronize(device)
-    local: list[float] = []
-    for _ in range(repeats):
-        if setup is not None:
-            setup()
-        synchronize(device)
-        barrier(group, device)
-        local.append(_time_one(step, device))
+    _warm_up(step, setup, warmup, device)
+    local = [_sample(step, setup, device, group) for _ in range(repeats)]
     return max_over_ranks(local, device, group)
 
 
@@ -194,11 +200,7 @@ def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object
     for i, (step, setup) in enumerate(steps):
         if on_step is not None:
             on_step(i)
-        for _ in range(warmup):
-            if setup is not None:
-                setup()
-            step()
-        synchronize(device)
+        _warm_up(step, setup, warmup, device)
     t_rounds = time.perf_counter()
     samples: list[list[float]] = [[] for _ in steps]
     while True:
@@ -206,11 +208,7 @@ def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object
         for i, (step, setup) in enumerate(steps):
             if on_step is not None:
                 on_step(i)
-            if setup is not None:
-                setup()
-            synchronize(device)
-            barrier(group, device)
-            local.append(_time_one(step, device))
+            local.append(_sample(step, setup, device, group))
         *times, elapsed = max_over_ranks(local + [time.perf_counter() - t0], device, group)
         for s, t in zip(samples, times):
             s.append(t)
