@@ -320,7 +320,8 @@ def _fail_inside_ring(scenarios: list[tuple[str, int]], **kw) -> list[str]:
         out = burst_attn_func(ql, kl, vl, backward="burst", **kw)
         out.backward(local[3])
         for name, got in (("out", out), ("dq", ql.grad), ("dk", kl.grad), ("dv", vl.grad)):
-            assert max_err(got, shard(ref[name], "contiguous", rank, G)) < FP32_RTOL * 10, name
+            tol = FP32_RTOL * max(ref[name].abs().max().item(), 1.0)
+            assert max_err(got, shard(ref[name], "contiguous", rank, G)) <= tol, name
     return seen
 
 
