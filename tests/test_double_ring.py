@@ -67,7 +67,7 @@ def _check_against_reference(results, configs, G, node_size, topology="double"):
         ref = attention_reference(*make_inputs(B, 2 * G * CHUNK, z, zkv, D, torch.float64), cfg["causal"])
         shape = AttnShape(B, 2 * G * CHUNK, z, zkv, D, G, dtype="float32")
         chosen = results[0][i]["notes"]["burst.backward"]
-        assert cfg["backward"] == "auto" or chosen == cfg["backward"]
+        assert chosen == (volume.cheaper_backward(shape) if cfg["backward"] == "auto" else cfg["backward"]), cfg
         for rank in range(G):
             res = results[rank][i]
             for name in ("out", "lse", "dq", "dk", "dv"):
@@ -430,10 +430,11 @@ def test_double_ring_falls_back_to_the_flat_ring(pools):
         for res, node_size in zip(results[rank], (1, G, None)):
             assert "fell back" in res["note"] and res["note"].startswith("flat ring"), res["note"]
             for name in ("out", "dq", "dk", "dv"):
-                assert max_err(res[name], shard(ref[name], "zigzag", rank, G)) <= FP32_RTOL * 10, (node_size, name)
+                tol = FP32_RTOL * max(ref[name].abs().max().item(), 1.0)
+                assert max_err(res[name], shard(ref[name], "zigzag", rank, G)) <= tol, (node_size, name)
             expect = volume.expected_link_bytes(shape, res["backward"], topology="flat", node_size=node_size, rank=rank)
             assert res["links"] == expect, (node_size, rank, res["links"])
-    assert all(set(link for _, _, link in r["links"]) == {"inter"} for r in (results[0][0],))  # 4 nodes x 1
+    assert {link for _, _, link in results[0][0]["links"]} == {"inter"}   # node_size=1: 4 nodes x 1, every hop inter
 
 
 BAD = [

@@ -73,15 +73,24 @@ def cases(world: int) -> list[dict]:
     return out
 
 
-def _run_cases(batch: list[dict]) -> list[dict]:
+def _layout(layout: str, causal: bool, mask, world: int):
+    """The layout as the operator resolves it for this mask at N = seqlen(world) (balanced:* needs the mask)."""
+    n = seqlen(world)
+    return resolve_layout(layout, masks.resolve(causal, mask, n), n, world)
+
+
+def _local_inputs(heads: tuple[int, int], layout: str, causal: bool, mask) -> list:
+    """This rank's shards of the seeded fp32 q, k, v, dout; q, k, v require grad."""
     rank, G = dist.get_rank(), dist.get_world_size()
-    n = seqlen(G)
+    q, k, v, do = make_inputs(B, seqlen(G), *heads, D, torch.float32, seed=7)
+    lay = _layout(layout, causal, mask, G)
+    return [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+
+
+def _run_cases(batch: list[dict]) -> list[dict]:
     results = []
     for cfg in batch:
-        z, zkv = cfg["heads"]
-        q, k, v, do = make_inputs(B, n, z, zkv, D, torch.float32, seed=7)
-        lay = resolve_layout(cfg["layout"], masks.resolve(cfg["causal"], cfg["mask"], n), n, G)
-        ql, kl, vl, dol = [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+        ql, kl, vl, dol = _local_inputs(cfg["heads"], cfg["layout"], cfg["causal"], cfg["mask"])
         lse = None
         with comm.count_bytes() as counts:
             if cfg["method"] in ("burst", "ring"):   # ring = the same operator with the K/V backward
@@ -103,15 +112,14 @@ def _reference(world: int, name: str, z: int, zkv: int) -> dict:
     n = seqlen(world)
     causal, mask = mask_cases(n)[name]
     inputs = make_inputs(B, n, z, zkv, D, torch.float64, seed=7)
-    return attention_reference(*inputs, causal, mask=mask if mask is not None else None)
+    return attention_reference(*inputs, causal, mask=mask)
 
 
-def _bytes_formula(cfg: dict, world: int, backward: str | None) -> dict:
+def _bytes_formula(cfg: dict, world: int) -> dict:
     z, zkv = cfg["heads"]
     s = AttnShape(B, seqlen(world), z, zkv, D, world, dtype="float32", causal=cfg["causal"])
-    if cfg["method"] == "burst":
-        return get("burst_qring").bytes(s)
-    return get(cfg["method"]).bytes(s)
+    # "burst" here is the operator with backward="burst": the registry's burst_qring
+    return get("burst_qring" if cfg["method"] == "burst" else cfg["method"]).bytes(s)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -124,9 +132,9 @@ def test_every_mask_every_method_every_layout(pools, world):
         z, zkv = cfg["heads"]
         ref = _reference(world, cfg["name"], z, zkv)
         causal, mask = mask_cases(n)[cfg["name"]]
-        lay = resolve_layout(cfg["layout"], masks.resolve(causal, mask, n), n, world)
+        lay = _layout(cfg["layout"], causal, mask, world)
         tol = {k: FP32_RTOL * max(ref[k][torch.isfinite(ref[k])].abs().max().item(), 1.0) for k in ref}
-        want_bytes = _bytes_formula(cfg, world, None)
+        want_bytes = _bytes_formula(cfg, world)
         for rank in range(world):
             res = per_rank[rank][i]
             for key in ("out", "lse", "dq", "dk", "dv"):
@@ -190,14 +198,9 @@ def double_cases(world: int) -> list[dict]:
 
 
 def _run_double(batch: list[dict], node_size: int) -> list[dict]:
-    rank, G = dist.get_rank(), dist.get_world_size()
-    n = seqlen(G)
     results = []
     for cfg in batch:
-        z, zkv = cfg["heads"]
-        q, k, v, do = make_inputs(B, n, z, zkv, D, torch.float32, seed=7)
-        lay = resolve_layout(cfg["layout"], masks.resolve(cfg["causal"], cfg["mask"], n), n, G)
-        ql, kl, vl, dol = [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+        ql, kl, vl, dol = _local_inputs(cfg["heads"], cfg["layout"], cfg["causal"], cfg["mask"])
         with comm.count_bytes() as counts:
             out, lse = burst_attn_func(ql, kl, vl, causal=cfg["causal"], mask=cfg["mask"], layout=cfg["layout"],
                                        backward=cfg["backward"], topology="double", node_size=node_size,
@@ -223,7 +226,7 @@ def test_every_mask_on_the_double_ring(pools, grid):
         z, zkv = cfg["heads"]
         ref = _reference(world, cfg["name"], z, zkv)
         the_mask = masks.resolve(cfg["causal"], cfg["mask"], n)
-        lay = resolve_layout(cfg["layout"], the_mask, n, world)
+        lay = _layout(cfg["layout"], cfg["causal"], cfg["mask"], world)
         tol = {k: FP32_RTOL * max(ref[k][torch.isfinite(ref[k])].abs().max().item(), 1.0) for k in ref}
         s = AttnShape(B, n, z, zkv, D, world, dtype="float32", causal=cfg["causal"])
         for rank in range(world):
@@ -252,14 +255,11 @@ USP_DOUBLE_MASKS = ("window_lt_chunk", "docs_edge", "bsparse_empty_rows")
 
 def _run_usp_double(names: tuple[str, ...]) -> list[dict]:
     """World 8 as 2 nodes x 4 ranks, usp with u = 2: its ring (4 ranks, 2 per node) is a double ring."""
-    rank, G = dist.get_rank(), dist.get_world_size()
-    n = seqlen(G)
+    n = seqlen(dist.get_world_size())
     results = []
     for name, layout in itertools.product(names, ("zigzag", "balanced:2")):
         causal, mask = mask_cases(n)[name]
-        q, k, v, do = make_inputs(B, n, 4, 2, D, torch.float32, seed=7)
-        lay = resolve_layout(layout, masks.resolve(causal, mask, n), n, G)
-        ql, kl, vl, dol = [shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+        ql, kl, vl, dol = _local_inputs((4, 2), layout, causal, mask)
         with comm.count_bytes() as counts:
             out = get("usp").call(ql, kl, vl, causal=causal, mask=mask, layout=layout, ulysses_degree=2,
                                   node_size=4)
@@ -280,7 +280,7 @@ def test_masks_through_usp_with_a_double_ring_inside(pools):
     for i, res0 in enumerate(per_rank[0]):
         ref = _reference(world, res0["name"], 4, 2)
         causal, mask = mask_cases(n)[res0["name"]]
-        lay = resolve_layout(res0["layout"], masks.resolve(causal, mask, n), n, world)
+        lay = _layout(res0["layout"], causal, mask, world)
         assert res0["notes"]["burst.topology"].startswith("double ring over 2 nodes x 2 ranks"), res0["notes"]
         for rank in range(world):
             res = per_rank[rank][i]
