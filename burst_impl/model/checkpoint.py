@@ -56,9 +56,9 @@ from burst_impl.topology import transport as topology_transport
 Tensor = torch.Tensor
 MODES = ("none", "full", "seq", "whole")
 
-# Registry methods that are the BurstAttention operator, and the backward scheme each one binds.
-BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_no_overlap": "auto",
-                           "burst_double_ring": "auto", "burst_double_ring_no_overlap": "auto", "ring": "ring"}
+# Registry methods that are the BurstAttention operator, and the backward scheme each one binds
+# (their timing variants, ``Method.variant_of``, bind the same one).
+BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_double_ring": "auto", "ring": "ring"}
 # The layout in which the ranks' first local halves hold the first global half.
 SUB_LAYOUT = {"zigzag": "contiguous", "striped": "striped", "contiguous": "contiguous"}
 
@@ -127,11 +127,12 @@ def attention_spec(core) -> AttnSpec | None:
     if isinstance(core, LocalAttention):
         return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
     method = getattr(core, "method", None)
-    if method is None or method.name not in BURST_OPERATOR_BACKWARD:
+    scheme = None if method is None else BURST_OPERATOR_BACKWARD.get(method.variant_of or method.name)
+    if scheme is None:
         return None
     opts = {**method.options, **getattr(core, "options", {})}
     return AttnSpec("ring", causal=core.causal, layout=core.layout, group=core.group,
-                    scheme=BURST_OPERATOR_BACKWARD[method.name], backend=opts.get("backend"),
+                    scheme=scheme, backend=opts.get("backend"),
                     topology=opts.get("topology", "flat"), node_size=opts.get("node_size"),
                     overlap=opts.get("overlap", True), grad_comm_dtype=opts.get("grad_comm_dtype"))
 
