@@ -168,7 +168,7 @@ def layer_memory_bytes(method, shape: AttnShape) -> int:
     # projection keeps besides the head-sharded out its attention saved; the ring family returns
     # the saved out itself.
     a2a_out = method.name in ("ulysses", "deepspeed_ulysses")
-    if method.name in ("usp", "usp_no_overlap"):   # an all-to-all output where its Ulysses degree is > 1
+    if (method.variant_of or method.name) == "usp":   # an all-to-all output where its Ulysses degree is > 1
         from .methods.usp import _degree
         a2a_out = _degree(shape, method.options.get("ulysses_degree"), method.options.get("node_size")) > 1
     out_copy = shard if a2a_out else 0

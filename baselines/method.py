@@ -37,7 +37,7 @@ with the registered defaults.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from burst_impl.layout import BALANCED, LAYOUT_NAMES, is_balanced_name
@@ -136,3 +136,13 @@ class Method:
         if kwargs.get("mask", "") in ("", None):
             kwargs.pop("mask", None)
         return self.fn(*args, **self._opts(kwargs))
+
+
+def no_overlap(base: Method) -> Method:
+    """``base``'s timing variant ``<name>_no_overlap``: the same entry with ``overlap=False``
+    (every ring transfer waited for before the step computes), same numerics and bytes."""
+    return replace(base, name=f"{base.name}_no_overlap", options={**base.options, "overlap": False},
+                   variant_of=base.name,
+                   description=f"{base.name} with overlap=False: each ring transfer is waited for before "
+                               "the step computes",
+                   travels=f"as {base.name}, serialised with the compute")

@@ -19,10 +19,34 @@ from burst_impl.layout import positions
 Tensor = torch.Tensor
 
 
+class Perm:
+    """A permutation of token slots: ``apply(x, perm)`` is ``x[:, perm.order]``. Built once per
+    (layout, group, length) by ``gather_perm`` and reused by every call, so its index tensor per
+    device and its inverse are made once too (not a pass over N indices per forward)."""
+
+    __slots__ = ("order", "_inverse", "_index")
+
+    def __init__(self, order: Tensor):
+        self.order = order                     # int64, CPU
+        self._inverse: Perm | None = None
+        self._index: dict[torch.device, Tensor] = {}
+
+    def inverse(self) -> "Perm":
+        if self._inverse is None:
+            self._inverse = Perm(torch.argsort(self.order))
+            self._inverse._inverse = self
+        return self._inverse
+
+    def index(self, device: torch.device) -> Tensor:
+        if device not in self._index:
+            self._index[device] = self.order.to(device)
+        return self._index[device]
+
+
 @functools.lru_cache(maxsize=64)
 def gather_perm(layout, world_size: int, seqlen: int, members: tuple[int, ...],
-                inner_rank: int, inner_size: int, inner_layout=None) -> tuple[int, ...] | None:
-    """Index list ``perm`` such that ``gathered[:, perm]`` is the ``inner_layout`` (default:
+                inner_rank: int, inner_size: int, inner_layout=None) -> Perm | None:
+    """``perm`` such that ``gathered[:, perm.order]`` is the ``inner_layout`` (default:
     ``layout``; position order when ``inner_size`` is 1) shard of ``inner_rank`` among ``inner_size`` ranks.
 
     ``gathered`` is the concatenation (in ``members`` order) of the ``layout``
@@ -34,23 +58,20 @@ def gather_perm(layout, world_size: int, seqlen: int, members: tuple[int, ...],
         inner_layout = "contiguous" if inner_size == 1 else layout
     got = torch.cat([positions(layout, m, world_size, seqlen) for m in members])
     want = positions(inner_layout, inner_rank, inner_size, seqlen)
-    if got.numel() != want.numel() or not torch.equal(got.sort().values, want.sort().values):
+    got_sorted, got_at = got.sort()
+    if got.numel() != want.numel() or not torch.equal(got_sorted, want.sort().values):
         raise ValueError(f"ranks {members} of {world_size} do not together hold the {str(inner_layout)!r} shard "
                          f"of rank {inner_rank} of {inner_size}; cannot reorder")
-    where = {int(p): i for i, p in enumerate(got)}
-    perm = tuple(where[int(p)] for p in want)
-    return None if perm == tuple(range(len(perm))) else perm
+    order = got_at[torch.searchsorted(got_sorted, want)]          # where each wanted position sits in got
+    return None if torch.equal(order, torch.arange(order.numel())) else Perm(order)
 
 
-def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return tuple(inv)
+def inverse(perm: Perm) -> Perm:
+    return perm.inverse()
 
 
-def apply(x: Tensor, perm: tuple[int, ...] | None, dim: int = 1) -> Tensor:
+def apply(x: Tensor, perm: Perm | None, dim: int = 1) -> Tensor:
     """``x`` reordered along ``dim`` (differentiable; identity when ``perm`` is None)."""
     if perm is None:
         return x
-    return x.index_select(dim, torch.tensor(perm, device=x.device))
+    return x.index_select(dim, perm.index(x.device))

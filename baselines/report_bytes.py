@@ -38,6 +38,14 @@ def _shape(a, G):
                      causal=not a.non_causal, layout=a.layout)
 
 
+def _options(name: str, ulysses_degree: int | None) -> dict:
+    """The method's keyword arguments from the command line: ``--ulysses-degree`` for usp and its variants."""
+    from baselines.registry import get
+
+    m = get(name)
+    return {"ulysses_degree": ulysses_degree} if ulysses_degree and (m.variant_of or m.name) == "usp" else {}
+
+
 def _measure(name: str, shape, options: dict) -> dict:
     from baselines.layer import layer_forward, layer_input, make_layer
     from baselines.registry import get
@@ -76,7 +84,7 @@ def _worker(rank, G, port, args, queue):
     out = {}
     for name in args.methods:
         m = get(name)
-        opts = {"ulysses_degree": args.ulysses_degree} if name == "usp" and args.ulysses_degree else {}
+        opts = _options(name, args.ulysses_degree)
         try:
             m.validate(shape, **opts)
         except ValueError as e:
@@ -103,7 +111,7 @@ def link_table(methods, shape, node_size: int, ulysses_degree=None) -> list[dict
     rows = []
     for name in methods:
         m = get(name)
-        opts = {"ulysses_degree": ulysses_degree} if name == "usp" and ulysses_degree else {}
+        opts = _options(name, ulysses_degree)
         m.validate(shape, **opts)
         for rank in range(shape.world_size):
             by: dict[str, int] = {}
@@ -176,7 +184,7 @@ def main(argv=None) -> int:
     ok = True
     for name in a.methods:
         status, counts = per_rank[0][name]
-        opts = {"ulysses_degree": a.ulysses_degree} if name == "usp" and a.ulysses_degree else {}
+        opts = _options(name, a.ulysses_degree)
         if status == "measured" and get(name).bytes_by_formula:
             status = "recorded by formula (its sends happen inside another package)"
         print(f"\n{name}: {status}" + (f" ({counts})" if status == "invalid" else ""))

@@ -15,7 +15,7 @@ from burst_impl import burst_attn_func, volume
 from burst_impl.layout import LAYOUT_NAMES
 from burst_impl.shape import AttnShape
 
-from ..method import Method
+from ..method import Method, no_overlap
 
 ORDER = 0
 
@@ -45,14 +45,16 @@ def _burst_fn(backward: str):
     return fn
 
 
+BURST = Method(
+    name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
+    comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
+    link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
+    description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
+    travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
+)
+
 METHODS = (
-    Method(
-        name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
-        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
-        description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
-        travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
-    ),
+    BURST,
     Method(
         name="burst_qring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
         comm_bytes=lambda s, **_: burst_bytes(s, "burst"), memory_bytes=ring_family_memory,
@@ -60,13 +62,5 @@ METHODS = (
         description="BurstAttention with the query-circulating backward forced",
         travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring",
     ),
-    Method(
-        name="burst_no_overlap", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-        options={"overlap": False},
-        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
-        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
-        variant_of="burst",
-        description="burst with overlap=False: each transfer is waited for before the step computes",
-        travels="as burst, serialised with the compute",
-    ),
+    no_overlap(BURST),
 )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from burst_impl.layout import LAYOUT_NAMES
 
-from ..method import Method
+from ..method import Method, no_overlap
 from .burst import _burst_fn, burst_bytes, burst_link_bytes, ring_family_memory
 
 ORDER = 5
@@ -30,21 +30,13 @@ def _links(s, rank, node_size, **_):
     return burst_link_bytes(s, rank, node_size, "auto", topology="double")
 
 
-METHODS = (
-    Method(
-        name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-        options={"topology": "double"},
-        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
-        description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
-                    "nodes meanwhile (same local rank on the next node)",
-        travels="as burst; per rank E(I-1) intra-node and E-1 inter-node sends of each circulating tensor",
-    ),
-    Method(
-        name="burst_double_ring_no_overlap", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-        options={"topology": "double", "overlap": False},
-        comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
-        variant_of="burst_double_ring",
-        description="burst_double_ring with overlap=False: each transfer is waited for before the step computes",
-        travels="as burst_double_ring, serialised with the compute",
-    ),
+BURST_DOUBLE_RING = Method(
+    name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
+    options={"topology": "double"},
+    comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
+    description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
+                "nodes meanwhile (same local rank on the next node)",
+    travels="as burst; per rank E(I-1) intra-node and E-1 inter-node sends of each circulating tensor",
 )
+
+METHODS = (BURST_DOUBLE_RING, no_overlap(BURST_DOUBLE_RING))

@@ -37,7 +37,7 @@ from burst_impl.masks import Full
 from burst_impl.kernels import default_scale
 
 from ..collectives import all_reduce_
-from ..method import Method
+from ..method import Method, no_overlap
 
 ORDER = 20
 Tensor = torch.Tensor
@@ -172,19 +172,13 @@ def ring_rsa_memory_bytes(s, **_) -> int:
     return rows * (s.heads * s.seqlen + (s.heads + 2 * s.kv_heads) * s.head_dim) * s.elem_size
 
 
-METHODS = (
-    Method(
-        name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
-        comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes, kernel="matmul (materialised scores)",
-        description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
-                    "materialises the (B, Z, N/G, N) scores",
-        travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
-    ),
-    Method(
-        name="ring_rsa_no_overlap", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
-        comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes,
-        kernel="matmul (materialised scores)", options={"overlap": False}, variant_of="ring_rsa",
-        description="ring_rsa with overlap=False: each ring transfer is waited for before the step computes",
-        travels="as ring_rsa, serialised with the compute",
-    ),
+RING_RSA = Method(
+    name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
+    comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes,
+    kernel="matmul (materialised scores)",
+    description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
+                "materialises the (B, Z, N/G, N) scores",
+    travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",
 )
+
+METHODS = (RING_RSA, no_overlap(RING_RSA))

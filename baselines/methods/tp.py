@@ -114,9 +114,10 @@ def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, 
 # ---------------------------------------------------------------- closed forms
 
 
-def tp_comm_bytes(s: AttnShape, version: str) -> dict[tuple[str, str], int]:
-    G = s.world_size
-    full = s.batch * s.seqlen * s.heads * s.head_dim * s.elem_size   # B*N*H*e, H = Z*d
+def tp_region_bytes(full: int, world_size: int, version: str) -> dict[tuple[str, str], int]:
+    """Bytes one rank sends around one TP region (f/g for V1, all-gather/reduce-scatter for V3)
+    whose full activation (B, N, H) is ``full`` bytes, for one forward + backward."""
+    G = world_size
     if G == 1:
         return {}
     if version == "v1":
@@ -125,6 +126,11 @@ def tp_comm_bytes(s: AttnShape, version: str) -> dict[tuple[str, str], int]:
     part = full * (G - 1) // G
     return {("forward", "x"): part, ("forward", "out"): part, ("backward", "dx"): part,
             ("backward", "dout"): part}
+
+
+def tp_comm_bytes(s: AttnShape, version: str) -> dict[tuple[str, str], int]:
+    full = s.batch * s.seqlen * s.heads * s.head_dim * s.elem_size   # B*N*H*e, H = Z*d
+    return tp_region_bytes(full, s.world_size, version)
 
 
 def tp_link_bytes(s: AttnShape, rank: int, node_size, version: str) -> dict[tuple[str, str, str], int]:

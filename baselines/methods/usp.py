@@ -47,7 +47,7 @@ from burst_impl.shape import AttnShape
 from burst_impl.topology import check_transport
 
 from ..local import local_attn
-from ..method import CHUNKED_LAYOUTS, Method
+from ..method import CHUNKED_LAYOUTS, Method, no_overlap
 from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
@@ -231,20 +231,16 @@ def _check(s: AttnShape, ulysses_degree=None, node_size=None, **_) -> None:
     kv_replication(s.heads, s.kv_heads, u)
 
 
-def _entry(name: str, variant_of: str | None = None, **options) -> Method:
-    return Method(
-        name=name, level="op", fn=_usp_fn, options=options, masks=True,
-        layouts=("contiguous", "zigzag", "balanced"), variant_of=variant_of,
-        comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, **_: usp_comm_bytes(
-            s, _degree(s, ulysses_degree, node_size), backward),
-        memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
-            s, _degree(s, ulysses_degree, node_size)),
-        link_bytes=usp_link_bytes, check=_check,
-        description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks (a node, when the "
-                    "group spans nodes), Burst ring across them (double ring where it has >= 2 ranks per node)"
-                    + ("; overlap=False: each ring transfer waited for before computing" if variant_of else ""),
-        travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",
-    )
+USP = Method(
+    name="usp", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
+    comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, **_: usp_comm_bytes(
+        s, _degree(s, ulysses_degree, node_size), backward),
+    memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
+        s, _degree(s, ulysses_degree, node_size)),
+    link_bytes=usp_link_bytes, check=_check,
+    description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks (a node, when the "
+                "group spans nodes), Burst ring across them (double ring where it has >= 2 ranks per node)",
+    travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",
+)
 
-
-METHODS = (_entry("usp"), _entry("usp_no_overlap", variant_of="usp", overlap=False))
+METHODS = (USP, no_overlap(USP))

@@ -48,17 +48,17 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from burst_impl import comm
-from burst_impl.attention import BACKWARD_FNS, check_inputs, resolve_backward, ring_forward
+from burst_impl import burst_attn_func, comm
+from burst_impl.attention import BACKWARD_FNS, check_inputs, resolve_backward
 from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale, stats_dtype
 from burst_impl.topology import transport as topology_transport
 
 Tensor = torch.Tensor
 MODES = ("none", "full", "seq", "whole")
 
-# Registry methods that are the BurstAttention operator, and the backward scheme each one binds.
-BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_no_overlap": "auto",
-                           "burst_double_ring": "auto", "burst_double_ring_no_overlap": "auto", "ring": "ring"}
+# Registry methods that are the BurstAttention operator, and the backward scheme each one binds
+# (their timing variants, ``Method.variant_of``, bind the same one).
+BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_double_ring": "auto", "ring": "ring"}
 # The layout in which the ranks' first local halves hold the first global half.
 SUB_LAYOUT = {"zigzag": "contiguous", "striped": "striped", "contiguous": "contiguous"}
 
@@ -92,27 +92,25 @@ class AttnSpec:
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor]:
         """(out (B, S, Z, d) in q's dtype, lse (B, Z, S) in the statistics dtype); no autograd."""
-        scale = default_scale(q.shape[-1], self.softmax_scale)
         if self.kind == "local":
+            scale = default_scale(q.shape[-1], self.softmax_scale)
             out, lse = attn_forward(q, k, v, causal=self.causal, scale=scale, backend=self.backend)
             return out.to(q.dtype), lse
-        mask, layout = self._resolved(q, k, v, layout)
-        ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
-        return ring_forward(q, k, v, mask=mask, scale=scale, ring=ring, layout=layout, backend=self.backend)
-
-    def _resolved(self, q: Tensor, k: Tensor, v: Tensor, layout: str):
-        """Validate before any byte and resolve (mask, layout) for this sequence length, as the operator does
-        (the model's blocks are causal or full; ``check_inputs`` turns that into a ``masks.Mask``)."""
-        return check_inputs(q, k, v, layout=layout, backward=self.scheme, softmax_scale=self.softmax_scale,
-                            backend=self.backend, grad_comm_dtype=self.grad_comm_dtype, group=self.group,
-                            causal=self.causal)
+        # The operator itself (called from a autograd.Function's forward, so it records no graph).
+        return burst_attn_func(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, group=self.group,
+                               layout=layout, backward=self.scheme, backend=self.backend,
+                               grad_comm_dtype=self.grad_comm_dtype, return_lse=True, topology=self.topology,
+                               node_size=self.node_size, overlap=self.overlap)
 
     def backward(self, dout, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
         scale = default_scale(q.shape[-1], self.softmax_scale)
         if self.kind == "local":
             delta = compute_delta(dout, out)
             return attn_backward(dout, q, k, v, lse, delta, causal=self.causal, scale=scale, backend=self.backend)
-        mask, layout = self._resolved(q, k, v, self.layout)
+        # As burst_attn_func, which has no entry point for a backward from saved (out, lse).
+        mask, layout = check_inputs(q, k, v, layout=self.layout, backward=self.scheme,
+                                    softmax_scale=self.softmax_scale, backend=self.backend,
+                                    grad_comm_dtype=self.grad_comm_dtype, group=self.group, causal=self.causal)
         ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
         grad_dtype = self.grad_comm_dtype if self.grad_comm_dtype is not None else stats_dtype(q.dtype)
         chosen = resolve_backward(self.scheme, q, k, ring.size, grad_dtype)
@@ -129,11 +127,12 @@ def attention_spec(core) -> AttnSpec | None:
     if isinstance(core, LocalAttention):
         return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
     method = getattr(core, "method", None)
-    if method is None or method.name not in BURST_OPERATOR_BACKWARD:
+    scheme = None if method is None else BURST_OPERATOR_BACKWARD.get(method.variant_of or method.name)
+    if scheme is None:
         return None
     opts = {**method.options, **getattr(core, "options", {})}
     return AttnSpec("ring", causal=core.causal, layout=core.layout, group=core.group,
-                    scheme=BURST_OPERATOR_BACKWARD[method.name], backend=opts.get("backend"),
+                    scheme=scheme, backend=opts.get("backend"),
                     topology=opts.get("topology", "flat"), node_size=opts.get("node_size"),
                     overlap=opts.get("overlap", True), grad_comm_dtype=opts.get("grad_comm_dtype"))
 

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from burst_impl import volume
 from burst_impl.loss import DEFAULT_TILES
 
 from .checkpoint import check_mode
@@ -130,13 +131,14 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     grads = w
     gathered = 2 * layer_params(cfg) * e if weights == "fsdp2" and G > 1 else 0
 
+    shape = attn_shape(cfg, batch, seqlen, G, layout, dtype=str(dtype).removeprefix("torch."))
     if method is None:
-        # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does at G = 1.
-        attn = T * ((2 * cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * e + 4 * cfg.n_heads)
+        # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does.
+        attn = volume.saved_bytes(shape)
     else:
         from baselines.registry import get
 
-        attn = int(get(method).memory(attn_shape(cfg, batch, seqlen, G, layout, dtype=dtype)))
+        attn = int(get(method).memory(shape))
     per_block = T * (6 * H + 4 * F) * e + attn
     half = T // 2
     o_lse = {"seq": (half, T - half), "whole": (0, T)}

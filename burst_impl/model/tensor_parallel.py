@@ -39,7 +39,7 @@ from torch import nn
 
 from baselines import reorder
 from baselines.collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
-from baselines.methods.tp import head_columns
+from baselines.methods.tp import head_columns, tp_region_bytes
 from burst_impl import comm
 
 from .config import ModelConfig
@@ -168,13 +168,5 @@ def layer_comm_bytes(cfg: ModelConfig, version: str, batch: int, seqlen: int, wo
                      elem_size: int = 2) -> dict[tuple[str, str], int]:
     """``{(phase, kind): bytes}`` one rank sends per layer for one forward + backward."""
     check_tp(cfg, version, world_size)
-    G = world_size
-    if G == 1:
-        return {}
-    full = batch * seqlen * cfg.hidden * elem_size                          # B N H e
-    if version == "v1":
-        ar = 2 * full * (G - 1) // G
-        return {(ph, f"{p}.{k}"): ar for p in ("attn", "mlp") for ph, k in (("forward", "out"), ("backward", "dx"))}
-    part = full * (G - 1) // G
-    return {(ph, f"{p}.{k}"): part for p in ("attn", "mlp")
-            for ph, k in (("forward", "x"), ("forward", "out"), ("backward", "dx"), ("backward", "dout"))}
+    region = tp_region_bytes(batch * seqlen * cfg.hidden * elem_size, world_size, version)   # B N H e
+    return {(ph, f"{p}.{k}"): b for p in ("attn", "mlp") for (ph, k), b in region.items()}
