@@ -477,10 +477,9 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
 
 def _origin(results_root: Path) -> str:
     """The results folder a figure was drawn from, relative to the repository (e.g. 'results/reference/<machine>')."""
-    from .harness.env import REPO
+    from .harness.env import repo_relative
 
-    p = Path(results_root).resolve()
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+    return repo_relative(results_root)
 
 
 def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None = None) -> list[Path]:

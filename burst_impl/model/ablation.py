@@ -136,7 +136,6 @@ def _worker(out: str, node_size: int) -> None:
 
 
 def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
-    from experiments.cluster.emulator import netns
     from experiments.cluster.emulator.emulated import EmulatedCluster
     from experiments.cluster.profile import load_profile
 
@@ -147,15 +146,7 @@ def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     with EmulatedCluster(profile) as cl:
         env.update(cl.env(G))
-        if not cl.emulated:
-            cmds = [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(G),
-                     "-m", "burst_impl.model.ablation", *args]]
-        else:
-            cmds = [netns.nsenter(cl.topo.node(i), [
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(profile.nodes), "--node-rank", str(i),
-                "--nproc-per-node", str(profile.ranks_per_node), "--master-addr", cl.topo.node_addr(0),
-                "--master-port", str(port), "-m", "experiments.cluster.emulator.rankexec", "burst_impl.model.ablation",
-                *args]) for i in range(profile.nodes)]
+        cmds = cl.launches(G, args, port=port, module="burst_impl.model.ablation")
         procs = [subprocess.Popen(c, cwd=repo, env=env) for c in cmds]
         rc = 0
         for p in procs:

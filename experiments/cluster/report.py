@@ -165,10 +165,9 @@ def figure(rep: dict, out: Path) -> Path:
     fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
                  + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    from ..plots import save_figure   # late: plots loads pandas, which the text report does not need
+
+    return save_figure(fig, out)
 
 
 # ---------------------------------------------------------------- speedups and overlap, with intervals

@@ -15,6 +15,13 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 
 
+def repo_relative(path) -> str:
+    """``path`` as the repository names it (no checkout's absolute path in committed records, tables or
+    figure titles); unchanged when it lies outside the repository."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(path)
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20)

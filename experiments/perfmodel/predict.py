@@ -34,7 +34,7 @@ from ..harness.spec import Case, Spec
 from .model import ASSUMPTIONS, Prediction, predict_case
 from .placement import Placement
 from .schedules import VARIANTS
-from .tables import repo_relative
+from ..harness.env import repo_relative
 
 RESULTS_ROOT = REPO / "results" / "modelled"
 PLOTS_ROOT = REPO / "plots" / "modelled"

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cluster.hardware import Hardware
-from ..harness.env import REPO
+from ..harness.axes import human
+from ..harness.env import repo_relative
 from ..harness.spec import Spec
 from .model import ASSUMPTIONS
 from .schedules import VARIANTS
@@ -21,22 +22,6 @@ X_AXES = ("seqlen", "world_size", "batch")
 MODE_TEXT = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward + backward"}
 LEVEL_TEXT = {"op": "attention operator (local q, k, v shards in, local output out; no projections)",
               "layer": "attention layer (QKV projection, attention, output projection)"}
-
-
-def repo_relative(path: str) -> str:
-    """A profile's path as the repository names it (no checkout's absolute path in committed tables)."""
-    try:
-        return str(Path(path).resolve().relative_to(REPO))
-    except ValueError:
-        return str(path)
-
-
-def _human(n: int) -> str:
-    if n >= 1 << 20 and n % (1 << 20) == 0:
-        return f"{n >> 20}M"
-    if n >= 1024 and n % 1024 == 0:
-        return f"{n >> 10}K"
-    return str(n)
 
 
 def _x_axis(records: list[dict]) -> str:
@@ -69,7 +54,7 @@ def _grid(records, methods, x, what, peak) -> list[str]:
     head = [x if x != "seqlen" else "N"] + list(methods)
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
     for v in xs:
-        row = [_human(v) if x == "seqlen" else str(v)]
+        row = [human(v) if x == "seqlen" else str(v)]
         for m in methods:
             rec = next((r for r in records if r["method"] == m and r[x] == v), None)
             row.append(_cell(rec, what, peak))
@@ -108,7 +93,7 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
     fixed = (f"B={r0['batch']}" if x != "batch" else "") + (f", G={r0['world_size']}" if x != "world_size" else "") \
         + f", Z={r0['heads']}" + (f"/{r0['kv_heads']}kv" if r0["kv_heads"] != r0["heads"] else "") \
         + f", d={r0['head_dim']}, {r0['dtype']}, {'causal' if r0['causal'] else 'full'}, {r0['layout']}" \
-        + (f", N={_human(r0['seqlen'])}" if x != "seqlen" else "")
+        + (f", N={human(r0['seqlen'])}" if x != "seqlen" else "")
     what = f"one layer's {LEVEL_TEXT[level]}, {mode}"
     out = [f"# {experiment}: {spec.paper_ref or spec.description} — MODELLED",
            "",
@@ -198,7 +183,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
             out += [f"## {title}", "", "| " + " | ".join([x if x != "seqlen" else "N"] + methods) + " |",
                     "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
             for v in xs:
-                row = [_human(v) if x == "seqlen" else str(v)]
+                row = [human(v) if x == "seqlen" else str(v)]
                 row += [_model_cell(next((r for r in records if r["method"] == m and r[x] == v), None), key)
                         for m in methods]
                 out.append("| " + " | ".join(row) + " |")
@@ -213,7 +198,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
             continue
         seen.add((r["method"], r.get("ablation_step")))
         p = r["model"]["parts_s"]
-        out.append(f"| `{r['method']}` | N={_human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
+        out.append(f"| `{r['method']}` | N={human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
                    f"{p['attention']:.3g} | {p['mlp']:.3g} | {p['head']:.3g} | {p['grad_sync_exposed']:.3g} | "
                    f"{p['recompute']:.3g} |")
     out += ["", "## Hardware", ""] + _hardware_lines(hw, r0["dtype"]) + [""]

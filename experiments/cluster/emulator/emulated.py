@@ -224,12 +224,14 @@ class EmulatedCluster:
             e.update(self.slurm.env)
         return e
 
-    def launches(self, world_size: int, worker_args: list[str], *, port: int) -> list[list[str]]:
-        """One command per node: torchrun in the node's namespace, ranks in their own (``rankexec``)."""
+    def launches(self, world_size: int, worker_args: list[str], *, port: int,
+                 module: str = "experiments.harness.worker") -> list[list[str]]:
+        """One command per node: torchrun in the node's namespace, ranks (``python -m module``) in their own
+        (``rankexec``)."""
         p = self.profile
         if not self.emulated:
             return [[self.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                     str(world_size), "--monitor-interval", "0.5", "-m", "experiments.harness.worker", *worker_args]]
+                     str(world_size), "--monitor-interval", "0.5", "-m", module, *worker_args]]
         nodes, ppn = p.nodes_for(world_size), p.procs_per_node(world_size)
         out = []
         for i in range(nodes):
@@ -237,5 +239,5 @@ class EmulatedCluster:
                 self.python, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(i),
                 "--nproc-per-node", str(ppn), "--master-addr", self.topo.node_addr(0), "--master-port", str(port),
                 "--monitor-interval", "0.5", "-m", "experiments.cluster.emulator.rankexec",
-                "experiments.harness.worker", *worker_args]))
+                module, *worker_args]))
         return out
