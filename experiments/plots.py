@@ -254,11 +254,11 @@ def _time_label(df: pd.DataFrame) -> str:
 
 def _speedup(baseline: str):
     def f(ok: pd.DataFrame, part: pd.DataFrame, method: str) -> pd.DataFrame:
-        from .harness.summary import _ratio
+        from .harness.summary import speedup_of
 
         keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
-        rows = [(_ratio(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None) for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
+        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None) for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
         ok["speedup"] = [r["ratio"] if r else math.nan for r in rows]
         ok["speedup_lo"] = [r["lo"] if r else math.nan for r in rows]
         ok["speedup_hi"] = [r["hi"] if r else math.nan for r in rows]

@@ -278,7 +278,7 @@ _PEER_LOST = ("connection closed by peer", "connection reset by peer", "read err
               "socket closed", "connection refused")
 
 
-def _peer_lost(reason: str) -> bool:
+def peer_lost(reason: str) -> bool:
     r = reason.lower()
     return any(x in r for x in _PEER_LOST)
 
@@ -291,7 +291,7 @@ def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[
         return "oom", f"rank {ooms[0]['rank']}: {ooms[0]['reason']}"
     timeouts = [e for e in errs if "timeout" in e.get("reason", "").lower()]
     # A rank that died takes its connections with it: the others' errors are consequences, not the cause.
-    causes = [e for e in errs if not _peer_lost(e.get("reason", ""))]
+    causes = [e for e in errs if not peer_lost(e.get("reason", ""))]
     pick = (timeouts[0] if timeouts else causes[0] if causes else errs[0] if errs else None)
     if pick is not None:
         return "failed", f"rank {pick['rank']}: {pick['reason']}"
@@ -303,7 +303,7 @@ def _culprits(results_root, group: list[str], by_id: dict[str, Case], experiment
     not a lost peer; else those that a rank which left no error file (killed outright) was running;
     else, nothing being known, all of them."""
     errs = {cid: rank_errors(results_root, by_id[cid]) for cid in group if cid in by_id}
-    caused = {cid for cid, es in errs.items() if any(not _peer_lost(e.get("reason", "")) for e in es)}
+    caused = {cid for cid, es in errs.items() if any(not peer_lost(e.get("reason", "")) for e in es)}
     if caused:
         return caused
     ranks_with_err = {e["rank"] for es in errs.values() for e in es}

@@ -41,7 +41,9 @@ def code_path_pairs(methods) -> list[tuple[str, str, str]]:
     return out
 
 
-def _ratio(num: dict, den: dict) -> dict | None:
+def speedup_of(num: dict, den: dict) -> dict | None:
+    """t(num)/t(den) with its bootstrap interval (``timing.ratio_interval``), paired by round where the two
+    records were timed in the same interleaved rounds; None without samples."""
     a, b = num.get("time_samples_s") or [], den.get("time_samples_s") or []
     if not a or not b:
         return None
@@ -67,7 +69,7 @@ def ratios(records: list[dict], baseline: str) -> list[dict]:
         for m, rec in sorted(by_method.items()):
             if m == baseline:
                 continue
-            r = _ratio(base, rec)
+            r = speedup_of(base, rec)
             if r is not None:
                 out.append({"shape": key, "method": m, "baseline": baseline, "speedup": r["ratio"],
                             "lo": r["lo"], "hi": r["hi"], "paired": r["paired"],
@@ -80,7 +82,7 @@ def code_path_flags(records: list[dict]) -> list[dict]:
     out = []
     for key, by_method in sorted(_groups(records).items()):
         for a, b, why in code_path_pairs(by_method):
-            r = _ratio(by_method[a], by_method[b])
+            r = speedup_of(by_method[a], by_method[b])
             if r is not None and not (r["lo"] <= 1.0 <= r["hi"]):
                 out.append({"shape": key, "a": a, "b": b, "ratio": r["ratio"], "lo": r["lo"], "hi": r["hi"],
                             "paired": r["paired"], "why_related": why})

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             # Rank 0 records the failure itself when it can (and when its error is a cause, not a lost
             # peer: then another rank's case is the culprit); the driver (or the next launch) finalises
             # it otherwise from the .err files.
-            if rank == 0 and (len(runnable) == 1 or not R._peer_lost(reason)):
+            if rank == 0 and (len(runnable) == 1 or not R.peer_lost(reason)):
                 time.sleep(1.0)  # let other ranks' .err files land (an OOM elsewhere explains our error)
                 st, why = R.failure_from_errors(root, case, reason)
                 R.append_record(root, R.base_record(case, st, why))
