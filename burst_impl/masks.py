@@ -304,8 +304,8 @@ class Documents(Mask):
     source: str = field(default="", compare=False)   # the spec string it was drawn from, if any
     kind = "docs"
 
-    @property
-    def key(self):
+    @functools.cached_property
+    def key(self):   # cached: every ring step's plan lookup asks for it, and it hashes every boundary
         if self.source:
             return self.source
         digest = hashlib.sha1(repr(self.cu_seqlens).encode()).hexdigest()[:10]
