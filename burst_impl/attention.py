@@ -43,7 +43,7 @@ from .balance import resolve_layout
 from .comm import AccumulatorRing, circulate  # noqa: F401 - the ring helpers live in comm; re-exported
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
-from .layout import check_layout, chunks_per_rank
+from .layout import check_seqlen
 from .plan import ALL, StepPlan, step_plan
 from .shape import AttnShape
 from .topology import transport as topology_transport
@@ -118,11 +118,8 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
     seqlen = q.shape[1] * world_size
     the_mask = masks.resolve(bool(causal), mask, seqlen)
     layout = resolve_layout(layout, the_mask, seqlen, world_size)
-    check_layout(layout)
-    per = chunks_per_rank(layout)
-    if q.shape[1] % per != 0:
-        raise ValueError(f"seq_local=q.shape[1]={q.shape[1]} must be a positive multiple of {per} "
-                         f"for layout={str(layout)!r} (the global sequence splits into {per}*G chunks)")
+    # the layout (checked), its rank count and N's split into its chunks, before any send
+    check_seqlen(seqlen, layout, world_size, name=f"N=seq_local*G=q.shape[1]*{world_size}")
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
                 or not math.isfinite(softmax_scale) or not softmax_scale > 0:
