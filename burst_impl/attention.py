@@ -240,9 +240,9 @@ def forward_tiles(state: RowState, plan: StepPlan, q: Tensor, k: Tensor, v: Tens
                   backend) -> None:
     """Every tile of ``plan`` for local q against the block k, v, merged into ``state``."""
     for t in plan.tiles:
-        o, l = attn_forward(_sel(q, t.rows), _sel(k, t.cols), _sel(v, t.cols), mask=t.mask, scale=scale,
-                            backend=backend)
-        state.add(t.rows, o, l)
+        r, c = t.on(q.device)
+        o, l = attn_forward(_sel(q, r), _sel(k, c), _sel(v, c), mask=t.mask, scale=scale, backend=backend)
+        state.add(r, o, l)
 
 
 def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
@@ -250,7 +250,7 @@ def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
     """Gradients of every tile of ``plan``: rows of the query side into ``dq``, columns of the
     key/value side into ``dk``, ``dv`` (lse, delta: the global statistics of the query rows)."""
     for t in plan.tiles:
-        r, c = t.rows, t.cols
+        r, c = t.on(q.device)
         g = attn_backward(_sel(dout, r), _sel(q, r), _sel(k, c), _sel(v, c), _sel(lse, r, 2), _sel(delta, r, 2),
                           mask=t.mask, scale=scale, backend=backend)
         dq.add(r, g[0])
