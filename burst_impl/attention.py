@@ -36,7 +36,6 @@ import math
 import numbers
 
 import torch
-import torch.nn.functional as F
 
 from . import comm, masks, volume
 from .balance import resolve_layout
