@@ -36,14 +36,13 @@ import math
 import numbers
 
 import torch
-import torch.nn.functional as F
 
 from . import comm, masks, volume
 from .balance import resolve_layout
 from .comm import AccumulatorRing, circulate  # noqa: F401 - the ring helpers live in comm; re-exported
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
-from .layout import check_layout, chunks_per_rank
+from .layout import check_seqlen
 from .plan import ALL, StepPlan, step_plan
 from .shape import AttnShape
 from .topology import transport as topology_transport
@@ -118,11 +117,8 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
     seqlen = q.shape[1] * world_size
     the_mask = masks.resolve(bool(causal), mask, seqlen)
     layout = resolve_layout(layout, the_mask, seqlen, world_size)
-    check_layout(layout)
-    per = chunks_per_rank(layout)
-    if q.shape[1] % per != 0:
-        raise ValueError(f"seq_local=q.shape[1]={q.shape[1]} must be a positive multiple of {per} "
-                         f"for layout={str(layout)!r} (the global sequence splits into {per}*G chunks)")
+    # the layout (checked), its rank count and N's split into its chunks, before any send
+    check_seqlen(seqlen, layout, world_size, name=f"N=seq_local*G=q.shape[1]*{world_size}")
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
                 or not math.isfinite(softmax_scale) or not softmax_scale > 0:
@@ -243,9 +239,9 @@ def forward_tiles(state: RowState, plan: StepPlan, q: Tensor, k: Tensor, v: Tens
                   backend) -> None:
     """Every tile of ``plan`` for local q against the block k, v, merged into ``state``."""
     for t in plan.tiles:
-        o, l = attn_forward(_sel(q, t.rows), _sel(k, t.cols), _sel(v, t.cols), mask=t.mask, scale=scale,
-                            backend=backend)
-        state.add(t.rows, o, l)
+        r, c = t.on(q.device)
+        o, l = attn_forward(_sel(q, r), _sel(k, c), _sel(v, c), mask=t.mask, scale=scale, backend=backend)
+        state.add(r, o, l)
 
 
 def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
@@ -253,7 +249,7 @@ def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
     """Gradients of every tile of ``plan``: rows of the query side into ``dq``, columns of the
     key/value side into ``dk``, ``dv`` (lse, delta: the global statistics of the query rows)."""
     for t in plan.tiles:
-        r, c = t.rows, t.cols
+        r, c = t.on(q.device)
         g = attn_backward(_sel(dout, r), _sel(q, r), _sel(k, c), _sel(v, c), _sel(lse, r, 2), _sel(delta, r, 2),
                           mask=t.mask, scale=scale, backend=backend)
         dq.add(r, g[0])

@@ -392,10 +392,6 @@ class Ring(Transport):
         self.read = self.write = {"next": channel}
         self.description = f"flat ring over {self.size} ranks"
 
-    def start(self, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str]) -> Pending:
-        """Post one hop of ``tensors`` to the next rank (and the receive from the previous one)."""
-        return self.post(self.read["next"], tensors, phase, kinds)
-
     def owner(self, step: int) -> int:
         return (self.rank - step) % self.size
 

@@ -97,11 +97,12 @@ class Piece:
                      self.lo, self.hi, self.cu, self.rows_fn)
 
 
-def _band_count(nq: int, nk: int, lo: int | None, hi: int | None) -> int:
+def _band_rows(nq: int, nk: int, lo: int | None, hi: int | None) -> Tensor:
+    """(nq,) live columns of each row of the band ``lo <= j - i <= hi`` (None: unbounded) on nq x nk."""
     i = torch.arange(nq)
-    first = torch.zeros(nq, dtype=torch.long) if lo is None else (i + lo).clamp(min=0)
-    last = torch.full((nq,), nk - 1, dtype=torch.long) if hi is None else (i + hi).clamp(max=nk - 1)
-    return int((last - first + 1).clamp(min=0).sum())
+    first = torch.zeros_like(i) if lo is None else (i + lo).clamp(min=0)
+    last = torch.full_like(i, nk - 1) if hi is None else (i + hi).clamp(max=nk - 1)
+    return (last - first + 1).clamp(min=0)
 
 
 def band_pieces(nq: int, nk: int, lo: int | None, hi: int | None) -> list[Piece]:
@@ -134,7 +135,7 @@ def band_pieces(nq: int, nk: int, lo: int | None, hi: int | None) -> list[Piece]
         if side < n:
             out.append(Piece(r0 + side, r1, c0 + h, c1, "full", (n - side) * side))
         return out
-    return [Piece(r0, r1, c0, c1, "band", _band_count(n, m, lo, hi), lo=lo, hi=hi)]
+    return [Piece(r0, r1, c0, c1, "band", int(_band_rows(n, m, lo, hi).sum()), lo=lo, hi=hi)]
 
 
 def dense_pieces(mask: "Mask", qr: Run, kr: Run) -> list[Piece]:
@@ -227,17 +228,11 @@ class _Band(Mask):
 
     def row_counts(self, seqlen):
         lo, hi = self.bounds()
-        i = torch.arange(seqlen)
-        first = torch.zeros_like(i) if lo is None else (i + lo).clamp(min=0)
-        last = torch.full_like(i, seqlen - 1) if hi is None else (i + hi).clamp(max=seqlen - 1)
-        return (last - first + 1).clamp(min=0)
+        return _band_rows(seqlen, seqlen, lo, hi)
 
     def col_counts(self, seqlen):
-        lo, hi = self.bounds()
-        j = torch.arange(seqlen)          # queries q with j - hi <= q <= j - lo
-        first = torch.zeros_like(j) if hi is None else (j - hi).clamp(min=0)
-        last = torch.full_like(j, seqlen - 1) if lo is None else (j - lo).clamp(max=seqlen - 1)
-        return (last - first + 1).clamp(min=0)
+        lo, hi = self.bounds()          # key j is seen by queries q with -hi <= q - j <= -lo: the transposed band
+        return _band_rows(seqlen, seqlen, None if hi is None else -hi, None if lo is None else -lo)
 
 
 @dataclass(frozen=True)
@@ -309,8 +304,8 @@ class Documents(Mask):
     source: str = field(default="", compare=False)   # the spec string it was drawn from, if any
     kind = "docs"
 
-    @property
-    def key(self):
+    @functools.cached_property
+    def key(self):   # cached: every ring step's plan lookup asks for it, and it hashes every boundary
         if self.source:
             return self.source
         digest = hashlib.sha1(repr(self.cu_seqlens).encode()).hexdigest()[:10]

@@ -79,14 +79,19 @@ class Nodes:
         the group, as a method passes to its sub-groups) if given, else from ``LOCAL_WORLD_SIZE`` and
         the group's global ranks, else one node."""
         initialised = dist.is_available() and dist.is_initialized()
-        size = len(group_ranks(group)) if initialised else 1
+        ranks = group_ranks(group) if initialised else [0]
         if isinstance(node_size, Nodes):
-            if node_size.size != size:
-                raise ValueError(f"node map of {node_size.size} ranks for a group of {size} ranks")
+            if node_size.size != len(ranks):
+                raise ValueError(f"node map of {node_size.size} ranks for a group of {len(ranks)} ranks")
             return node_size
         if not initialised:
             return cls.uniform(1, None if node_size is None else _check_single(node_size))
-        ranks = group_ranks(group)
+        return cls.of_ranks(ranks, node_size)
+
+    @classmethod
+    def of_ranks(cls, ranks: Sequence[int], node_size: int | None = None) -> "Nodes":
+        """Nodes of a group of these global ranks (group-rank order): ``node_size`` group ranks per node
+        if given, else global rank g on node g // ``LOCAL_WORLD_SIZE``, else one node."""
         if node_size is not None:
             return cls.uniform(len(ranks), node_size)
         local = env_node_size()
@@ -143,12 +148,7 @@ def formula_nodes(world_size: int, node_size: "int | Nodes | None" = None) -> No
     the whole job's group), else one node."""
     if isinstance(node_size, Nodes):
         return node_size
-    if node_size is not None:
-        return Nodes.uniform(world_size, node_size)
-    local = env_node_size()
-    if local is None:
-        return Nodes((0,) * world_size, "one node (LOCAL_WORLD_SIZE unset)")
-    return Nodes(tuple(g // local for g in range(world_size)), f"LOCAL_WORLD_SIZE={local}")
+    return Nodes.of_ranks(range(world_size), node_size)
 
 
 def _check_single(node_size: int) -> int:

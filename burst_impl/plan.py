@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,10 +50,22 @@ class Tile:
     cols: slice | Tensor
     mask: TileMask | None
     entries: int                 # live (query, key) pairs
+    on_device: dict = field(default_factory=dict, repr=False, compare=False)   # device -> (rows, cols)
 
     @property
     def kind(self) -> str:
         return "full" if self.mask is None else self.mask.kind
+
+    def on(self, device: torch.device) -> tuple[slice | Tensor, slice | Tensor]:
+        """(rows, cols) with their index tensors on ``device``, moved once per device: plans are cached
+        and used at every ring step, where a host-to-device copy would also wait for the stream."""
+        if isinstance(self.rows, slice) and isinstance(self.cols, slice):
+            return self.rows, self.cols
+        sel = self.on_device.get(device)
+        if sel is None:
+            sel = self.on_device[device] = tuple(x if isinstance(x, slice) else x.to(device)
+                                                 for x in (self.rows, self.cols))
+        return sel
 
 
 @dataclass(frozen=True, eq=False)

@@ -35,7 +35,7 @@ Every circulating tensor and accumulator makes G-1 sends per rank, split as
 """
 from __future__ import annotations
 
-from .nodes import Nodes, formula_nodes
+from .nodes import Nodes, formula_nodes, ring_links
 from .shape import AttnShape
 
 FP32 = 4
@@ -127,7 +127,7 @@ def ring_hops(nodes: Nodes, rank: int, topology: str = "flat") -> dict[str, int]
         E, I = grid
         if E >= 2 and I >= 2:
             return {"intra": E * (I - 1), "inter": E - 1}
-    return {nodes.link(rank, (rank + 1) % G): G - 1}
+    return {ring_links(nodes, rank): G - 1}
 
 
 def split_by_link(table: dict[tuple[str, str], int], hops: dict[str, int]) -> dict[tuple[str, str, str], int]:

@@ -28,9 +28,15 @@ def available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def _params(fn) -> frozenset[str]:
+    """The parameter names of a flash-attn entry point (inspected once: every tile of every ring step asks)."""
+    return frozenset(inspect.signature(fn).parameters)
+
+
 def _window_kwargs(fn, left: int = -1, right: int = -1) -> dict:
     """flash-attn >= 2.6 takes window_size_left/right and softcap; 2.4-2.5 a window_size tuple."""
-    params = inspect.signature(fn).parameters
+    params = _params(fn)
     if "window_size_left" in params:
         kw = dict(window_size_left=left, window_size_right=right)
     else:
@@ -54,19 +60,20 @@ def flash_window(n_rows: int, n_cols: int, lo: int | None, hi: int | None) -> tu
     return left, right
 
 
-def forward(q, k, v, causal, scale):
+def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
+    """``window``: flash-attn's (left, right) window (``flash_window``; -1: unbounded)."""
     from flash_attn import flash_attn_interface as fai
 
     # flash-attn 2.x: returns (out, softmax_lse (B, Z, Sq) fp32, S_dmask, rng_state)
     res = fai._flash_attn_forward(
         q.contiguous(), k.contiguous(), v.contiguous(), dropout_p=0.0, softmax_scale=scale,
         causal=causal, alibi_slopes=None, return_softmax=False,
-        **_window_kwargs(fai._flash_attn_forward),
+        **_window_kwargs(fai._flash_attn_forward, *window),
     )
     return res[0], res[1]
 
 
-def backward(dout, q, k, v, lse, delta, causal, scale):
+def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] = (-1, -1)):
     from flash_attn import flash_attn_interface as fai
 
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -75,7 +82,7 @@ def backward(dout, q, k, v, lse, delta, causal, scale):
     fai._flash_attn_backward(
         dout.contiguous(), q, k, v, out_s, lse, dq, dk, dv, dropout_p=0.0, softmax_scale=scale,
         causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
-        **_window_kwargs(fai._flash_attn_backward),
+        **_window_kwargs(fai._flash_attn_backward, *window),
     )
     return dq, dk, dv
 
@@ -90,12 +97,9 @@ def _varlen_args(tm, b: int, s: int, device):
 def masked_forward(q, k, v, tm, scale):
     from flash_attn import flash_attn_interface as fai
 
-    if tm.kind == "band" and flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) is not None:
-        left, right = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi)
-        res = fai._flash_attn_forward(
-            q.contiguous(), k.contiguous(), v.contiguous(), dropout_p=0.0, softmax_scale=scale, causal=False,
-            alibi_slopes=None, return_softmax=False, **_window_kwargs(fai._flash_attn_forward, left, right))
-        return res[0], res[1]
+    window = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
+    if window is not None:
+        return forward(q, k, v, False, scale, window)
     if tm.kind == "varlen":
         b, s, z, d = q.shape
         cu, longest = _varlen_args(tm, b, s, q.device)
@@ -112,15 +116,9 @@ def masked_forward(q, k, v, tm, scale):
 def masked_backward(dout, q, k, v, lse, delta, tm, scale):
     from flash_attn import flash_attn_interface as fai
 
-    if tm.kind == "band" and flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) is not None:
-        left, right = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi)
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        fai._flash_attn_backward(
-            dout.contiguous(), q, k, v, surrogate_out(dout, delta), lse, dq, dk, dv, dropout_p=0.0,
-            softmax_scale=scale, causal=False, alibi_slopes=None, deterministic=False, rng_state=None,
-            **_window_kwargs(fai._flash_attn_backward, left, right))
-        return dq, dk, dv
+    window = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
+    if window is not None:
+        return backward(dout, q, k, v, lse, delta, False, scale, window)
     if tm.kind == "varlen":
         b, s, z, d = q.shape
         zkv = k.shape[2]

@@ -11,7 +11,7 @@ the ``TileMask`` (plans are cached, so once per plan).
 
 The attention of a segment runs in
 
-* ``fused=True``: PyTorch's fused CPU flash kernel, which takes an additive
+* ``fused=cpu_flash.forward`` / ``cpu_flash.backward``: PyTorch's fused CPU flash kernel, which takes an additive
   ``attn_mask`` forward and backward (it returns lse = 0 for a fully masked
   row, fixed to -inf here; its backward is given lse = 0 for such rows, which
   with an all -inf mask row gives P = 0);
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .common import TileMask, stats_dtype, surrogate_out
+from .common import TileMask, stats_dtype
 
 Tensor = torch.Tensor
 ROW_BLOCK = 128
@@ -107,21 +107,7 @@ def _take(x: Tensor, sel) -> Tensor:
     return x[:, sel] if isinstance(sel, slice) else x.index_select(1, sel)
 
 
-# ---------------------------------------------------------------- segment kernels
-
-
-def _fused_forward(q, k, v, bias, scale):
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, False, attn_mask=bias, scale=scale)
-    return out.transpose(1, 2), lse
-
-
-def _fused_backward(dout, q, k, v, lse, delta, bias, scale):
-    out_s = surrogate_out(dout, delta)
-    dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        dout.transpose(1, 2), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        out_s.transpose(1, 2), lse, 0.0, False, attn_mask=bias, scale=scale)
-    return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+# ---------------------------------------------------------------- segment kernels (plain math)
 
 
 def _heads(q, k, acc):
@@ -170,8 +156,10 @@ def _math_backward(dout, q, k, v, lse, delta, allowed, scale):
 # ---------------------------------------------------------------- the tile
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, tm: TileMask, scale: float, *, fused: bool) -> tuple[Tensor, Tensor]:
-    """q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) of one tile -> out (B, Sq, Z, d), lse (B, Z, Sq)."""
+def forward(q: Tensor, k: Tensor, v: Tensor, tm: TileMask, scale: float, *, fused=None) -> tuple[Tensor, Tensor]:
+    """q (B, Sq, Z, d), k/v (B, Sk, Zkv, d) of one tile -> out (B, Sq, Z, d), lse (B, Z, Sq).
+
+    ``fused``: the fused kernel (``cpu_flash.forward``, which takes ``attn_mask``), or None/False: plain math."""
     acc = stats_dtype(q.dtype)
     b, sq, z, d = q.shape
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
@@ -180,7 +168,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, tm: TileMask, scale: float, *, fuse
         cols = _cols(tm, i, seg, q.device)
         qs, ks, vs = q[:, seg.r0:seg.r1], _take(k, cols), _take(v, cols)
         if fused:
-            o, l = _fused_forward(qs, ks, vs, _bias(tm, i, seg, q.dtype, q.device), scale)
+            o, l = fused(qs, ks, vs, False, scale, attn_mask=_bias(tm, i, seg, q.dtype, q.device))
         else:
             o, l = _math_forward(qs, ks, vs, _allowed(tm, i, seg, q.device), scale)
         out[:, seg.r0:seg.r1] = o
@@ -192,8 +180,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, tm: TileMask, scale: float, *, fuse
     return out, lse
 
 
-def backward(dout, q, k, v, lse, delta, tm: TileMask, scale: float, *, fused: bool):
-    """Gradients of one tile from the global lse and delta of its rows -> (dq, dk, dv) in input dtypes."""
+def backward(dout, q, k, v, lse, delta, tm: TileMask, scale: float, *, fused=None):
+    """Gradients of one tile from the global lse and delta of its rows -> (dq, dk, dv) in input dtypes.
+
+    ``fused``: the fused kernel (``cpu_flash.backward``, which takes ``attn_mask``), or None/False: plain math."""
     acc = stats_dtype(q.dtype)
     dq = torch.zeros_like(q, dtype=acc, memory_format=torch.contiguous_format)
     dk = torch.zeros_like(k, dtype=acc, memory_format=torch.contiguous_format)
@@ -205,7 +195,7 @@ def backward(dout, q, k, v, lse, delta, tm: TileMask, scale: float, *, fused: bo
         args = (dout[:, rows], q[:, rows], _take(k, cols), _take(v, cols))
         if fused:
             ls = torch.where(torch.isneginf(ls), torch.zeros_like(ls), ls).contiguous()
-            g = _fused_backward(*args, ls, ds, _bias(tm, i, seg, q.dtype, q.device), scale)
+            g = fused(*args, ls, ds, False, scale, attn_mask=_bias(tm, i, seg, q.dtype, q.device))
         else:
             g = _math_backward(*args, ls, ds, _allowed(tm, i, seg, q.device), scale)
         dq[:, rows] = g[0]

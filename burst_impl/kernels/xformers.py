@@ -45,7 +45,7 @@ import math
 import torch
 
 from ..heads import expand_kv, fold_kv
-from .common import Backend, surrogate_out
+from .common import Backend, compute_delta, surrogate_out
 
 NAME = "xformers"
 REQUIREMENT = ("pip install xformers (a build whose fmha backward uses the given lse: xformers <= 0.0.35, "
@@ -93,7 +93,7 @@ def honours_lse(device: torch.device | str, dtype: torch.dtype = torch.float16) 
     q, k, v, do = (torch.randn(1, 64, 2, 64, generator=g).to(device=device, dtype=dtype) for _ in range(4))
     scale = 1.0 / 8.0
     out, lse = forward(q, k, v, False, scale)
-    delta = (do.float() * out.float()).sum(-1).transpose(1, 2).contiguous()   # (B, Z, S)
+    delta = compute_delta(do, out)   # (B, Z, S), fp32
     dv = backward(do, q, k, v, lse, delta, False, scale)[2].float()
     dv_half = backward(do, q, k, v, lse + math.log(2.0), delta, False, scale)[2].float()
     err = (dv_half - dv / 2).abs().max().item()
