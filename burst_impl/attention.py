@@ -413,14 +413,41 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, ma
     ``overlap=False`` waits for each transfer before computing (no
     communication/computation overlap), to measure what overlap buys.
     """
+    c = _prepare(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group, layout=layout,
+                 backward=backward, backend=backend, grad_comm_dtype=grad_comm_dtype, topology=topology,
+                 node_size=node_size, overlap=overlap)
+    out, lse = _BurstAttnFn.apply(q, k, v, c["mask"], c["scale"], c["ring"], c["layout"], c["backward"],
+                                  c["backend"], c["grad_dtype"])
+    return (out, lse) if return_lse else out
+
+
+def burst_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, *,
+                        causal: bool = False, mask=None, softmax_scale: float | None = None, group=None,
+                        layout="contiguous", backward: str = "auto", backend: str | None = None,
+                        grad_comm_dtype: torch.dtype | None = None, topology: str = "flat",
+                        node_size: int | None = None, overlap: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+    """The operator's backward from a saved forward: (dq, dk, dv) of ``burst_attn_func`` with the same
+    keywords, given its ``out`` and ``lse`` (as ``return_lse=True`` gives them), without autograd. For
+    callers that keep (out, lse) themselves, e.g. sequence-level checkpointing (burst_impl.model.checkpoint)."""
+    c = _prepare(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group, layout=layout,
+                 backward=backward, backend=backend, grad_comm_dtype=grad_comm_dtype, topology=topology,
+                 node_size=node_size, overlap=overlap)
+    name = c.pop("backward")
+    dq, dk, dv = BACKWARD_FNS[name](dout, q, k, v, out, lse, **c)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _prepare(q, k, v, *, causal, mask, softmax_scale, group, layout, backward, backend, grad_comm_dtype,
+             topology, node_size, overlap) -> dict:
+    """Everything the forward and the backward need, settled before any byte is sent: inputs validated
+    (``check_inputs``), the transport, scale, gradient dtype and the backward scheme (``auto`` resolved,
+    and noted). Keys: the keywords of ``BACKWARD_FNS`` plus ``backward``."""
     the_mask, layout = check_inputs(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
                                     backend=backend, grad_comm_dtype=grad_comm_dtype, group=group, causal=causal,
                                     mask=mask)
     ring = topology_transport(group, topology, node_size, overlap=overlap)
-    world_size = ring.size
-    scale = default_scale(q.shape[-1], softmax_scale)
     grad_dtype = grad_comm_dtype if grad_comm_dtype is not None else stats_dtype(q.dtype)
-    chosen = resolve_backward(backward, q, k, world_size, grad_dtype)
+    chosen = resolve_backward(backward, q, k, ring.size, grad_dtype)
     comm.note("burst.backward", chosen)
-    out, lse = _BurstAttnFn.apply(q, k, v, the_mask, scale, ring, layout, chosen, backend, grad_dtype)
-    return (out, lse) if return_lse else out
+    return dict(mask=the_mask, scale=default_scale(q.shape[-1], softmax_scale), ring=ring, layout=layout,
+                backend=backend, grad_dtype=grad_dtype, backward=chosen)

@@ -48,10 +48,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from burst_impl import burst_attn_func, comm
-from burst_impl.attention import BACKWARD_FNS, check_inputs, resolve_backward
-from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale, stats_dtype
-from burst_impl.topology import transport as topology_transport
+from burst_impl import burst_attn_func
+from burst_impl.attention import burst_attn_backward
+from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale
 
 Tensor = torch.Tensor
 MODES = ("none", "full", "seq", "whole")
@@ -107,17 +106,10 @@ class AttnSpec:
         if self.kind == "local":
             delta = compute_delta(dout, out)
             return attn_backward(dout, q, k, v, lse, delta, causal=self.causal, scale=scale, backend=self.backend)
-        # As burst_attn_func, which has no entry point for a backward from saved (out, lse).
-        mask, layout = check_inputs(q, k, v, layout=self.layout, backward=self.scheme,
-                                    softmax_scale=self.softmax_scale, backend=self.backend,
-                                    grad_comm_dtype=self.grad_comm_dtype, group=self.group, causal=self.causal)
-        ring = topology_transport(self.group, self.topology, self.node_size, overlap=self.overlap)
-        grad_dtype = self.grad_comm_dtype if self.grad_comm_dtype is not None else stats_dtype(q.dtype)
-        chosen = resolve_backward(self.scheme, q, k, ring.size, grad_dtype)
-        comm.note("burst.backward", chosen)
-        return BACKWARD_FNS[chosen](dout, q, k, v, out, lse, mask=mask, scale=scale, ring=ring,
-                                    layout=layout, backend=self.backend, grad_dtype=grad_dtype)
-
+        return burst_attn_backward(dout, q, k, v, out, lse, causal=self.causal, softmax_scale=self.softmax_scale,
+                                   group=self.group, layout=self.layout, backward=self.scheme, backend=self.backend,
+                                   grad_comm_dtype=self.grad_comm_dtype, topology=self.topology,
+                                   node_size=self.node_size, overlap=self.overlap)
 
 def attention_spec(core) -> AttnSpec | None:
     """The ``AttnSpec`` of a block's attention core, or None when the core can only be recomputed
