@@ -158,3 +158,14 @@ def test_world_size_one_without_process_group():
         out = burst_attn_func(q, k, v, causal=True)
     assert counts.total() == 0
     assert max_err(out, ref["out"]) < 1e-5
+
+
+def test_chunk_layout_for_another_world_size_is_rejected_up_front():
+    """A ChunkLayout assigns chunks to a fixed number of ranks: one made for G=2 at G=1 is a ValueError from
+    the input check, before any transfer (it used to pass the check and fail inside the ring's first plan)."""
+    from burst_impl.layout import ChunkLayout
+
+    q, k, v, _ = make_inputs(1, 8, 2, 2, 8)
+    with comm.count_bytes() as counts, pytest.raises(ValueError, match="assigns chunks to 2 ranks, not world_size=1"):
+        burst_attn_func(q, k, v, layout=ChunkLayout(((0, 3), (1, 2))))
+    assert counts.total() == 0
