@@ -39,6 +39,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 Tensor = torch.Tensor
@@ -136,6 +137,18 @@ def band_pieces(nq: int, nk: int, lo: int | None, hi: int | None) -> list[Piece]
             out.append(Piece(r0 + side, r1, c0 + h, c1, "full", (n - side) * side))
         return out
     return [Piece(r0, r1, c0, c1, "band", int(_band_rows(n, m, lo, hi).sum()), lo=lo, hi=hi)]
+
+
+def _dense_rows(mask: "Mask", qr: Run, kr: Run) -> Callable[[int, int], Tensor]:
+    """``rows_fn`` of a dense piece over the whole (qr, kr) pair. The positions are made on the first
+    call: most plans are built only to be costed or skipped, never computed."""
+    pos: list[Tensor] = []
+
+    def rows_fn(a: int, b: int) -> Tensor:
+        if not pos:
+            pos.extend((qr.positions(), kr.positions()))
+        return mask.allowed(pos[0][a:b], pos[1])
+    return rows_fn
 
 
 def dense_pieces(mask: "Mask", qr: Run, kr: Run) -> list[Piece]:
@@ -421,23 +434,26 @@ class BlockSparse(Mask):
         if not aligned:
             return dense_pieces(self, qr, kr)
         qb0, kb0 = qr.start // bs, kr.start // bs
-        sub = self.blocks[qb0:qb0 + qr.count // bs, kb0:kb0 + kr.count // bs]
-        diag = None
+        # numpy, not torch: plans are built for every block pair of a ring (the performance model asks
+        # for thousands), and on sub-blocks this small torch's per-op overhead dominates
+        sub = self._blocks_np[qb0:qb0 + qr.count // bs, kb0:kb0 + kr.count // bs]
+        n_diag = 0
         if self.causal:
-            qi = torch.arange(qb0, qb0 + sub.shape[0]).unsqueeze(1)
-            ki = torch.arange(kb0, kb0 + sub.shape[1]).unsqueeze(0)
-            diag = sub & (ki == qi)
+            qi = np.arange(qb0, qb0 + sub.shape[0])[:, None]
+            ki = np.arange(kb0, kb0 + sub.shape[1])[None, :]
+            n_diag = int((sub & (ki == qi)).sum())
             sub = sub & (ki <= qi)
         live = int(sub.sum())
         if live == 0:
             return []
-        n_diag = int(diag.sum()) if diag is not None else 0
-        if live == sub.numel() and n_diag == 0:
+        if live == sub.size and n_diag == 0:
             return [Piece(0, qr.count, 0, kr.count, "full", qr.count * kr.count)]
         entries = (live - n_diag) * bs * bs + n_diag * bs * (bs + 1) // 2
-        qpos, kpos = qr.positions(), kr.positions()
-        return [Piece(0, qr.count, 0, kr.count, "dense", entries,
-                      rows_fn=lambda a, b: self.allowed(qpos[a:b], kpos))]
+        return [Piece(0, qr.count, 0, kr.count, "dense", entries, rows_fn=_dense_rows(self, qr, kr))]
+
+    @functools.cached_property
+    def _blocks_np(self) -> np.ndarray:
+        return self.blocks.detach().to("cpu", torch.bool).numpy()
 
     def _counts(self, seqlen, blocks, causal_first):
         bs = self.block_size

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from ..harness.spec import load_any
-from .model_figures import write_burstengine, write_spec_model_level
-from .predict import PLOTS_ROOT, RESULTS_ROOT, write_experiment
+from .jobs import run_jobs
+from .predict import PLOTS_ROOT, RESULTS_ROOT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,24 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         print(f"not modelled (measure.level: model): {', '.join(skipped)}")
     specs = [s for s in specs if s.measure.level != "model"]
-    n = 0
-    for spec in specs:
-        files = write_experiment(spec, hardware=args.hardware, results_root=Path(args.results),
-                                 plots_root=Path(args.plots), draw=not args.no_plots,
-                                 variants=not args.no_variants)
-        n += len(files)
-        table = next(f for f in files if f.name == "table_modelled.md")
-        print(f"{spec.name}: {len(spec.cases())} cases -> {table.parent}")
-        if not args.no_model_level:
-            ml = write_spec_model_level(spec, hardware=args.hardware, results_root=Path(args.results),
-                                        plots_root=Path(args.plots), draw=not args.no_plots)
-            n += len(ml)
-            if ml:
-                print(f"{spec.name}: whole model -> {ml[-1].parent}")
+    jobs = [dict(spec=spec, hardware=args.hardware, results=args.results, plots=args.plots, draw=not args.no_plots,
+                 variants=not args.no_variants, model_level=not args.no_model_level) for spec in specs]
     if not args.no_model_level and "paper" in args.names and not args.hardware:
-        be = write_burstengine(results_root=Path(args.results), plots_root=Path(args.plots), draw=not args.no_plots)
-        n += len(be)
-        print(f"BurstEngine scaling and ablation, whole model -> {sorted({f.parent for f in be if f.suffix == '.md'})}")
+        jobs.append(dict(burstengine=True, results=args.results, plots=args.plots, draw=not args.no_plots))
+    done = run_jobs(jobs)
+    n = 0
+    for lines, count in done:
+        n += count
+        for line in lines:
+            print(line)
     print(f"{n} files for {len(specs)} spec(s) in {time.perf_counter() - t0:.1f} s")
     return 0
 

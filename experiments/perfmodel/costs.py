@@ -29,7 +29,7 @@ fitted to a paper's results.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..cluster.hardware import Hardware, Link
 from ..harness.flops import entries_flops
@@ -41,6 +41,10 @@ FP32 = 4
 class CostModel:
     hw: Hardware
     dtype: str = "bfloat16"
+    # Costs a schedule builder derived from this model, keyed by everything they depend on besides it
+    # (ring_family's per-step kernel costs): every method of a case, and every case of a spec on this
+    # profile, asks for the same block pairs again.
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         if self.dtype not in self.hw.accelerator.peak_tflops:

@@ -98,6 +98,15 @@ def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardwa
 
 
 _CACHE: dict = {}
+_COSTS: dict = {}
+
+
+def _cost_model(hw: Hardware, dtype: str) -> CostModel:
+    """One CostModel per profile and dtype, so its memo of step costs serves every case on it."""
+    key = (repr(hw), dtype)
+    if key not in _COSTS:
+        _COSTS[key] = CostModel(hw, dtype)
+    return _COSTS[key]
 
 
 def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -> Prediction:
@@ -109,7 +118,7 @@ def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -
         raise ValueError(f"level='op': method {method!r} is an attention layer (tensor parallel); "
                          "use level='layer'")
     place = Placement.of(hw, shape.world_size)
-    cost = costs(hw, shape.dtype) if costs is not None else CostModel(hw, shape.dtype)
+    cost = costs(hw, shape.dtype) if costs is not None else _cost_model(hw, shape.dtype)
     table = dict(m.bytes(shape, **options))
     ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
               options=options)

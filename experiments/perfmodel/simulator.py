@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 KINDS = ("compute", "comm", "marker")
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     id: int
     name: str
@@ -61,18 +61,17 @@ class Schedule:
         if kind == "marker" and (resource is not None or duration):
             raise ValueError(f"task {name!r}: a marker takes no resource and no time")
         deps = tuple(d for d in deps if d is not None)
+        tasks = self.tasks
+        if deps and not (0 <= min(deps) and max(deps) < len(tasks)):
+            bad = next(d for d in deps if not 0 <= d < len(tasks))
+            raise ValueError(f"task {name!r}: dependency {bad} has not been added yet")
+        start, bound = self._free.get(resource, (0.0, None)) if resource is not None else (0.0, None)
         for d in deps:
-            if not 0 <= d < len(self.tasks):
-                raise ValueError(f"task {name!r}: dependency {d} has not been added yet")
-        start, bound = 0.0, None
-        if resource is not None and resource in self._free:
-            start, bound = self._free[resource]
-        for d in deps:
-            if self.tasks[d].end > start or (bound is None and self.tasks[d].end >= start):
-                start, bound = self.tasks[d].end, d
-        t = Task(id=len(self.tasks), name=name, kind=kind, resource=resource, duration=float(duration),
-                 deps=deps, rank=rank, phase=phase, nbytes=dict(nbytes or {}), flops=flops,
-                 start=start, end=start + duration, bound_by=bound)
+            end = tasks[d].end
+            if end > start or (bound is None and end >= start):
+                start, bound = end, d
+        t = Task(len(tasks), name, kind, resource, float(duration), deps, rank, phase,
+                 dict(nbytes) if nbytes else {}, flops, start, start + duration, bound)
         self.tasks.append(t)
         if resource is not None:
             self._free[resource] = (t.end, t.id)

@@ -61,8 +61,25 @@ def _kernel(ctx: Ctx, *, heads: int, plan: StepPlan, local: int, mode: str, mate
     return t, f
 
 
-def _rows(plan: StepPlan, local: int) -> int:
-    return min(local, sum(_size(t.rows, local) for t in plan.tiles))
+def _step_cost(ctx: Ctx, q_idx: int, kv_idx: int, *, local: int, n: int, heads: int, mode: str,
+               materialised: bool) -> tuple[float, float, int, int] | None:
+    """(seconds, FLOPs, live rows, live columns) of one ring step's kernel, None for a skipped pair.
+
+    Memoised on the cost model: the plan and its cost depend only on the key below, and every
+    method of a case (and the forward and backward of one) asks for the same pairs."""
+    s = ctx.shape
+    key = ("ring_step", s.attn_mask.key, s.resolved_layout, s.world_size, s.batch, s.head_dim, q_idx, kv_idx,
+           local, n, heads, mode, materialised)
+    memo = ctx.cost.memo
+    if key not in memo:
+        plan = _plan(ctx, q_idx, kv_idx, local, n)
+        if plan.empty:
+            memo[key] = None
+        else:
+            t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode=mode, materialised=materialised)
+            memo[key] = (t, f, min(local, sum(_size(x.rows, local) for x in plan.tiles)),
+                         min(local, sum(_size(x.cols, local) for x in plan.tiles)))
+    return memo[key]
 
 
 def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, heads: int, kv_heads: int,
@@ -73,11 +90,11 @@ def ring_forward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, h
     hop = ctx.take("forward", KVSIDE)
 
     def work(i, owner, step):
-        plan = _plan(ctx, i, owner, local, n)
-        if plan.empty:
+        cost = _step_cost(ctx, i, owner, local=local, n=n, heads=heads, mode="forward",
+                          materialised=materialised)
+        if cost is None:
             return []
-        rows = _rows(plan, local)
-        t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode="forward", materialised=materialised)
+        t, f, rows, _ = cost
         out = [("attn_fwd", t, f)]
         if step > 0:
             out.append(hbm_step(ctx, "merge", merge_bytes(s.batch, rows, heads, s.head_dim, ctx.elem)))
@@ -118,12 +135,11 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
 
     def work(i, owner, step):
         q_rank, kv_rank = (owner, i) if scheme == "burst" else (i, owner)
-        plan = _plan(ctx, q_rank, kv_rank, local, n)
-        if plan.empty:
+        cost = _step_cost(ctx, q_rank, kv_rank, local=local, n=n, heads=heads, mode="backward",
+                          materialised=materialised)
+        if cost is None:
             return []
-        rows = _rows(plan, local)
-        cols = min(local, sum(_size(t.cols, local) for t in plan.tiles))
-        t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode="backward", materialised=materialised)
+        t, f, rows, cols = cost
         adds = accumulate_bytes(b, rows, heads, d) + 2 * accumulate_bytes(b, cols, kv_heads, d)
         return [("attn_bwd", t, f), hbm_step(ctx, "accumulate", adds)]
 

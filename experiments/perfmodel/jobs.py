@@ -1,0 +1,57 @@
+"""`make model`'s work split into independent jobs (one per spec, one for BurstEngine's model-level
+figures), run one process per core.
+
+The model is deterministic and every job writes its own folders, so the jobs need nothing from each
+other; what each job prints comes back to the parent and is printed in job order.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from .model_figures import write_burstengine, write_spec_model_level
+from .predict import write_experiment
+
+
+def run_jobs(jobs: list[dict]) -> list[tuple[list[str], int]]:
+    """``write_job`` over ``jobs``, in parallel where there is more than one core. Processes are spawned,
+    not forked: the parent has torch (and its OpenMP pool) loaded."""
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers <= 1:
+        return [write_job(job) for job in jobs]
+    # Longest first, so that no core is left with one big spec at the end. A ring pass simulates
+    # every rank at every step: a case costs about world_size**2.
+    order = sorted(range(len(jobs)), key=lambda i: -_weight(jobs[i]))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {i: pool.submit(write_job, jobs[i]) for i in order}
+        return [futures[i].result() for i in range(len(jobs))]
+
+
+def _weight(job: dict) -> int:
+    if "spec" not in job:
+        return 0
+    return sum(c.shape.world_size ** 2 for c in job["spec"].cases())
+
+
+def write_job(job: dict) -> tuple[list[str], int]:
+    """One job: a spec's modelled records, figures and table (and its whole-model step), or BurstEngine's
+    model-level scaling and ablation. Returns (lines to print, number of files written)."""
+    results, plots = Path(job["results"]), Path(job["plots"])
+    if job.get("burstengine"):
+        be = write_burstengine(results_root=results, plots_root=plots, draw=job["draw"])
+        where = sorted({str(f.parent) for f in be if f.suffix == ".md"})
+        return [f"BurstEngine scaling and ablation, whole model -> {where}"], len(be)
+    spec = job["spec"]
+    files = write_experiment(spec, hardware=job["hardware"], results_root=results, plots_root=plots,
+                             draw=job["draw"], variants=job["variants"])
+    table = next(f for f in files if f.name == "table_modelled.md")
+    lines, n = [f"{spec.name}: {len(spec.cases())} cases -> {table.parent}"], len(files)
+    if job["model_level"]:
+        ml = write_spec_model_level(spec, hardware=job["hardware"], results_root=results, plots_root=plots,
+                                    draw=job["draw"])
+        n += len(ml)
+        if ml:
+            lines.append(f"{spec.name}: whole model -> {ml[-1].parent}")
+    return lines, n
