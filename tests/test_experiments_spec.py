@@ -197,6 +197,19 @@ def test_cpu_peak_memory_is_measured():
     assert peak.start_bytes == 7 and "profiler" in peak.method
 
 
+def test_cpu_peak_infers_frees_on_other_threads():
+    """A free the profiler did not see (another thread dropped the last reference) is inferred when the
+    address is allocated again; without that inference the peak here would read 12 (fails if removed)."""
+    from experiments.harness.memory import _live_peak
+
+    a, b, old = 0x1000, 0x2000, 0x3000
+    events = [(0, a, 4), (1, b, 4), (2, a, 4), (3, b, -4), (4, old, -2), (5, b, 6)]
+    # live: a 4 + b 4 = 8 at most (a's second block replaces its first; b is freed, then 6 more after the
+    # pre-step block at old is freed); counting the events alone would read 12
+    assert _live_peak(events) == 8
+    assert _live_peak([(0, a, 4), (1, a, 4)]) == 4
+
+
 def test_oom_classification():
     assert is_oom(torch.OutOfMemoryError("CUDA out of memory"))
     assert is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"))

@@ -78,3 +78,71 @@ def test_ablation_spec():
     rows = paper_table()
     totals = [r["predicted_total_gib"] for r in rows]
     assert totals[3] < totals[2] / 1.5, totals
+
+
+# ---------------------------------------------------------------- sequence parallel, G > 1
+#
+# The same measurement on every rank of a gloo group (tests/distpool.py), for the burst operator
+# and Ulysses, zigzag, fused loss. SP_CFG has 12 heads, so Ulysses splits them over 2 and 3 ranks;
+# SP_SEQLEN splits into 2G zigzag chunks for G = 2, 3 with an even local length (``seq``).
+SP_CFG = dict(hidden=192, n_heads=12, n_kv_heads=12, ffn_hidden=512)
+SP_SEQLEN = 1152
+SP_CASES = [("burst", MODES), ("ulysses", ("none", "seq"))]   # Ulysses runs seq as full (no cache)
+
+
+def sp_cfg(**kw):
+    return small_cfg(loss="fused", **SP_CFG, **kw)
+
+
+def _rank_peaks(method: str, modes: tuple[str, ...]) -> dict[str, int]:
+    """On every rank: the measured step peak (as ``measured_peak``) of each checkpoint mode."""
+    from burst_impl.model import sequence_parallel
+
+    tokens, labels = batch_at(load_corpus("markov", sp_cfg().vocab_size, n_tokens=4 * SP_SEQLEN), 0, 1, SP_SEQLEN)
+    out = {}
+    for mode in modes:
+        model = sequence_parallel(build_model(sp_cfg(checkpoint=mode)), method, layout="zigzag")
+        loss_and_grads(model, tokens, labels)          # warm-up
+        for p in model.parameters():
+            p.grad = None
+        out[mode] = measure_peak(lambda: loss_and_grads(model, tokens, labels), torch.device("cpu")).peak_bytes
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("method,modes", SP_CASES)
+def test_model_within_15_percent_sequence_parallel(pools, method, modes, world_size):
+    per_rank = pools.run(world_size, _rank_peaks, method, modes)
+    bad = []
+    for mode in modes:
+        want = step_memory(sp_cfg(checkpoint=mode), batch=1, seqlen=SP_SEQLEN, world_size=world_size,
+                           method=method, layout="zigzag").step_peak_bytes
+        for rank, got in enumerate(p[mode] for p in per_rank):
+            if abs(want - got) > REL * got:
+                bad.append(f"{method} G={world_size} {mode} rank {rank}: model {want / 2**20:.2f} MiB, "
+                           f"measured {got / 2**20:.2f} MiB")
+    assert not bad, "\n".join(bad)
+
+
+def test_param_numels_and_buckets():
+    """The parameter list the model uses for the gradient buckets is the model's own, in order; buckets
+    close before they would pass BUCKET_BYTES, and a larger gradient is a bucket of its own."""
+    from burst_impl.model.config import param_numels
+    from burst_impl.model.parallel import BUCKET_BYTES, bucket_sizes
+
+    cfg = small_cfg(**SP_CFG)
+    assert param_numels(cfg) == [p.numel() for p in build_model(cfg).parameters()]
+    MiB = 1 << 20
+    assert BUCKET_BYTES == 64 * MiB
+    assert bucket_sizes([40 * MiB, 24 * MiB, 1, 100 * MiB, 2]) == [64 * MiB, 1, 100 * MiB, 2]
+    assert bucket_sizes([]) == []
+
+
+def test_model_follows_the_effective_mode():
+    """seq/whole cache (O, lse) only through the burst operator's backward: for Ulysses the model counts
+    them as full (checkpoint.effective_mode); for burst seq keeps more than full (the cached halves)."""
+    kw = dict(batch=1, seqlen=SP_SEQLEN, world_size=3, layout="zigzag")
+    peaks = {(m, mode): step_memory(sp_cfg(checkpoint=mode), method=m, **kw) for m in ("burst", "ulysses")
+             for mode in ("full", "seq", "whole")}
+    assert peaks["ulysses", "seq"] == peaks["ulysses", "full"] == peaks["ulysses", "whole"]
+    assert peaks["burst", "seq"].cache > 0 == peaks["burst", "full"].cache

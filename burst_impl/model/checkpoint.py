@@ -187,6 +187,19 @@ def effective_mode(block, mode: str) -> str:
     return mode
 
 
+def method_mode(method: str | None, mode: str) -> str:
+    """``effective_mode`` by attention registry name (None: one device, the fused kernels), for
+    models of a block that is not built (``memory.step_memory``)."""
+    check_mode(mode)
+    if mode in ("seq", "whole") and method is not None:
+        from baselines.registry import get
+
+        m = get(method)
+        if (m.variant_of or m.name) not in BURST_OPERATOR_BACKWARD:
+            return "full"
+    return mode
+
+
 def check_checkpoint(model, seqlen: int) -> None:
     """ValueError (before any communication) unless ``model.cfg.checkpoint`` can run a global
     sequence of ``seqlen`` tokens: ``seq`` needs a causal mask, an even local length, and at

@@ -99,6 +99,15 @@ def layer_params(cfg: ModelConfig) -> int:
     return attn + 3 * h * cfg.ffn_hidden + 2 * h
 
 
+def param_numels(cfg: ModelConfig) -> list[int]:
+    """Elements of every parameter in ``model.named_parameters()`` order: the embedding; per block
+    the attention norm, wq, wk, wv, wo, the FFN norm, w1, w3, w2; the final norm; the LM head. (The
+    gradient buckets of ``parallel.sync_grads`` follow this order; ``memory.step_memory`` uses it.)"""
+    h, q, kv, f = cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden
+    block = [h, q * h, kv * h, kv * h, h * q, h, f * h, f * h, h * f]
+    return [cfg.vocab_size * h] + block * cfg.n_layers + [h, cfg.vocab_size * h]
+
+
 def num_params(cfg: ModelConfig) -> int:
     """All parameters: embedding, blocks, final norm, untied LM head."""
     return cfg.vocab_size * cfg.hidden * 2 + cfg.n_layers * layer_params(cfg) + cfg.hidden

@@ -31,19 +31,39 @@ H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
   factors' gradients (3F) are live while the product itself (F) has been
   released with the w2 node: a net 2F + H per token above its activations.
 
-The step's peak is the larger of two moments: the start of the backward
-(all kept activations, the loss's backward buffers, the head's gradient) and
-the backward of block 0 under a checkpoint mode (every block's gradients,
-block 0's recomputed activations, the cached attention outputs of block 0).
-Between them the model takes the larger; the tests check it against the
-measured CPU peak within 15% for every checkpoint mode.
+The step's peak is the largest of three moments: the start of the backward
+(all kept activations, the loss's backward buffers, the head's gradient), the
+backward of block 0 under a checkpoint mode (every block's gradients, block
+0's recomputed activations, the cached attention outputs of block 0), and,
+with replicated weights at G > 1, the gradient all-reduce
+(``parallel.sync_grads``): every gradient, plus each flat bucket twice, its
+gradients concatenated and the copy the all-reduce runs on (2 x the largest
+bucket). At G > 1 the attention is the registry method's layer
+(``baselines.layer.layer_memory_bytes``: Ulysses' output projection keeps the
+output all-to-all's result besides the head-sharded O), and ``seq``/``whole``
+count as ``full`` for methods that cannot cache (O, lse)
+(``checkpoint.effective_mode``: all but the BurstAttention operator's).
 
-Not counted: the CUDA context, allocator fragmentation, communication
-library buffers (gloo/NCCL staging, the rings' blocks in flight), and the
-tokens and labels (int64, B N each). Checked against measurement on one
-process only (tests/test_step_memory.py): on the CPU mirror at G = 4
-(``ablation.py``, ring baseline) the measured peak was 42.1 MiB against
-28.1 MiB modelled (1.5x), from buffers not modelled yet.
+Checked against measurement (tests/test_step_memory.py, the CPU peak of
+``experiments/harness/memory.py``, within 15% for every checkpoint mode): one
+process; and every rank of G = 2 and 3 for ``burst`` and ``ulysses`` (zigzag,
+fused loss), where the measured peak is the all-reduce moment (3 P e to the
+byte for one bucket) or the start of the backward, as modelled. On the CPU
+ablation mirror at G = 4 (ring baseline) the measured 42.1 MiB is that
+moment (3 P e; the model without the all-reduce's copy said 28.1 MiB).
+
+Not counted: the CUDA context, allocator fragmentation, the tokens and labels
+(int64, B N each), and communication buffers that are never at the peak at
+the measured shapes: the rings' blocks in flight and their fp32 gradient
+accumulators (live during a block's attention backward, after its MLP has
+freed 3H + 4F per token: measured below the SwiGLU backward's moment for
+F = 2.7 H in fp32; by count they may pass it for a narrower FFN, or in bf16
+with fp32 accumulators), the all-to-all buffers of Ulysses, the ring
+forward's fp32 running output; and
+gloo's or NCCL's own staging, which is allocated outside torch's allocator
+(neither measured by the profiler nor by ``max_memory_allocated``). Not
+checked against measurement: FSDP2 (``gathered``), bf16, and the optimizer
+step's temporaries (not modelled; the mirror's 42.1 MiB above includes them).
 """
 from __future__ import annotations
 
@@ -54,9 +74,9 @@ import torch
 from burst_impl import volume
 from burst_impl.loss import DEFAULT_TILES
 
-from .checkpoint import check_mode
-from .config import ModelConfig, layer_params, num_params
-from .parallel import BUCKET_BYTES
+from .checkpoint import check_mode, method_mode
+from .config import ModelConfig, layer_params, num_params, param_numels
+from .parallel import bucket_sizes
 from .sequence_parallel import attn_shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -75,6 +95,7 @@ class StepMemory:
     attention: int          # the method's saved tensors of one layer (included in activations)
     block_temp: int         # one block's backward temporaries
     gathered: int           # FSDP2: one block's gathered weights and gradients
+    grad_sync: int          # G > 1, replicated: the gradient all-reduce's two copies of its largest bucket
     resident_bytes: int     # weights + optimizer
     step_peak_bytes: int    # the step's peak above ``resident_bytes``
     total_bytes: int
@@ -132,13 +153,20 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     gathered = 2 * layer_params(cfg) * e if weights == "fsdp2" and G > 1 else 0
 
     shape = attn_shape(cfg, batch, seqlen, G, layout, dtype=str(dtype).removeprefix("torch."))
+    # seq/whole cache (O, lse) through the BurstAttention operator's backward only; blocks of other
+    # methods (Ulysses, USP, ...) are checkpointed as full (checkpoint.effective_mode).
+    checkpoint = method_mode(method, checkpoint)
     if method is None:
         # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does.
         attn = volume.saved_bytes(shape)
     else:
+        from baselines.layer import layer_memory_bytes
         from baselines.registry import get
 
-        attn = int(get(method).memory(shape))
+        # The attention layer's kept bytes (the method's saved tensors, plus the output all-to-all's
+        # result that Ulysses' output projection keeps at G > 1), less its input x: the norm's 3H count it.
+        m = get(method)
+        attn = layer_memory_bytes(m, shape) - T * H * e if G > 1 else int(m.memory(shape))
     per_block = T * (6 * H + 4 * F) * e + attn
     half = T // 2
     o_lse = {"seq": (half, T - half), "whole": (0, T)}
@@ -166,10 +194,13 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
         block_last = activations + head_grad + block_grads + block_temp + gathered
     else:
         block_last = (activations - cache_block) + recompute + head_grad + block_grads + block_temp + gathered
-    # Moment 3 (replicated weights, G > 1): the gradient all-reduce (parallel.sync_grads) concatenates
-    # the gradients into flat buckets of at most BUCKET_BYTES while all of them are live.
-    bucket = min(BUCKET_BYTES, grads) if weights == "replicated" and G > 1 else 0
-    peak = max(start, block0, block_last, grads + bucket)
+    # Moment 3 (replicated weights, G > 1): the gradient all-reduce (parallel.sync_grads), every gradient
+    # live. Each bucket is held twice: its gradients concatenated (torch.cat) and the copy the all-reduce
+    # runs on (collectives.all_reduce_ clones its input and returns the copy): 2 x the largest bucket
+    # (parallel.bucket_sizes: at most BUCKET_BYTES, or one larger gradient).
+    bucket = max(bucket_sizes([n * e for n in param_numels(cfg)])) if weights == "replicated" and G > 1 else 0
+    sync = grads + 2 * bucket
+    peak = max(start, block0, block_last, sync)
     return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
                       cache=L * cache_block, logits=logits, attention=attn, block_temp=block_temp,
-                      gathered=gathered, resident_bytes=w + opt, step_peak_bytes=peak, total_bytes=w + opt + peak)
+                      gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt, step_peak_bytes=peak, total_bytes=w + opt + peak)

@@ -107,16 +107,25 @@ def global_mean(model, loss_sum: Tensor, count: Tensor) -> Tensor:
 BUCKET_BYTES = 64 << 20   # gradients are all-reduced in flat buckets of at most this size (or one tensor)
 
 
-def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
-    out, cur, size = [], [], 0
-    for t in tensors:
-        n = comm.nbytes(t)
-        if cur and size + n > BUCKET_BYTES:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(t)
+def bucket_sizes(sizes: list[int]) -> list[int]:
+    """Bytes of each flat bucket ``sync_grads`` forms from gradients of ``sizes`` bytes, in order:
+    consecutive gradients while the bucket stays within BUCKET_BYTES (a larger gradient is a bucket
+    of its own). The memory model (``memory.step_memory``) takes the largest."""
+    return [sum(sizes[a:b]) for a, b in _bucket_bounds(sizes)]
+
+
+def _bucket_bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    out, start, size = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and size + n > BUCKET_BYTES:
+            out.append((start, i))
+            start, size = i, 0
         size += n
-    return out + ([cur] if cur else [])
+    return out + ([(start, len(sizes))] if sizes else [])
+
+
+def _buckets(tensors: list[Tensor]) -> list[list[Tensor]]:
+    return [tensors[a:b] for a, b in _bucket_bounds([comm.nbytes(t) for t in tensors])]
 
 
 def _reduced(model) -> list[Tensor]:

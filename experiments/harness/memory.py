@@ -5,7 +5,11 @@ CPU: PyTorch has no CPU peak counter, so the step runs under
 ``torch.profiler`` with ``profile_memory=True``; the CPU allocator then reports
 every allocation and free as a ``[memory]`` event with a signed byte count.
 Summing those events in time order gives the live tensor bytes over the step;
-its maximum is the peak. Profiling is slow, so this runs in a separate,
+its maximum is the peak. The profiler sees the profiled thread's events only:
+a free on another thread (gloo's workers drop the last reference to a
+collective's buffers) has no event, and is inferred when its address is
+allocated again (``_live_peak``); one never reused stays counted (an
+overestimate). Profiling is slow, so this runs in a separate,
 untimed step and never distorts the timings.
 
 Both report the peak *increase* over what was live when the step began, so
@@ -37,19 +41,42 @@ class MemoryPeak:
 
 
 def _cpu_peak(fn: Callable[[], object]) -> int:
+    from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # silence kineto's start/stop chatter
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False,
                  with_stack=False) as prof:
         fn()
-    events = [e for e in prof.profiler.kineto_results.events()
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
-    events.sort(key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:
-        live += e.nbytes()
-        peak = max(peak, live)
+    # (time, address, signed bytes) of every CPU allocation and free, from the profiler's event tree
+    # (which, unlike the flat event list, carries the address).
+    events, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        e = todo.pop()
+        todo.extend(e.children)
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.ptr, e.extra_fields.alloc_size))
+    events.sort(key=lambda x: x[0])
+    return _live_peak(events)
+
+
+def _live_peak(events: list[tuple[int, int, int]]) -> int:
+    """Peak of the live bytes over time-ordered (time, address, signed bytes) allocator events.
+
+    The profiler records the events of the threads it profiles only: a tensor whose last reference
+    is dropped on another thread (gloo's worker threads hold the buffers of the collectives they
+    run, e.g. Ulysses' all-to-alls) is freed without an event. An allocation at an address that
+    is still live in the count proves that free: the earlier block is taken off then."""
+    live: dict[int, int] = {}       # address -> bytes of blocks allocated during the step, not freed yet
+    level = peak = 0
+    for _, ptr, nbytes in events:
+        if nbytes > 0:
+            level -= live.pop(ptr, 0)
+            live[ptr] = nbytes
+        else:
+            live.pop(ptr, None)
+        level += nbytes
+        peak = max(peak, level)
     return int(peak)
 
 
