@@ -84,7 +84,13 @@ def test_ablation_spec():
 #
 # The same measurement on every rank of a gloo group (tests/distpool.py), for the burst operator
 # and Ulysses, zigzag, fused loss. SP_CFG has 12 heads, so Ulysses splits them over 2 and 3 ranks;
-# SP_SEQLEN splits into 2G zigzag chunks for G = 2, 3 with an even local length (``seq``).
+# SP_SEQLEN splits into 2G zigzag chunks for G = 2, 3 with an even local length (``seq``). At these
+# sizes both G > 1 moments decide a peak: the start of the backward (none, and every mode at G = 2)
+# and the gradient all-reduce (3 P e, the checkpoint modes at G = 3, measured to the byte; without
+# the all-reduce's copy the model says 12.0 MiB there against 14.6 MiB measured, and this fails).
+# Tolerance: the issue's 15%. Seen at these shapes: the model 9% above the measured SwiGLU moment of
+# block 0 at G = 2; Ulysses' all-to-all buffers freed on gloo's threads read up to 5% high where
+# their addresses are not reused before the peak (experiments/harness/memory.py).
 SP_CFG = dict(hidden=192, n_heads=12, n_kv_heads=12, ffn_hidden=512)
 SP_SEQLEN = 1152
 SP_CASES = [("burst", MODES), ("ulysses", ("none", "seq"))]   # Ulysses runs seq as full (no cache)

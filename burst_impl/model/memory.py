@@ -53,17 +53,20 @@ ablation mirror at G = 4 (ring baseline) the measured 42.1 MiB is that
 moment (3 P e; the model without the all-reduce's copy said 28.1 MiB).
 
 Not counted: the CUDA context, allocator fragmentation, the tokens and labels
-(int64, B N each), and communication buffers that are never at the peak at
-the measured shapes: the rings' blocks in flight and their fp32 gradient
+(int64, B N each), and communication buffers that were not at the peak of
+the tested shapes: the rings' blocks in flight and their fp32 gradient
 accumulators (live during a block's attention backward, after its MLP has
-freed 3H + 4F per token: measured below the SwiGLU backward's moment for
-F = 2.7 H in fp32; by count they may pass it for a narrower FFN, or in bf16
-with fp32 accumulators), the all-to-all buffers of Ulysses, the ring
-forward's fp32 running output; and
+freed 3H + 4F per token: measured below the SwiGLU backward's moment at
+F = 2.7 H in fp32; not at F = H/3: at G = 3, ``full``, forward + backward
+without the all-reduce peaked there at 7.33 MiB against 6.11 MiB modelled for the SwiGLU moment,
+hidden in that step by the all-reduce moment, 8.73 MiB measured and
+modelled; bf16 with fp32 accumulators narrows the margin too), the
+all-to-all buffers of Ulysses, the ring forward's fp32 running output; and
 gloo's or NCCL's own staging, which is allocated outside torch's allocator
 (neither measured by the profiler nor by ``max_memory_allocated``). Not
 checked against measurement: FSDP2 (``gathered``), bf16, and the optimizer
-step's temporaries (not modelled; the mirror's 42.1 MiB above includes them).
+step's temporaries (not modelled; the mirror's step includes them, and its
+42.1 MiB peak is still the all-reduce moment).
 """
 from __future__ import annotations
 
