@@ -3,7 +3,8 @@
 * every paper spec with a model (``model_level.SPEC_MODELS``) -> ``<spec>_model_level``: BA Tables 2/3
   (prefill latency of the whole model), Fig. 2/3/4a/4b (training step of the whole model), the
   double-ring spec at model level;
-* ``burstengine_scaling_14b_model_level``: BurstEngine's scaling/MFU, 14B, 1..32 GPUs at 32K x G tokens;
+* ``burstengine_scaling_14b_model_level``: BurstEngine's scaling/MFU, 14B, 1..32 GPUs at 32K x G tokens,
+  with checkpointing (``recompute``) as their runs;
 * ``burstengine_ablation_14b_1m_model_level``: BurstEngine's ablation, 14B, 1M tokens, 32 GPUs.
 
 Written to ``results/modelled/<name>/results.jsonl`` and ``plots/modelled/<name>/`` (figures by
@@ -106,16 +107,18 @@ def write_spec_model_level(spec: Spec, *, hardware: str | None = None, results_r
 def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True) -> list[Path]:
     hw = load_hardware(BE_HARDWARE)
     files = []
-    # scaling: 1..32 GPUs at 32K tokens per GPU (BurstEngine's scaling runs), MFU
+    # scaling: 1..32 GPUs at 32K tokens per GPU (BurstEngine's scaling runs), MFU. Their end-to-end runs
+    # checkpoint (PAPER.md §4): without it 14B keeps ~260 GiB of activations per rank at 32K tokens (OOM).
     exp = "burstengine_scaling_14b" + SUFFIX
     items = []
     for g in (1, 2, 4, 8, 16, 32):
         shape = AttnShape(batch=1, seqlen=32768 * g, heads=40, kv_heads=40, head_dim=128, world_size=g,
                           dtype="bfloat16", causal=True, layout="zigzag")
         for m in ("burst_double_ring", "burst", "usp"):
-            items.append((_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"weights": "fsdp2"}, {}))
+            items.append((_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"weights": "fsdp2", "recompute": True}, {}))
     meta = {"paper_ref": "BurstEngine scaling (MFU)", "baseline": "burst",
-            "description": "14B training step, 1..32 x A800 at 32K tokens per GPU — whole model",
+            "description": "14B training step, 1..32 x A800 at 32K tokens per GPU, FSDP2, sequence-level "
+                           "checkpointing (usp: full) — whole model",
             "methods": ["burst_double_ring", "burst", "usp"], "model": BE_MODEL}
     files += _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw)
     # ablation: 14B, 1M tokens, 32 GPUs, one row per step
