@@ -50,7 +50,9 @@ def _style(row: str, method: str) -> dict:
 def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     r = df.iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    return (f"{r['experiment']}{ref}: {what}\nmodel {r.get('model')}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
+    # measured records name the model in "model"; modelled ones keep their model's breakdown there
+    model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
+    return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
             f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{P._hw_and_date(df)}")
 
 
