@@ -187,6 +187,19 @@ def effective_mode(block, mode: str) -> str:
     return mode
 
 
+def method_mode(method: str, mode: str) -> str:
+    """``effective_mode`` from a registry method's name, for models of a step that build no blocks
+    (the memory and performance models): ``seq``/``whole`` are ``full`` unless the method is the
+    BurstAttention operator (or one of its timing variants)."""
+    from baselines.registry import get  # late, as memory.py does: the registry loads every method
+
+    check_mode(mode)
+    m = get(method)
+    if mode in ("seq", "whole") and BURST_OPERATOR_BACKWARD.get(m.variant_of or m.name) is None:
+        return "full"
+    return mode
+
+
 def check_checkpoint(model, seqlen: int) -> None:
     """ValueError (before any communication) unless ``model.cfg.checkpoint`` can run a global
     sequence of ``seqlen`` tokens: ``seq`` needs a causal mask, an even local length, and at

@@ -12,6 +12,9 @@ H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
   gradients, 2 P e for AdamW's two moments (torch keeps them in the
   parameter dtype); divided by G under FSDP2 (``fsdp2``), which adds one
   gathered block's weights and gradients in flight.
+* **tensor parallel** (``weights="tp"``, methods ``tp_v1``/``tp_v3``): weights,
+  gradients and optimizer divided by G, nothing gathered; activations and
+  the vocabulary-parallel loss per rank as ``_tensor_parallel`` says (approximate).
 * **activations** by checkpoint mode (``checkpoint.py``). What autograd keeps
   per token and block, counted from the layers (``layers.py``): each RMSNorm
   its input, the normalised x and the weighted output (3H, twice); the
@@ -60,7 +63,7 @@ from .parallel import BUCKET_BYTES
 from .sequence_parallel import attn_shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-WEIGHTS = ("replicated", "fsdp2")
+WEIGHTS = ("replicated", "fsdp2", "tp")
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     T = batch * seqlen // G
     H, F, L = cfg.hidden, cfg.ffn_hidden, cfg.n_layers
     P = num_params(cfg)
-    shard = G if weights == "fsdp2" else 1
+    shard = G if weights in ("fsdp2", "tp") else 1
     w = -(-P // shard) * e
     opt = 2 * w if optimizer else 0
     grads = w
@@ -150,6 +153,9 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     logits = logits_bytes(cfg, T, e, loss, loss_chunks)
     block_temp = T * (2 * F + H) * e
     block_grads = layer_params(cfg) * e // shard
+    if weights == "tp":   # Megatron tensor parallelism: other token counts and widths per rank
+        per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp = _tensor_parallel(
+            cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks)
 
     if checkpoint == "none":
         activations, recompute = L * per_block, 0
@@ -173,3 +179,35 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
                       cache=L * cache_block, logits=logits, attention=attn, block_temp=block_temp,
                       gathered=gathered, resident_bytes=w + opt, step_peak_bytes=peak, total_bytes=w + opt + peak)
+
+
+def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: str | None, attn: int,
+                     loss: str, loss_chunks) -> tuple[int, ...]:
+    """``weights="tp"``: (per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp)
+    per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
+
+    A rank holds the hidden states of all N tokens (V1) or of its N/G shard (V3: ``layer_input``
+    "sequence"), 1/G of the heads and of the FFN columns, and (as Megatron, and as the performance
+    model's LM head) 1/G of the vocabulary. Per block: the two RMSNorms' 6H per held token; the
+    SwiGLU's 4 F/G per token over all N tokens (the MLP runs on the gathered sequence); under V3 the
+    gathered (B, N, H) MLP input that w1/w3 keep for their weight gradients; the attention part is
+    the registry's TP memory model (``tp_memory_bytes``: gathered input, this rank's q, k, v, O, lse
+    over N). Approximate: the V1 norm output that the registry also counts as the attention input is
+    counted twice (B N H e per block); the head's gathered input under V3 and the vocabulary-parallel
+    loss's cross-rank max/sum buffers are not counted; our model-level ``tensor_parallel`` replicates
+    the embedding and LM head (not Megatron's split), which this does not follow. ``seq``/``whole``
+    cache nothing: TP attention is recomputed through its own autograd (``checkpoint.effective_mode``),
+    so they are ``full`` here.
+    """
+    from dataclasses import replace
+
+    from baselines.registry import get
+
+    if method is None or get(method).level != "layer":
+        raise ValueError(f"weights='tp' needs a tensor-parallel attention method (tp_v1, tp_v3), got method={method!r}")
+    H, F, V = cfg.hidden, cfg.ffn_hidden // G, -(-cfg.vocab_size // G)
+    n = batch * seqlen                                                     # tokens the MLP and head run on
+    held = n if get(method).layer_input == "replicated" else n // G        # tokens whose (B, ., H) a rank holds
+    per_block = (held * 6 * H + n * 4 * F + (n * H if held != n else 0)) * e + attn
+    logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks)
+    return per_block, held * H * e, 0, 3 * held * H * e, V * H * e, logits, n * (2 * F + H) * e
