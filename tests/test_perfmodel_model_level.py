@@ -3,6 +3,8 @@ schedules, TP's MLP collectives carrying exactly the registry's bytes, the step'
 fused LM head's extra GEMM, and the whole model's memory per rank (the step memory model's, OOM over HBM)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from baselines import AttnShape, get
@@ -13,6 +15,7 @@ from burst_impl.model.memory import step_memory
 from experiments.cluster.hardware import load_hardware, parse_hardware
 from experiments.harness.spec import Case
 from experiments.perfmodel.costs import CostModel
+from experiments.perfmodel.model import predict_case
 from experiments.perfmodel.model_level import TP_METHODS, mlp_schedule, model_record, predict_model
 from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import _record
@@ -108,8 +111,17 @@ def test_prefill_head_is_the_last_token_and_recompute_adds_a_forward():
     assert pre.parts["head"] == pytest.approx(_gemm(1, CFG.vocab_size, CFG.hidden), rel=1e-12)
     assert pre.parts["grad_sync_exposed"] == 0.0 and pre.parts["recompute"] == 0.0
     plain = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw)
-    rc = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, recompute=True)
-    assert rc.time_s - plain.time_s == pytest.approx(pre.time_s - pre.parts["head"], rel=1e-9)
+    full = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="full")
+    assert full.time_s - plain.time_s == pytest.approx(pre.time_s - pre.parts["head"], rel=1e-9)
+    # seq: the same, but the attention forward at N/2 (the first global half, on the same ranks) instead of N
+    seq = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="seq")
+    op = {n: predict_case("burst", dataclasses.replace(s, seqlen=n), mode="forward", level="op", hardware=hw).time_s
+          for n in (s.seqlen, s.seqlen // 2)}
+    assert op[s.seqlen // 2] < op[s.seqlen]
+    assert full.time_s - seq.time_s == pytest.approx(CFG.n_layers * (op[s.seqlen] - op[s.seqlen // 2]), rel=1e-9)
+    # a method that cannot cache runs seq as full recompute
+    assert predict_model("usp", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="seq").time_s == pytest.approx(
+        predict_model("usp", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="full").time_s, rel=1e-12)
 
 
 def _case(method: str, s: AttnShape, mode: str) -> Case:
@@ -156,14 +168,14 @@ def test_fused_head_adds_exactly_one_head_gemm():
     assert tp["fused"] - tp["unfused"] == pytest.approx(_gemm(128, CFG.vocab_size // 4, CFG.hidden), rel=1e-9)
 
 
-@pytest.mark.parametrize("method,recompute,mode", [("burst", True, "seq"), ("usp", True, "full"),
-                                                   ("ring", False, "none")])
-def test_training_memory_is_the_step_memory_model(method, recompute, mode):
+@pytest.mark.parametrize("method,checkpoint,mode", [("burst", "seq", "seq"), ("usp", "seq", "full"),
+                                                    ("ring", "none", "none"), ("ring", "full", "full")])
+def test_training_memory_is_the_step_memory_model(method, checkpoint, mode):
     """The whole model's training memory is step_memory's (with the attention layer's transient buffers
     added), so the two cannot drift; recompute is sequence-level checkpointing, which methods other than
     the BurstAttention operator run as full recompute."""
     hw, s = _hw(), _shape(4, 128)
-    mp = predict_model(method, CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2", recompute=recompute,
+    mp = predict_model(method, CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2", checkpoint=checkpoint,
                        loss="fused")
     sm = step_memory(CFG, batch=1, seqlen=128, world_size=4, method=method, layout="zigzag", dtype="bfloat16",
                      weights="fsdp2", checkpoint=mode, loss="fused", loss_chunks=DEFAULT_TILES["cuda"])
@@ -197,16 +209,21 @@ def test_tp_holds_one_gth_of_the_weights():
         assert sp.memory["weights"] == "replicated" and sp.memory["parts"]["weights"] == P * 2
 
 
-def test_ablation_memory_falls_at_the_fused_head_and_at_checkpointing():
-    """BurstEngine's ablation at its size (14B, 1M tokens, 32 A800, FSDP2): the fused LM head removes the
-    logits, sequence-level checkpointing the layers' activations; each lowers the memory per rank."""
+def test_ablation_fused_head_saves_memory_and_seq_checkpointing_time():
+    """BurstEngine's ablation at its size (14B, 1M tokens, 32 A800, FSDP2), rows as ablation.STEPS runs them:
+    the fused LM head removes the logits (memory falls); sequence-level checkpointing, after full-block
+    checkpointing, caches half the attention outputs (memory rises a little) so that the recompute runs
+    attention on the first half only (time falls); every row fits the A800 with checkpointing."""
     from experiments.perfmodel.model_figures import ABLATION, BE_HARDWARE, ablation_records
 
     recs = ablation_records("x", load_hardware(BE_HARDWARE))
     fused = next(i for i, row in enumerate(ABLATION) if row[3] == "fused")
-    ckpt = next(i for i, row in enumerate(ABLATION) if row[2])
+    seq = next(i for i, row in enumerate(ABLATION) if row[2] == "seq")
     total = [r["mem_total_bytes"] for r in recs]
-    assert total[fused] < total[fused - 1] and total[ckpt] < total[ckpt - 1], total
+    assert total[fused] < total[fused - 1], total
     logits = [r["mem_parts_bytes"]["logits"] for r in recs]
     assert logits[fused] < logits[fused - 1] / 10
-    assert (recs[ckpt]["checkpoint"], recs[ckpt - 1]["checkpoint"]) == ("seq", "none")
+    assert (recs[seq]["checkpoint"], recs[seq - 1]["checkpoint"]) == ("seq", "full")
+    assert total[seq] > total[seq - 1]                                  # the cached (O, lse)
+    assert recs[seq]["time_model_s"] < recs[seq - 1]["time_model_s"]    # less recompute
+    assert all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]

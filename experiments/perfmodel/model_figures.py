@@ -4,7 +4,7 @@
   (prefill latency of the whole model), Fig. 2/3/4a/4b (training step of the whole model), the
   double-ring spec at model level;
 * ``burstengine_scaling_14b_model_level``: BurstEngine's scaling/MFU, 14B, 1..32 GPUs at 32K x G tokens,
-  with checkpointing (``recompute``) as their runs;
+  with sequence-level checkpointing (``checkpoint="seq"``) as their runs;
 * ``burstengine_ablation_14b_1m_model_level``: BurstEngine's ablation, 14B, 1M tokens, 32 GPUs.
 
 Written to ``results/modelled/<name>/results.jsonl`` and ``plots/modelled/<name>/`` (figures by
@@ -34,16 +34,18 @@ from .schedules import VARIANTS
 SUFFIX = "_model_level"
 BE_HARDWARE = "a800_ib_4x8"         # BurstEngine's cluster: 4 x 8 A800 + InfiniBand
 BE_MODEL = "burstengine_14b"
-# (label, method, recompute, loss): each row adds one of the ablation's steps (PAPER.md §3 BurstEngine);
-# weights FSDP2 (ZeRO-3) as BurstEngine's runs. Memory: rows without recompute keep every layer's
-# activations (checkpoint "none"); the last row's is the sequence-level cache ("seq").
+# (label, method, checkpoint, loss): each row adds one of the ablation's steps (PAPER.md §3 BurstEngine), as
+# burst_impl.model.ablation.STEPS runs them: weights FSDP2 (ZeRO-3), full-block checkpointing in every row
+# before the last (14B at 1M keeps ~260 GiB of activations per rank without it), then sequence-level
+# checkpointing, which caches half the attention outputs (more memory than full) to recompute 1/4 of
+# the causal attention (less time).
 ABLATION = (
-    ("RingAttention backward (K/V ring)", "ring", False, "unfused"),
-    ("+ backward communication optimisation (Q ring)", "burst", False, "unfused"),
-    ("+ topology-aware double ring", "burst_double_ring", False, "unfused"),
-    ("+ fused LM head (fused loss: logits never stored; one more head GEMM)", "burst_double_ring", False, "fused"),
-    ("+ sequence-level checkpointing (memory: half the attention outputs cached; time: every layer's forward "
-     "recomputed)", "burst_double_ring", True, "fused"),
+    ("RingAttention backward (K/V ring)", "ring", "full", "unfused"),
+    ("+ backward communication optimisation (Q ring)", "burst", "full", "unfused"),
+    ("+ topology-aware double ring", "burst_double_ring", "full", "unfused"),
+    ("+ fused LM head (fused loss: logits never stored; one more head GEMM)", "burst_double_ring", "full", "fused"),
+    ("+ sequence-level checkpointing (half the attention outputs cached: the recompute runs attention on "
+     "the first half only)", "burst_double_ring", "seq", "fused"),
 )
 ABLATION_SHAPE = AttnShape(batch=1, seqlen=1 << 20, heads=40, kv_heads=40, head_dim=128, world_size=32,
                            dtype="bfloat16", causal=True, layout="zigzag")
@@ -115,7 +117,7 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
         shape = AttnShape(batch=1, seqlen=32768 * g, heads=40, kv_heads=40, head_dim=128, world_size=g,
                           dtype="bfloat16", causal=True, layout="zigzag")
         for m in ("burst_double_ring", "burst", "usp"):
-            items.append((_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"weights": "fsdp2", "recompute": True}, {}))
+            items.append((_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"weights": "fsdp2", "checkpoint": "seq"}, {}))
     meta = {"paper_ref": "BurstEngine scaling (MFU)", "baseline": "burst",
             "description": "14B training step, 1..32 x A800 at 32K tokens per GPU, FSDP2, sequence-level "
                            "checkpointing (usp: full) — whole model",
@@ -133,8 +135,8 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
 
 def ablation_records(exp: str, hw, shape: AttnShape = ABLATION_SHAPE) -> list[dict]:
     """One model-level record per row of ``ABLATION`` (FSDP2 weights), ``ablation_step`` in its case id."""
-    items = [(_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"recompute": rc, "loss": loss, "weights": "fsdp2"},
-              {"ablation_step": i, "ablation_label": label}) for i, (label, m, rc, loss) in enumerate(ABLATION)]
+    items = [(_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"checkpoint": ck, "loss": loss, "weights": "fsdp2"},
+              {"ablation_step": i, "ablation_label": label}) for i, (label, m, ck, loss) in enumerate(ABLATION)]
     recs = _records(exp, items, hw)
     for r in recs:            # one record per step: the step number keeps case ids apart
         r["case_id"] += f".step{r['ablation_step']}"

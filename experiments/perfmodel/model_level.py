@@ -23,18 +23,19 @@
   ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only what outlasts
   the backward is exposed. The same under ``weights="fsdp2"``: its all-gathers and reduce-scatters
   are not timed (sharding changes the memory, not the time, here). TP holds 1/G of the weights: none.
-* ``recompute=True`` (sequence-level checkpointing): every layer's forward once more during the
-  backward, the time of full recompute (the "seq" cache spares 3/4 of the causal attention's
-  recompute: that saving is in the memory, not timed).
+* ``checkpoint`` (``burst_impl/model/checkpoint.py``'s modes; methods other than the BurstAttention
+  operator run "seq" as "full", ``checkpoint.method_mode``): "none" recomputes nothing; "full" every
+  layer's forward once more during the backward (attention layer + MLP block); "seq" the same
+  except attention: the cached (O, lse) of the second half of each rank's tokens leaves, with a
+  zigzag layout, the first global half attending to itself, i.e. the method's attention forward at
+  N/2 on the same G ranks (1/4 of the causal FLOPs, half the ring's bytes), timed as that.
 
 Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
 
 * training: ``burst_impl.model.memory.step_memory`` (weights, AdamW state and gradients by
   ``weights``: "replicated", "fsdp2" (ZeRO-3) or "tp" (1/G of everything); activations by checkpoint
   mode; logits by ``loss``; the attention method's saved tensors) with the case's shape and the
-  registry base method; checkpoint mode "seq" when ``recompute`` (BurstEngine's sequence-level
-  checkpointing), which methods other than the BurstAttention operator run as "full"
-  (``checkpoint.method_mode``), else "none"; fused-loss tiles of ``DEFAULT_TILES["cuda"]``. Plus the
+  registry base method; the effective checkpoint mode; fused-loss tiles of ``DEFAULT_TILES["cuda"]``. Plus the
   attention layer's transient buffers (the ring's blocks in flight, fp32 accumulators: the layer
   model's worst phase), which ``step_memory`` does not count: an upper bound, since they are
   added to the step's peak whichever moment that is;
@@ -60,7 +61,7 @@ from dataclasses import dataclass, field
 
 from baselines import AttnShape, get
 from burst_impl.loss import DEFAULT_TILES
-from burst_impl.model.checkpoint import method_mode
+from burst_impl.model.checkpoint import check_mode, method_mode
 from burst_impl.model.config import ModelConfig, get_config, layer_params, num_params
 from burst_impl.model.flops import model_flops
 from burst_impl.model.memory import step_memory
@@ -90,8 +91,8 @@ ASSUMPTIONS = (
     "carry the registry's bytes for the attention layer's (same (B, N, H) tensor)",
     "sequence-parallel methods: their bf16 weight gradients are ring-all-reduced over the G ranks, overlapped "
     "with the backward (only the excess is exposed), FSDP2 timed the same way; TP needs no weight sync",
-    "recompute (sequence-level checkpointing): every layer's forward once more (full recompute's time; the "
-    "cached attention half is in the memory only)",
+    "checkpoint full: every layer's forward once more in the backward; seq: the same with the attention "
+    "forward at N/2 instead of N (the cached second halves leave the first global half attending to itself)",
     "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss, 4 with the fused one "
     "(its backward recomputes every logits tile); the tiles' elementwise work not timed",
     "memory per rank: training = burst_impl.model.memory.step_memory (weights/optimizer/gradients by sharding, "
@@ -188,7 +189,7 @@ def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: 
 
 
 def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: str, weights: str,
-                 recompute: bool, loss: str) -> dict:
+                 checkpoint: str, loss: str) -> dict:
     """Bytes per rank of the whole model's step or prefill (module docstring, "Memory per rank").
 
     ``parts``: the components (they overlap in time, so the total is not their sum in training:
@@ -198,7 +199,6 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
     common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=base, layout=shape.layout, dtype=shape.dtype,
                   weights=weights)
     if mode == "fwd_bwd":
-        checkpoint = method_mode(base, "seq" if recompute else "none")
         sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_chunks=DEFAULT_TILES["cuda"], **common)
         transient = layer["transient_bytes"]
         parts = {"weights": sm.weights, "optimizer": sm.optimizer, "grads": sm.grads, "activations": sm.activations,
@@ -222,14 +222,15 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
 
 
 def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
-                  recompute: bool = False, options: dict | None = None, weights: str | None = None,
+                  checkpoint: str = "none", options: dict | None = None, weights: str | None = None,
                   loss: str = "unfused") -> ModelPrediction:
     """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model.
 
     ``weights``: "replicated" (the BurstAttention paper's runs), "fsdp2" (ZeRO-3 over the G ranks,
     BurstEngine's runs) or "tp" (tensor parallelism: 1/G of the weights); None is "tp" for TP
     methods, else "replicated". ``loss``: the LM head's loss, "unfused" or "fused" (training: one
-    more head GEMM, and no stored logits). ``recompute``: sequence-level checkpointing."""
+    more head GEMM, and no stored logits). ``checkpoint``: "none", "full" or "seq" (training; a method
+    that cannot cache runs "seq" as "full")."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
@@ -254,10 +255,16 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         head = HEAD_GEMMS[loss] * cost.gemm(rows, cols, cfg.hidden)[0]
     else:
         head = cost.gemm(b, cfg.vocab_size, cfg.hidden)[0]
+    checkpoint = method_mode(base, check_mode(checkpoint)) if train else "none"
     recomp = 0.0
-    if recompute and train:
-        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options)
-        recomp = L * (fwd.time_s + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
+    if checkpoint != "none":
+        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options).time_s
+        if checkpoint == "seq":
+            # the attention forward at N/2 replaces the one at N (module docstring)
+            half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
+            fwd += (predict_case(method, half, mode="forward", level="op", hardware=hw, options=options).time_s
+                    - predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options).time_s)
+        recomp = L * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
     sync = 0.0
     if train and not tp and G > 1:
         # the backward is ~2 of the 3 forward-equivalents of the layers' time
@@ -268,7 +275,7 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     total = sum(parts.values())
     crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]) + sync
     flops = model_flops(cfg, b, shape.seqlen, mode="train" if train else "prefill", causal=shape.causal)["total"]
-    mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, recompute=recompute, loss=loss)
+    mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, checkpoint=checkpoint, loss=loss)
     status, reason = attn.status, attn.reason
     if mem["oom"]:
         what = (f"modelled whole-model memory {mem['total_bytes'] / GIB:.1f} GiB per rank exceeds the "
