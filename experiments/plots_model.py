@@ -50,7 +50,9 @@ def _style(row: str, method: str) -> dict:
 def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     r = df.iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    return (f"{r['experiment']}{ref}: {what}\nmodel {r.get('model')}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
+    # measured records name the model in "model"; modelled ones keep their model's breakdown there
+    model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
+    return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
             f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{P._hw_and_date(df)}")
 
 
@@ -158,8 +160,9 @@ def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]
                                 "MFU (%)" if has_mfu else "model TFLOP/s per rank",
                                 ("MFU" if has_mfu else "model TFLOP/s per rank") + f"\nFLOPs: {conv[:110]}",
                                 meta, out / f"model_mfu_vs_seqlen{sfx}.png"))
-            files.append(_lines(part, "seqlen", "mem_total_gib", "GiB per rank (state + step peak, measured)",
-                                "peak memory per rank", meta, out / f"model_memory_vs_seqlen{sfx}.png", logy=True))
+            files.append(_lines(part, "seqlen", "mem_total_gib",
+                                f"GiB per rank (state + step peak, {P._source(part)})", "peak memory per rank",
+                                meta, out / f"model_memory_vs_seqlen{sfx}.png", logy=True))
         if part["seqlen"].nunique() == 1 and part["batch"].nunique() == 1:
             files.append(_summary_bars(part, meta, out / f"model_summary{sfx}.png"))
         if part["batch"].nunique() > 1:
@@ -207,9 +210,11 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
     if "mem_total_gib" in ok:
         state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)
-        a2.bar(xs, state, color=cols, alpha=0.5, label="weights + grads + optimizer state")
+        kept = "weights + grads + optimizer state" if P._source(ok) == "measured" else \
+            "weights + optimizer state (modelled: the gradients are in the step's peak)"
+        a2.bar(xs, state, color=cols, alpha=0.5, label=kept)
         a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
-        a2.set_ylabel("GiB per rank (measured)")
+        a2.set_ylabel(f"GiB per rank ({P._source(ok)})")
         a2.legend(fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(xs)

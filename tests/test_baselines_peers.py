@@ -172,3 +172,23 @@ def test_burst_and_ring_forward_match_torch_context_parallel(pools, world_size, 
         assert max_err(res["ring"][0], res["torch"][0]) <= 2 * tol
         lse_tol = FP32_RTOL * max(ref["lse"].abs().max().item(), 1.0)
         assert max_err(res["burst"][1], res["torch"][1]) <= 2 * lse_tol
+
+
+def test_stale_deepspeed_build_lock_removed_fresh_one_kept(tmp_path, monkeypatch):
+    """A build lock older than STALE_LOCK_S (a killed JIT build) is removed before DeepSpeed's comm
+    starts, else torch waits on it forever; a fresh one (a build in progress) is left alone."""
+    import os
+    import time
+
+    from baselines.methods import deepspeed_ulysses as ds
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    ds._clear_stale_build_lock()
+    assert lock.exists()
+    old = time.time() - ds.STALE_LOCK_S - 5
+    os.utime(lock, (old, old))
+    ds._clear_stale_build_lock()
+    assert not lock.exists()

@@ -3,7 +3,7 @@
 Every checkpoint mode (none, full, seq, whole) with every loss mode that runs
 on CPU (unfused, fused) gives the single-process fp64 loss and every
 parameter gradient, for every op-level attention method we implement at
-W = 1, 2, 4 (zigzag at W > 1: the layout every method accepts and ``seq``
+W = 1, 2, 4, and at W = 3 for burst and ulysses (zigzag at W > 1: the layout every method accepts and ``seq``
 needs; striped for the burst operator at W = 4). Tolerances: those of
 tests/test_model_parity.py (fp32 against fp64; the recompute adds no new
 order of rounding: the first half's attention runs on half-length blocks, a
@@ -35,6 +35,8 @@ LOSS = {m: "fused" if i % 2 else "unfused" for i, m in enumerate(SP_METHODS)}   
 FAST = {("burst", 2), ("ulysses", 2), ("burst", 4)}
 CASES = [pytest.param(m, LOSS[m], w, marks=() if w == 1 or (m, w) in FAST else pytest.mark.slow)
          for w in WORLD_SIZES for m in SP_METHODS]
+# An odd world size (zigzag at G = 3, 12 heads): the operator that caches and one method that falls back.
+CASES += [pytest.param(m, LOSS[m], 3) for m in ("burst", "ulysses")]
 RUN_TIMEOUT_S = 900
 
 

@@ -1,24 +1,32 @@
 """Model level of the performance model (experiments/perfmodel/model_level.py): hand-computed MLP
-schedules, TP's MLP collectives carrying exactly the registry's bytes, and the step's composition."""
+schedules, TP's MLP collectives carrying exactly the registry's bytes, the step's composition, the
+fused LM head's extra GEMM, and the whole model's memory per rank (the step memory model's, OOM over HBM)."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from baselines import AttnShape, get
+from burst_impl.loss import DEFAULT_TILES
 from burst_impl.model.config import get_config, num_params
 from burst_impl.model.flops import model_flops
-from experiments.cluster.hardware import parse_hardware
+from burst_impl.model.memory import step_memory
+from experiments.cluster.hardware import load_hardware, parse_hardware
+from experiments.harness.spec import Case
 from experiments.perfmodel.costs import CostModel
-from experiments.perfmodel.model_level import mlp_schedule, model_record, predict_model
+from experiments.perfmodel.model import predict_case
+from experiments.perfmodel.model_level import TP_METHODS, mlp_schedule, model_record, predict_model
 from experiments.perfmodel.placement import Placement
+from experiments.perfmodel.predict import _record
 
 PEAK, GEMM_EFF, HBM_GBS = 100.0, 0.5, 1000.0      # TFLOP/s, fraction, GB/s: round numbers to compute by hand
 INTRA_GBS, LAT_US = 8.0, 5.0                      # 8 Gb/s = 1e9 B/s per rank, 5 us
 
 
-def _hw(nodes: int = 1, per_node: int = 4):
+def _hw(nodes: int = 1, per_node: int = 4, hbm_gib: float = 80):
     raw = {"name": "hand", "nodes": nodes, "devices_per_node": per_node,
-           "accelerator": {"name": "X", "peak_tflops": {"bfloat16": PEAK}, "hbm_gib": 80,
+           "accelerator": {"name": "X", "peak_tflops": {"bfloat16": PEAK}, "hbm_gib": hbm_gib,
                            "hbm_gbytes_s": HBM_GBS, "attn_efficiency": [[1, 0.5]], "gemm_efficiency": GEMM_EFF},
            "intra": {"kind": "nvlink", "gbits_s": INTRA_GBS, "latency_us": LAT_US}}
     if nodes > 1:
@@ -103,25 +111,119 @@ def test_prefill_head_is_the_last_token_and_recompute_adds_a_forward():
     assert pre.parts["head"] == pytest.approx(_gemm(1, CFG.vocab_size, CFG.hidden), rel=1e-12)
     assert pre.parts["grad_sync_exposed"] == 0.0 and pre.parts["recompute"] == 0.0
     plain = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw)
-    rc = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, recompute=True)
-    assert rc.time_s - plain.time_s == pytest.approx(pre.time_s - pre.parts["head"], rel=1e-9)
+    full = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="full")
+    assert full.time_s - plain.time_s == pytest.approx(pre.time_s - pre.parts["head"], rel=1e-9)
+    # seq: the same, but the attention forward at N/2 (the first global half, on the same ranks) instead of N
+    seq = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="seq")
+    op = {n: predict_case("burst", dataclasses.replace(s, seqlen=n), mode="forward", level="op", hardware=hw).time_s
+          for n in (s.seqlen, s.seqlen // 2)}
+    assert op[s.seqlen // 2] < op[s.seqlen]
+    assert full.time_s - seq.time_s == pytest.approx(CFG.n_layers * (op[s.seqlen] - op[s.seqlen // 2]), rel=1e-9)
+    # a method that cannot cache runs seq as full recompute
+    assert predict_model("usp", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="seq").time_s == pytest.approx(
+        predict_model("usp", CFG, s, mode="fwd_bwd", hardware=hw, checkpoint="full").time_s, rel=1e-12)
+
+
+def _case(method: str, s: AttnShape, mode: str) -> Case:
+    return Case(experiment="x", method=method, level="layer", mode=mode, shape=s, warmup=0, repeats=0, seed=0)
 
 
 def test_model_record_and_bad_shape():
-    from experiments.harness.spec import Case
-    from experiments.perfmodel.predict import _record
-
     hw, s = _hw(), _shape(2)
     mp = predict_model("tp_v3", CFG, s, mode="fwd_bwd", hardware=hw)
-    case = Case(experiment="x", method="tp_v3", level="layer", mode="fwd_bwd", shape=s, warmup=0, repeats=0, seed=0)
-    rec = model_record(_record(case, mp.attention, "x"), mp, "x_model_level")
-    assert rec["level"] == "model" and ".model." in rec["case_id"] and "mem_peak_bytes" not in rec
+    layer_rec = _record(_case("tp_v3", s, "fwd_bwd"), mp.attention, "x")
+    rec = model_record(layer_rec, mp, "x_model_level")
+    assert rec["level"] == "model" and ".model." in rec["case_id"] and rec["weights"] == "tensor_parallel"
+    # memory as measured model-level records carry it: the state per rank and the step's peak above it
+    assert rec["mem_state_bytes_per_rank"] == [mp.memory["resident_bytes"]] * 2
+    assert rec["mem_peak_bytes"] + rec["mem_state_bytes_per_rank"][0] == rec["mem_total_bytes"] \
+        == mp.memory["total_bytes"]
     assert rec["tflops_per_rank"] == pytest.approx(mp.flops / mp.time_s / 1e12 / 2)
     assert rec["mfu"] == pytest.approx(mp.flops / mp.time_s / (2 * PEAK * 1e12))
-    layer_fwd = _record(case, mp.attention, "x")["comm_fwd_formula_bytes"]
+    layer_fwd = layer_rec["comm_fwd_formula_bytes"]
     assert rec["comm_fwd_formula_bytes"] == layer_fwd + sum(v for (p, _), v in mp.mlp_registry_bytes.items()
                                                             if p == "forward")
     with pytest.raises(ValueError, match="is not model 'llama2_7b'"):
         predict_model("burst", "llama2_7b", s, mode="forward", hardware=hw)
     with pytest.raises(ValueError, match="mode='backward'"):
         predict_model("burst", CFG, s, mode="backward", hardware=hw)
+    with pytest.raises(ValueError, match="loss='cce'"):
+        predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, loss="cce")
+    with pytest.raises(ValueError, match="weights='fsdp2' with method 'tp_v1'"):
+        predict_model("tp_v1", CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2")
+    with pytest.raises(ValueError, match="weights='tp' with method 'burst'"):
+        predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, weights="tp")
+
+
+def test_fused_head_adds_exactly_one_head_gemm():
+    """burst_impl.loss's backward recomputes every logits tile: 4 (tokens x vocab x hidden) GEMMs, not 3."""
+    hw, s = _hw(), _shape(4, 128)
+    plain = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw)
+    fused = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, loss="fused")
+    one = _gemm(128 // 4, CFG.vocab_size, CFG.hidden)
+    assert fused.parts["head"] == pytest.approx(4 * one, rel=1e-12)
+    assert fused.time_s - plain.time_s == pytest.approx(one, rel=1e-9)
+    tp = {loss: predict_model("tp_v1", CFG, s, mode="fwd_bwd", hardware=hw, loss=loss).parts["head"]
+          for loss in ("unfused", "fused")}
+    assert tp["fused"] - tp["unfused"] == pytest.approx(_gemm(128, CFG.vocab_size // 4, CFG.hidden), rel=1e-9)
+
+
+@pytest.mark.parametrize("method,checkpoint,mode", [("burst", "seq", "seq"), ("usp", "seq", "full"),
+                                                    ("ring", "none", "none"), ("ring", "full", "full")])
+def test_training_memory_is_the_step_memory_model(method, checkpoint, mode):
+    """The whole model's training memory is step_memory's (with the attention layer's transient buffers
+    added), so the two cannot drift; recompute is sequence-level checkpointing, which methods other than
+    the BurstAttention operator run as full recompute."""
+    hw, s = _hw(), _shape(4, 128)
+    mp = predict_model(method, CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2", checkpoint=checkpoint,
+                       loss="fused")
+    sm = step_memory(CFG, batch=1, seqlen=128, world_size=4, method=method, layout="zigzag", dtype="bfloat16",
+                     weights="fsdp2", checkpoint=mode, loss="fused", loss_chunks=DEFAULT_TILES["cuda"])
+    assert mp.memory["checkpoint"] == mode and mp.memory["step"] == sm.as_dict()
+    assert mp.memory["total_bytes"] == sm.total_bytes + mp.attention.memory["transient_bytes"]
+
+
+@pytest.mark.parametrize("mode", ["fwd_bwd", "forward"])
+def test_oom_when_the_whole_model_exceeds_hbm(mode):
+    """With the HBM between the attention layer's peak and the whole model's, the layer fits but the
+    model is OOM, its record says so (no time) and still carries the time it would take."""
+    s = _shape(2)
+    fits = predict_model("burst", CFG, s, mode=mode, hardware=_hw())
+    layer, whole = fits.attention.memory["total_bytes"], fits.memory["total_bytes"]
+    assert fits.status == "ok" and layer < whole
+    small = predict_model("burst", CFG, s, mode=mode, hardware=_hw(hbm_gib=(layer + whole) / 2 / 2**30))
+    assert small.attention.status == "ok" and small.status == "oom"
+    assert "whole-model memory" in small.reason and small.memory["total_bytes"] == whole
+    rec = model_record(_record(_case("burst", s, mode), small.attention, "x"), small, "x_model_level")
+    assert rec["status"] == "oom" and rec["time_median_s"] is None and rec["time_model_s"] == small.time_s
+
+
+def test_tp_holds_one_gth_of_the_weights():
+    hw, s = _hw(), _shape(4, 128)
+    P = num_params(CFG)
+    for mode in ("fwd_bwd", "forward"):
+        for m in TP_METHODS:
+            tp = predict_model(m, CFG, s, mode=mode, hardware=hw)
+            assert tp.memory["weights"] == "tp" and tp.memory["parts"]["weights"] == -(-P // 4) * 2
+        sp = predict_model("burst", CFG, s, mode=mode, hardware=hw)
+        assert sp.memory["weights"] == "replicated" and sp.memory["parts"]["weights"] == P * 2
+
+
+def test_ablation_fused_head_saves_memory_and_seq_checkpointing_time():
+    """BurstEngine's ablation at its size (14B, 1M tokens, 32 A800, FSDP2), rows as ablation.STEPS runs them:
+    the fused LM head removes the logits (memory falls); sequence-level checkpointing, after full-block
+    checkpointing, caches half the attention outputs (memory rises a little) so that the recompute runs
+    attention on the first half only (time falls); every row fits the A800 with checkpointing."""
+    from experiments.perfmodel.model_figures import ABLATION, BE_HARDWARE, ablation_records
+
+    recs = ablation_records("x", load_hardware(BE_HARDWARE))
+    fused = next(i for i, row in enumerate(ABLATION) if row[3] == "fused")
+    seq = next(i for i, row in enumerate(ABLATION) if row[2] == "seq")
+    total = [r["mem_total_bytes"] for r in recs]
+    assert total[fused] < total[fused - 1], total
+    logits = [r["mem_parts_bytes"]["logits"] for r in recs]
+    assert logits[fused] < logits[fused - 1] / 10
+    assert (recs[seq]["checkpoint"], recs[seq - 1]["checkpoint"]) == ("seq", "full")
+    assert total[seq] > total[seq - 1]                                  # the cached (O, lse)
+    assert recs[seq]["time_model_s"] < recs[seq - 1]["time_model_s"]    # less recompute
+    assert all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]

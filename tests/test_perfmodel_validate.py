@@ -135,3 +135,20 @@ def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):
     (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
     with pytest.raises(ValueError, match="no compute calibration"):
         validate.validate_experiment(tmp_path, "t_emu", require_calibration=True)
+
+
+def test_a_records_mask_reaches_the_model():
+    """A sliding-window record is predicted with its mask (a fraction of the causal work): the mask is one
+    of the shape keys read from the record, and the table names each row's layout and mask."""
+    recs = [_record(4096, "burst", 1.0), _record(4096, "burst", 1.0)]
+    recs[1] = {**recs[1], "causal": True, "mask": "window:64:0", "case_id": "burst.N4096.window"}
+    recs[0] = {**recs[0], "causal": True}
+    # hand-set times: every kernel call costs ATTN whatever its size, so compare the live work instead
+    rows = validate.compare(recs, _times(recs), rescale=False)
+    keys = {validate.calibration_key(r["cluster"]) for r in recs}
+    assert keys == {None}
+    windowed = [k for k in validate.needed_keys([recs[1]]) if k[0] == "attention"]
+    causal = [k for k in validate.needed_keys([recs[0]]) if k[0] == "attention"]
+    assert windowed != causal           # different block shapes: the window trims the tiles
+    rep = validate.error_table(rows)
+    assert "window:64:0" in rep["text"] and "case" in rep["text"]

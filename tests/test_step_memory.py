@@ -80,6 +80,31 @@ def test_ablation_spec():
     assert totals[3] < totals[2] / 1.5, totals
 
 
+def test_tensor_parallel_holds_one_gth_of_the_weights():
+    """weights="tp" (tp_v1, tp_v3): weights, gradients and AdamW state are 1/G of all parameters with
+    nothing gathered; the attention part is the TP method's registry memory; V3 keeps the norms' tensors
+    of N/G tokens only (less than V1); TP attention caches nothing, so "seq" is "full"."""
+    from baselines.registry import get
+    from burst_impl.model.config import num_params
+    from burst_impl.model.sequence_parallel import attn_shape
+
+    cfg, G, N = get_config("llama2_7b"), 8, 1 << 14
+    kw = dict(batch=1, seqlen=N, world_size=G, dtype="bfloat16", loss="unfused")
+    assert step_memory(cfg, method="burst", weights="replicated", **kw).weights == num_params(cfg) * 2
+    acts = {}
+    for m in ("tp_v1", "tp_v3"):
+        tp = step_memory(cfg, method=m, weights="tp", checkpoint="none", **kw)
+        assert tp.weights == tp.grads == -(-num_params(cfg) // G) * 2
+        assert tp.optimizer == 2 * tp.weights and tp.gathered == 0
+        assert tp.attention == get(m).memory(attn_shape(cfg, 1, N, G, "zigzag", dtype="bfloat16"))
+        assert step_memory(cfg, method=m, weights="tp", checkpoint="seq", **kw) == \
+            step_memory(cfg, method=m, weights="tp", checkpoint="full", **kw)
+        acts[m] = tp.activations
+    assert acts["tp_v3"] < acts["tp_v1"]
+    with pytest.raises(ValueError, match="weights='tp' needs a tensor-parallel attention method"):
+        step_memory(cfg, method="burst", weights="tp", **kw)
+
+
 # ---------------------------------------------------------------- sequence parallel, G > 1
 #
 # The same measurement on every rank of a gloo group (tests/distpool.py), for the burst operator

@@ -45,10 +45,34 @@ class _LocalAttnModule(torch.nn.Module):
                           mask=self.mask)
 
 
+# A JIT build of DeepSpeed's CPU shm op takes about a minute here; a lock file much older than that was
+# left by a build that was killed, and torch's FileBaton would wait on it forever (seen: a sweep stalled
+# until its case timeout).
+STALE_LOCK_S = 600
+
+
+def _clear_stale_build_lock(name: str = "deepspeed_shm_comm") -> None:
+    import time
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        print(f"deepspeed_ulysses: removing {lock}, a build lock {age:.0f} s old (a killed build left it)",
+              flush=True)
+        lock.unlink(missing_ok=True)
+
+
 def _ensure_deepspeed_comm() -> None:
     import deepspeed.comm as dscomm
 
     if not dscomm.is_initialized():
+        _clear_stale_build_lock()
         # torch.distributed is already up: DeepSpeed wraps the existing default group.
         dscomm.init_distributed(dist_backend=dist.get_backend(), dist_init_required=False, verbose=False)
 

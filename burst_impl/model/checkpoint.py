@@ -187,16 +187,16 @@ def effective_mode(block, mode: str) -> str:
     return mode
 
 
-def method_mode(method: str | None, mode: str) -> str:
-    """``effective_mode`` by attention registry name (None: one device, the fused kernels), for
-    models of a block that is not built (``memory.step_memory``)."""
-    check_mode(mode)
-    if mode in ("seq", "whole") and method is not None:
-        from baselines.registry import get
+def method_mode(method: str, mode: str) -> str:
+    """``effective_mode`` from a registry method's name, for models of a step that build no blocks
+    (the memory and performance models): ``seq``/``whole`` are ``full`` unless the method is the
+    BurstAttention operator (or one of its timing variants)."""
+    from baselines.registry import get  # late, as memory.py does: the registry loads every method
 
-        m = get(method)
-        if (m.variant_of or m.name) not in BURST_OPERATOR_BACKWARD:
-            return "full"
+    check_mode(mode)
+    m = get(method)
+    if mode in ("seq", "whole") and BURST_OPERATOR_BACKWARD.get(m.variant_of or m.name) is None:
+        return "full"
     return mode
 
 

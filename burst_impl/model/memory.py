@@ -12,6 +12,9 @@ H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
   gradients, 2 P e for AdamW's two moments (torch keeps them in the
   parameter dtype); divided by G under FSDP2 (``fsdp2``), which adds one
   gathered block's weights and gradients in flight.
+* **tensor parallel** (``weights="tp"``, methods ``tp_v1``/``tp_v3``): weights,
+  gradients and optimizer divided by G, nothing gathered; activations and
+  the vocabulary-parallel loss per rank as ``_tensor_parallel`` says (approximate).
 * **activations** by checkpoint mode (``checkpoint.py``). What autograd keeps
   per token and block, counted from the layers (``layers.py``): each RMSNorm
   its input, the normalised x and the weighted output (3H, twice); the
@@ -58,13 +61,13 @@ the tested shapes: the rings' blocks in flight and their fp32 gradient
 accumulators (live during a block's attention backward, after its MLP has
 freed 3H + 4F per token: measured below the SwiGLU backward's moment at
 F = 2.7 H in fp32; not at F = H/3: at G = 3, ``full``, forward + backward
-without the all-reduce peaked there at 7.33 MiB against 6.11 MiB modelled for the SwiGLU moment,
-hidden in that step by the all-reduce moment, 8.73 MiB measured and
-modelled; bf16 with fp32 accumulators narrows the margin too), the
+without the all-reduce peaked there at 7.33 MiB against 6.11 MiB modelled
+for the SwiGLU moment, hidden in that step by the all-reduce moment, 8.73
+MiB measured and modelled; bf16 with fp32 accumulators narrows the margin too), the
 all-to-all buffers of Ulysses, the ring forward's fp32 running output; and
 gloo's or NCCL's own staging, which is allocated outside torch's allocator
 (neither measured by the profiler nor by ``max_memory_allocated``). Not
-checked against measurement: FSDP2 (``gathered``), bf16, and the optimizer
+checked against measurement: FSDP2 (``gathered``), ``weights="tp"``, bf16, and the optimizer
 step's temporaries (not modelled; the mirror's step includes them, and its
 42.1 MiB peak is still the all-reduce moment).
 """
@@ -83,7 +86,7 @@ from .parallel import bucket_sizes
 from .sequence_parallel import attn_shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
-WEIGHTS = ("replicated", "fsdp2")
+WEIGHTS = ("replicated", "fsdp2", "tp")
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     T = batch * seqlen // G
     H, F, L = cfg.hidden, cfg.ffn_hidden, cfg.n_layers
     P = num_params(cfg)
-    shard = G if weights == "fsdp2" else 1
+    shard = G if weights in ("fsdp2", "tp") else 1
     w = -(-P // shard) * e
     opt = 2 * w if optimizer else 0
     grads = w
@@ -158,7 +161,7 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     shape = attn_shape(cfg, batch, seqlen, G, layout, dtype=str(dtype).removeprefix("torch."))
     # seq/whole cache (O, lse) through the BurstAttention operator's backward only; blocks of other
     # methods (Ulysses, USP, ...) are checkpointed as full (checkpoint.effective_mode).
-    checkpoint = method_mode(method, checkpoint)
+    checkpoint = method_mode(method, checkpoint) if method is not None else checkpoint
     if method is None:
         # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does.
         attn = volume.saved_bytes(shape)
@@ -166,10 +169,12 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
         from baselines.layer import layer_memory_bytes
         from baselines.registry import get
 
-        # The attention layer's kept bytes (the method's saved tensors, plus the output all-to-all's
-        # result that Ulysses' output projection keeps at G > 1), less its input x: the norm's 3H count it.
+        # Sequence parallel: the attention layer's kept bytes (the method's saved tensors, plus the output
+        # all-to-all's result that Ulysses' output projection keeps at G > 1), less its input x: the norm's
+        # 3H count it. Tensor parallel: the method's own model of its layer.
         m = get(method)
-        attn = layer_memory_bytes(m, shape) - T * H * e if G > 1 else int(m.memory(shape))
+        sp = G > 1 and m.level == "op"
+        attn = layer_memory_bytes(m, shape) - T * H * e if sp else int(m.memory(shape))
     per_block = T * (6 * H + 4 * F) * e + attn
     half = T // 2
     o_lse = {"seq": (half, T - half), "whole": (0, T)}
@@ -181,6 +186,9 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     logits = logits_bytes(cfg, T, e, loss, loss_chunks)
     block_temp = T * (2 * F + H) * e
     block_grads = layer_params(cfg) * e // shard
+    if weights == "tp":   # Megatron tensor parallelism: other token counts and widths per rank
+        per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp = _tensor_parallel(
+            cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks)
 
     if checkpoint == "none":
         activations, recompute = L * per_block, 0
@@ -206,4 +214,38 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     peak = max(start, block0, block_last, sync)
     return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
                       cache=L * cache_block, logits=logits, attention=attn, block_temp=block_temp,
-                      gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt, step_peak_bytes=peak, total_bytes=w + opt + peak)
+                      gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt, step_peak_bytes=peak,
+                      total_bytes=w + opt + peak)
+
+
+def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: str | None, attn: int,
+                     loss: str, loss_chunks) -> tuple[int, ...]:
+    """``weights="tp"``: (per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp)
+    per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
+
+    A rank holds the hidden states of all N tokens (V1) or of its N/G shard (V3: ``layer_input``
+    "sequence"), 1/G of the heads and of the FFN columns, and (as Megatron, and as the performance
+    model's LM head) 1/G of the vocabulary. Per block: the two RMSNorms' 6H per held token; the
+    SwiGLU's 4 F/G per token over all N tokens (the MLP runs on the gathered sequence); under V3 the
+    gathered (B, N, H) MLP input that w1/w3 keep for their weight gradients; the attention part is
+    the registry's TP memory model (``tp_memory_bytes``: gathered input, this rank's q, k, v, O, lse
+    over N). Approximate: the V1 norm output that the registry also counts as the attention input is
+    counted twice (B N H e per block); the head's gathered input under V3 and the vocabulary-parallel
+    loss's cross-rank max/sum buffers are not counted; our model-level ``tensor_parallel`` replicates
+    the embedding and LM head (not Megatron's split), which this does not follow. ``seq``/``whole``
+    cache nothing: TP attention is recomputed through its own autograd (``checkpoint.effective_mode``),
+    so they are ``full`` here.
+    """
+    from dataclasses import replace
+
+    from baselines.registry import get
+
+    if method is None or get(method).level != "layer":
+        raise ValueError(f"weights='tp' needs a tensor-parallel attention method (tp_v1, tp_v3), got method={method!r}")
+    H, F, V = cfg.hidden, cfg.ffn_hidden // G, -(-cfg.vocab_size // G)
+    n = batch * seqlen                                                     # tokens the MLP and head run on
+    held = n if get(method).layer_input == "replicated" else n // G        # tokens whose (B, ., H) a rank holds
+    per_block = (held * 6 * H + n * 4 * F + (n * H if held != n else 0)) * e + attn
+    logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks)
+    return per_block, held * H * e, 0, 3 * held * H * e, V * H * e, logits, n * (2 * F + H) * e
+

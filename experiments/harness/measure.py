@@ -99,6 +99,7 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
     ids = [c.case_id for c in cases]
     for i, rec in enumerate(out):
         rec["repeat_stop"] = timed.stop
+        rec["rounds"] = timed.rounds          # samples taken (``repeats`` is the configured minimum)
         rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
         # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)

@@ -12,35 +12,72 @@
   all-gather before, reduce-scatter after), whose bytes are the registry's formulas for the
   attention layer's collectives (the same (B, N, H) tensor): they are ``take``n from
   ``Method.bytes`` like every other transfer, so they equal it by construction;
-* LM head: training, a (tokens x H) @ (H x V) GEMM forward + 2x backward per rank (sequence
-  parallel: N/G tokens; TP: vocab-parallel, N tokens x V/G); prefill, the last token only;
-* training with replicated weights (sequence-parallel methods): a ring all-reduce of the bf16
-  weight gradients over the G ranks, overlapped with the backward pass (bucketed, as DDP and
-  FSDP do), so only what outlasts the backward is exposed. TP holds 1/G of the weights: none.
-* ``recompute=True`` (sequence-level / full activation checkpointing): every layer's forward once
-  more during the backward.
+* LM head: training, GEMMs of (tokens x H) @ (H x V) per rank (sequence parallel: N/G tokens; TP:
+  vocab-parallel, N tokens x V/G): ``loss="unfused"`` 3 (forward, d hidden, d W_head);
+  ``loss="fused"`` 4, from ``burst_impl.loss``'s algorithm: its forward computes each
+  (tokens x vocab) logits tile once for the online log-sum-exp and keeps only lse, and its backward
+  recomputes every tile (one more full logits GEMM) before the d hidden and d W_head GEMMs. The
+  tiles' elementwise work (exp, the running max/sum) is not timed, in either mode. Prefill: the
+  last token only;
+* training, sequence-parallel methods: a ring all-reduce of the bf16 weight gradients over the G
+  ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only what outlasts
+  the backward is exposed. The same under ``weights="fsdp2"``: its all-gathers and reduce-scatters
+  are not timed (sharding changes the memory, not the time, here). TP holds 1/G of the weights: none.
+* ``checkpoint`` (``burst_impl/model/checkpoint.py``'s modes; methods other than the BurstAttention
+  operator run "seq" as "full", ``checkpoint.method_mode``): "none" recomputes nothing; "full" every
+  layer's forward once more during the backward (attention layer + MLP block); "seq" the same
+  except attention: the cached (O, lse) of the second half of each rank's tokens leaves, with a
+  zigzag layout, the first global half attending to itself, i.e. the method's attention forward at
+  N/2 on the same G ranks (1/4 of the causal FLOPs, half the ring's bytes), timed as that.
+
+Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
+
+* training: ``burst_impl.model.memory.step_memory`` (weights, AdamW state and gradients by
+  ``weights``: "replicated", "fsdp2" (ZeRO-3) or "tp" (1/G of everything); activations by checkpoint
+  mode; logits by ``loss``; the attention method's saved tensors) with the case's shape and the
+  registry base method; the effective checkpoint mode; fused-loss tiles of ``DEFAULT_TILES["cuda"]``. Plus the
+  attention layer's transient buffers (the ring's blocks in flight, fp32 accumulators: the layer
+  model's worst phase), which ``step_memory`` does not count: an upper bound, since they are
+  added to the step's peak whichever moment that is;
+* prefill: the weights (by ``weights``; FSDP2 adds one gathered block), the attention layer's
+  modelled peak (``memory.peak_memory``: its input, its layer weights again, kept and transient
+  buffers) and one layer's MLP activations on the local tokens (3H + 4F per token: the norm's
+  tensors and the SwiGLU's; TP: all N tokens, F/G). The KV cache of the other layers (kept by a
+  server that goes on to decode) is not counted.
+
+A case is "oom" when the layer alone does not fit (``model.predict_case``) or when the whole
+model's total per rank exceeds ``hardware.accelerator.hbm_gib``; the reason names the total and
+the largest part. The CUDA context, allocator fragmentation and communication-library buffers are
+not counted (as in ``step_memory``).
 
 Not modelled: the embedding lookup, the optimizer step, pipeline or data parallelism beyond the
-G ranks, memory at model level (OOM verdicts stay per attention layer). FLOPs, TFLOP/s and MFU
-use the model's FLOP convention (``burst_impl.model.flops``: 6 x params x tokens + attention,
-causal halved, recompute not counted).
+G ranks. FLOPs, TFLOP/s and MFU use the model's FLOP convention (``burst_impl.model.flops``:
+6 x params x tokens + attention, causal halved, recompute not counted).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from baselines import AttnShape, get
-from burst_impl.model.config import ModelConfig, get_config, num_params
+from burst_impl.loss import DEFAULT_TILES
+from burst_impl.model.checkpoint import check_mode, method_mode
+from burst_impl.model.config import ModelConfig, get_config, layer_params, num_params
 from burst_impl.model.flops import model_flops
+from burst_impl.model.memory import step_memory
 
 from .costs import CostModel
+from .memory import GIB
 from .model import predict_case
 from .placement import Placement
+from .schedules import builder
 from .schedules.common import Ctx, ring_collective
 from .simulator import Schedule
 
 TP_METHODS = ("tp_v1", "tp_v3")
+WEIGHTS = ("replicated", "fsdp2", "tp")
+# (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
+HEAD_GEMMS = {"unfused": 3, "fused": 4}
 # Paper spec -> the model it is a layer of (PAPER.md §3); the shapes are checked against it.
 SPEC_MODELS = {
     "table2_prefill_7b_8gpu": "llama2_7b", "table3_prefill_13b_8gpu": "llama2_13b",
@@ -52,9 +89,17 @@ ASSUMPTIONS = (
     "model step = layers x (attention layer schedule + MLP block schedule) + LM head + exposed gradient sync",
     "MLP: SwiGLU GEMMs at the profile's GEMM efficiency, norms/SwiGLU/residuals HBM-bound; TP's MLP collectives "
     "carry the registry's bytes for the attention layer's (same (B, N, H) tensor)",
-    "sequence-parallel methods hold full weights: their bf16 weight gradients are ring-all-reduced over the G "
-    "ranks, overlapped with the backward (only the excess is exposed); TP needs no weight sync",
-    "not modelled: embedding, optimizer step, memory at model level (OOM verdicts are the attention layer's)",
+    "sequence-parallel methods: their bf16 weight gradients are ring-all-reduced over the G ranks, overlapped "
+    "with the backward (only the excess is exposed), FSDP2 timed the same way; TP needs no weight sync",
+    "checkpoint full: every layer's forward once more in the backward; seq: the same with the attention "
+    "forward at N/2 instead of N (the cached second halves leave the first global half attending to itself)",
+    "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss, 4 with the fused one "
+    "(its backward recomputes every logits tile); the tiles' elementwise work not timed",
+    "memory per rank: training = burst_impl.model.memory.step_memory (weights/optimizer/gradients by sharding, "
+    "activations by checkpoint mode, logits by loss mode) + the attention layer's transient buffers; prefill = "
+    "weights + the attention layer's modelled peak + one layer's MLP activations; OOM when over the HBM",
+    "not modelled: embedding, optimizer step, KV cache in prefill, CUDA context, allocator fragmentation, "
+    "communication-library buffers",
 )
 
 
@@ -70,9 +115,10 @@ class ModelPrediction:
     critical_comm_s: float         # communication on the critical path, whole model
     mlp_bytes: dict                # {(phase, kind): bytes} one rank sends in ONE layer's MLP block
     mlp_registry_bytes: dict       # the registry formula those bytes come from
-    status: str
+    status: str                    # "oom" when the layer or the whole model does not fit (module docstring)
     reason: str
     attention: object              # the layer-level Prediction
+    memory: dict = field(default_factory=dict)   # bytes per rank: model_memory()
 
 
 def check_shape(cfg: ModelConfig, shape: AttnShape) -> None:
@@ -142,11 +188,58 @@ def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: 
     return _SYNC[key]
 
 
+def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: str, weights: str,
+                 checkpoint: str, loss: str) -> dict:
+    """Bytes per rank of the whole model's step or prefill (module docstring, "Memory per rank").
+
+    ``parts``: the components (they overlap in time, so the total is not their sum in training:
+    ``step_memory`` takes the largest of its moments); ``step``: ``step_memory``'s fields (training)."""
+    G, b, e = shape.world_size, shape.batch, shape.elem_size
+    layer = attn.memory
+    common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=base, layout=shape.layout, dtype=shape.dtype,
+                  weights=weights)
+    if mode == "fwd_bwd":
+        sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_chunks=DEFAULT_TILES["cuda"], **common)
+        transient = layer["transient_bytes"]
+        parts = {"weights": sm.weights, "optimizer": sm.optimizer, "grads": sm.grads, "activations": sm.activations,
+                 "recompute": sm.recompute, "logits": sm.logits, "gathered": sm.gathered,
+                 "attention_transient": transient}
+        resident, total, step = sm.resident_bytes, sm.total_bytes + transient, sm.as_dict()
+    else:
+        checkpoint = loss = None
+        sm = step_memory(cfg, checkpoint="none", loss="unfused", optimizer=False, **common)
+        tp = weights == "tp"
+        tokens = b * shape.seqlen if tp else b * shape.seqlen // G       # TP: the MLP runs on all N tokens
+        ffn = cfg.ffn_hidden // G if tp else cfg.ffn_hidden
+        parts = {"weights": sm.weights, "gathered": layer_params(cfg) * e if weights == "fsdp2" and G > 1 else 0,
+                 "attention_layer": layer["total_bytes"],
+                 "mlp_activations": tokens * (3 * cfg.hidden + 4 * ffn) * e}
+        resident, total, step = sm.weights, sum(parts.values()), None
+    capacity = int(attn.hardware.accelerator.hbm_gib * GIB)
+    return {"total_bytes": total, "resident_bytes": resident, "capacity_bytes": capacity, "oom": total > capacity,
+            "layer_oom": bool(layer["oom"]), "parts": parts, "largest": max(parts, key=parts.get),
+            "weights": weights, "checkpoint": checkpoint, "loss": loss, "step": step}
+
+
 def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
-                  recompute: bool = False, options: dict | None = None) -> ModelPrediction:
-    """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model."""
+                  checkpoint: str = "none", options: dict | None = None, weights: str | None = None,
+                  loss: str = "unfused") -> ModelPrediction:
+    """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model.
+
+    ``weights``: "replicated" (the BurstAttention paper's runs), "fsdp2" (ZeRO-3 over the G ranks,
+    BurstEngine's runs) or "tp" (tensor parallelism: 1/G of the weights); None is "tp" for TP
+    methods, else "replicated". ``loss``: the LM head's loss, "unfused" or "fused" (training: one
+    more head GEMM, and no stored logits). ``checkpoint``: "none", "full" or "seq" (training; a method
+    that cannot cache runs "seq" as "full")."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
+    if loss not in HEAD_GEMMS:
+        raise ValueError(f"loss={loss!r}: the LM head's time is modelled for {tuple(HEAD_GEMMS)}")
+    tp = builder(method)[0] in TP_METHODS
+    weights = ("tp" if tp else "replicated") if weights is None else weights
+    if weights not in WEIGHTS or (weights == "tp") != tp:
+        raise ValueError(f"weights={weights!r} with method {method!r}: tensor-parallel methods {TP_METHODS} hold "
+                         "weights='tp', the others 'replicated' or 'fsdp2'")
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     check_shape(cfg, shape)
     attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options)
@@ -156,17 +249,22 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     base = attn.base_method
     mlp, mlp_sent, mlp_registry = mlp_schedule(base, cfg, shape, cost, place, mode)
     G, b, L = shape.world_size, shape.batch, cfg.n_layers
-    tp = base in TP_METHODS
     train = mode == "fwd_bwd"
     if train:
         rows, cols = (b * shape.seqlen, cfg.vocab_size // G) if tp else (b * shape.seqlen // G, cfg.vocab_size)
-        head = 3 * cost.gemm(rows, cols, cfg.hidden)[0]
+        head = HEAD_GEMMS[loss] * cost.gemm(rows, cols, cfg.hidden)[0]
     else:
         head = cost.gemm(b, cfg.vocab_size, cfg.hidden)[0]
+    checkpoint = method_mode(base, check_mode(checkpoint)) if train else "none"
     recomp = 0.0
-    if recompute and train:
-        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options)
-        recomp = L * (fwd.time_s + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
+    if checkpoint != "none":
+        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options).time_s
+        if checkpoint == "seq":
+            # the attention forward at N/2 replaces the one at N (module docstring)
+            half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
+            fwd += (predict_case(method, half, mode="forward", level="op", hardware=hw, options=options).time_s
+                    - predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options).time_s)
+        recomp = L * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
     sync = 0.0
     if train and not tp and G > 1:
         # the backward is ~2 of the 3 forward-equivalents of the layers' time
@@ -177,18 +275,39 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     total = sum(parts.values())
     crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]) + sync
     flops = model_flops(cfg, b, shape.seqlen, mode="train" if train else "prefill", causal=shape.causal)["total"]
+    mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, checkpoint=checkpoint, loss=loss)
+    status, reason = attn.status, attn.reason
+    if mem["oom"]:
+        what = (f"modelled whole-model memory {mem['total_bytes'] / GIB:.1f} GiB per rank exceeds the "
+                f"{mem['capacity_bytes'] / GIB:.3g} GiB of {hw.accelerator.name} (largest part: {mem['largest']} "
+                f"{mem['parts'][mem['largest']] / GIB:.1f} GiB; weights {weights}"
+                + (f", checkpoint {mem['checkpoint']}, loss {loss})" if train else ", prefill)"))
+        status, reason = "oom", (f"{reason}; {what}" if reason else what)
     return ModelPrediction(method=method, config=cfg, shape=shape, mode=mode, time_s=total, parts=parts, flops=flops,
                            critical_comm_s=crit, mlp_bytes=mlp_sent, mlp_registry_bytes=mlp_registry,
-                           status=attn.status, reason=attn.reason, attention=attn)
+                           status=status, reason=reason, attention=attn, memory=mem)
 
 
 def model_record(layer_record: dict, mp: ModelPrediction, experiment: str) -> dict:
     """A model-level record made from the layer-level one (same schema, ``level: "model"``)."""
     rec = {k: v for k, v in layer_record.items() if not k.startswith("mem_")}
-    s = mp.shape
+    s, m = mp.shape, mp.memory
     t = mp.time_s if mp.status == "ok" else None
     peak = mp.attention.hardware.accelerator.peak_tflops[s.dtype] * 1e12
     rec.update({
+        "status": mp.status, "reason": mp.reason,
+        # as measured model-level records (experiments/harness/model_record.py): the state per rank and the
+        # step's peak above it, so experiments/plots_model.py draws their sum (and marks OOM) the same way
+        "mem_peak_bytes": m["total_bytes"] - m["resident_bytes"],
+        "mem_state_bytes_per_rank": [m["resident_bytes"]] * s.world_size,
+        "mem_total_bytes": m["total_bytes"],
+        "mem_parts_bytes": m["parts"],
+        "mem_method": "modelled: " + ("burst_impl.model.memory.step_memory + the attention layer's transient buffers"
+                                      if mp.mode == "fwd_bwd" else "weights + attention layer peak + one MLP's "
+                                      "activations"),
+        "mem_measured_over": "modelled " + ("training step" if mp.mode == "fwd_bwd" else "prefill"),
+        "weights": {"tp": "tensor_parallel"}.get(m["weights"], m["weights"]), "zero": m["weights"] == "fsdp2",
+        "checkpoint": m["checkpoint"], "loss": m["loss"],
         "experiment": experiment, "level": "model", "model_config": mp.config.name,
         "case_id": rec["case_id"].replace(".layer.", ".model.").replace(".op.", ".model."),
         "config": {**rec["config"], "experiment": experiment, "level": "model", "model": mp.config.name},
@@ -207,7 +326,8 @@ def model_record(layer_record: dict, mp: ModelPrediction, experiment: str) -> di
             rec[f"{key}_bytes"] += add
         rec[f"{key}_formula_bytes"] = (rec.get(f"{key}_formula_bytes") or 0) + add_f
     rec["comm_measured_over"] = "modelled schedule, one layer (attention layer + MLP block)"
-    rec["model"] = {**rec["model"], "level": "model", "parts_s": mp.parts, "assumptions":
+    rec["model"] = {**rec["model"], "level": "model", "parts_s": mp.parts, "memory": m,
+                    "layer_memory": rec["model"]["memory"], "assumptions":
                     list(rec["model"]["assumptions"]) + list(ASSUMPTIONS),
                     "breakdown": {"makespan_s": mp.time_s, "critical_comm_s": mp.critical_comm_s}}
     return rec

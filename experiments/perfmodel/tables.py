@@ -134,8 +134,12 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
 def _model_cell(rec: dict | None, what: str) -> str:
     if rec is None:
         return "–"
+    mem = rec["model"]["memory"]
+    if what == "mem":
+        return f"{mem['total_bytes'] / 2**30:.1f}" + (" (OOM)" if mem["oom"] else "")
     if rec["status"] == "oom":
-        return "OOM (layer)"
+        why = "layer" if mem["layer_oom"] else f"{mem['total_bytes'] / 2**30:.0f} GiB"
+        return f"OOM ({why}; {rec['time_model_s']:.3g} s if it fit)" if what == "time" else f"OOM ({why})"
     t = rec["time_median_s"]
     if what == "time":
         return f"{t:.3g}"
@@ -147,6 +151,16 @@ def _model_cell(rec: dict | None, what: str) -> str:
         b = rec["model"]["breakdown"]
         return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%"
     raise ValueError(what)
+
+
+_MEM_NOTE = ("Training: `burst_impl.model.memory.step_memory` (weights, AdamW state, gradients by sharding; "
+             "activations by checkpoint mode; the loss's buffers by loss mode) plus the attention layer's "
+             "transient buffers. The parts overlap in time: the step's peak is the largest of its moments, "
+             "not their sum. Not counted: CUDA context, allocator fragmentation, communication-library buffers.")
+
+_PREFILL_NOTE = ("Prefill memory: the weights, the attention layer's modelled peak (its input, weights, kept and "
+                 "transient buffers) and one layer's MLP activations on the local tokens; the KV cache a server "
+                 "would keep for decoding is not counted.")
 
 
 def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[dict], out_dir: Path) -> Path:
@@ -164,12 +178,29 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
            f"tokens + attention, causal halved, recompute not counted) against {hw.accelerator.name}'s "
            f"{hw.accelerator.peak_tflops.get(r0['dtype'])} TFLOP/s peak.",
            ""]
+    hbm = f"the {hw.accelerator.hbm_gib:g} GiB of {hw.accelerator.name}"
     if "ablation_step" in r0:
-        out += ["| step | method | time per step (s) | tokens/s per GPU | MFU | exposed comm |",
-                "|---|---|---:|---:|---:|---:|"]
-        for r in sorted(records, key=lambda r: r["ablation_step"]):
+        rows = sorted(records, key=lambda r: r["ablation_step"])
+        out += ["| step | method | time per step (s) | tokens/s per GPU | MFU | exposed comm | memory per rank (GiB) |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in rows:
             out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
-                       f"{_model_cell(r, 'tokens')} | {_model_cell(r, 'mfu')} | {_model_cell(r, 'exposed')} |")
+                       f"{_model_cell(r, 'tokens')} | {_model_cell(r, 'mfu')} | {_model_cell(r, 'exposed')} | "
+                       f"{_model_cell(r, 'mem')} |")
+        out += ["", f"## Memory per rank per step (GiB, modelled; OOM above {hbm})", "",
+                _MEM_NOTE, "",
+                "| step | weights | checkpoint | loss | weights + optimizer | gradients | activations kept | "
+                "one block recomputed | loss buffers | attention transient | step peak above the state | total |",
+                "|---|---|---|---|" + "---:|" * 8]
+        def gib(b: int) -> str:
+            return f"{b / 2**30:.1f}"
+
+        for r in rows:
+            m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
+            out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
+                       f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
+                       f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
+                       f"{gib(m['total_bytes'] - m['resident_bytes'])} | {_model_cell(r, 'mem')} |")
         out.append("")
     else:
         methods = [m for m in meta.get("methods", []) if any(r["method"] == m for r in records)]
@@ -178,8 +209,11 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
         if x == "seqlen" and len({r["world_size"] for r in records}) > 1:
             x = "world_size"
         xs = sorted({r[x] for r in records})
+        weights = sorted({str(r["model"]["memory"]["weights"]) for r in records})
         for key, title in (("time", "Time per step (s)"), ("tokens", "Tokens/s per GPU"), ("mfu", "MFU"),
-                           ("exposed", "Share of the step that is communication on the critical path")):
+                           ("exposed", "Share of the step that is communication on the critical path"),
+                           ("mem", f"Memory per rank (GiB, modelled; weights {' / '.join(weights)}; OOM above "
+                                   f"{hbm})")):
             out += [f"## {title}", "", "| " + " | ".join([x if x != "seqlen" else "N"] + methods) + " |",
                     "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
             for v in xs:
@@ -188,6 +222,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
                         for m in methods]
                 out.append("| " + " | ".join(row) + " |")
             out.append("")
+        out += [_MEM_NOTE if r0["mode"] == "fwd_bwd" else _PREFILL_NOTE, ""]
     # where the time goes, largest case of each method
     out += ["## Where the time goes (largest case of each method, seconds, whole model)", "",
             "| method | case | attention layers | MLP blocks | LM head | exposed grad sync | recompute |",

@@ -31,7 +31,7 @@ from .measured import KernelTimes, MeasuredCosts, needed
 from .model import predict_case
 
 TARGET = 0.20                     # the acceptance bound on |predicted / measured - 1|
-SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout")
+SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout", "mask")
 
 
 def emulated_hardware(cluster: dict, dtype: str) -> Hardware:
@@ -118,6 +118,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True) -> list[dict]:
         measured = float(c.rec["time_median_s"])
         b = p.breakdown
         rows.append({"seqlen": c.shape.seqlen, "method": c.method, "world_size": c.shape.world_size,
+                     "case": " ".join(x for x in (c.shape.layout, c.shape.mask) if x),
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
@@ -138,8 +139,13 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
              "the table's for the same work), links at the shaped per-rank rates",
              f"{'N':>6} {'method':<12} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
+    # a spec sweeping layouts or masks (cpu_sparse_masks) has several rows per (N, method): say which
+    cases = len({r.get("case", "") for r in rows}) > 1
+    if cases:
+        lines[-1] += "  case"
     for r in rows:
         flag = "" if r["seqlen"] not in top else ("  ok" if abs(r["error"]) <= target else "  OUT")
+        flag += f"  {r.get('case', '')}" if cases else ""
         lines.append(f"{r['seqlen']:>6} {r['method']:<12} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} "
                      f"{r['ratio']:9.2f} {r['error']:+7.1%} {r['critical_comm_s']:12.3f} {r['load_scale']:5.2f}{flag}")
     n_txt = ", ".join(str(n) for n in top) or "-"
