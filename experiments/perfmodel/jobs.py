@@ -31,7 +31,8 @@ def run_jobs(jobs: list[dict]) -> list[tuple[list[str], int]]:
 
 def _weight(job: dict) -> int:
     if "spec" not in job:
-        return 0
+        # BurstEngine's model level: 18 scaling cases at G = 1..32 and 5 ablation rows at G = 32
+        return 3 * sum(g * g for g in (1, 2, 4, 8, 16, 32)) + 5 * 32 * 32
     return sum(c.shape.world_size ** 2 for c in job["spec"].cases())
 
 
