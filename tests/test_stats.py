@@ -139,7 +139,8 @@ def test_code_path_pairs_that_differ_are_flagged():
     assert S.code_path_flags(recs) == []
     rat = {x["method"]: x for x in S.ratios(recs, "ring")}
     assert not rat["burst"]["resolved"] and rat["burst"]["speedup"] == pytest.approx(1.0)
-    assert ("burst", "burst_no_overlap") in [(x, y) for x, y, _ in S.code_path_pairs(["burst", "burst_no_overlap"])]
+    # overlap off changes the schedule on purpose: not a pair expected to agree
+    assert S.code_path_pairs(["burst", "burst_no_overlap"]) == []
 
 
 def test_resume_counts_only_this_machine_and_commit(tmp_path, monkeypatch):

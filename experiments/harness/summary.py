@@ -5,10 +5,11 @@
   (``timing.ratio_interval``; paired by round when the two were timed in the
   same interleaved rounds). A speedup whose interval contains 1 is no speedup.
 * ``code_path_flags``: pairs of methods that share a code path (a method and
-  its ``variant_of``; ``SAME_CODE``) yet differ beyond their interval. A
-  variant that switches overlap off may differ for a reason (the flag names
-  it); two names for the same computation differing means the machine was
-  not quiet enough for the figures to rank methods.
+  its ``variant_of``; ``SAME_CODE``) yet differ beyond their interval: two
+  names for the same computation differing means the machine was not quiet
+  enough for the figures to rank methods. Variants that change the schedule
+  on purpose (``*_no_overlap``: every transfer waited for) are not such pairs:
+  their difference is the measurement (the emulated report's overlap table).
 
 ``write_summary`` puts both in ``<root>/<experiment>/summary.json`` and
 returns the text the run prints.
@@ -36,7 +37,8 @@ def shape_key(rec: dict) -> str:
 def code_path_pairs(methods) -> list[tuple[str, str, str]]:
     ms = set(methods)
     out = [(m.variant_of, m.name, f"{m.name} is a timing variant of {m.variant_of} ({m.description})")
-           for m in METHODS.values() if m.variant_of and m.name in ms and m.variant_of in ms]
+           for m in METHODS.values() if m.variant_of and m.name in ms and m.variant_of in ms
+           and m.options.get("overlap") is not False]
     out += [(a, b, why) for a, b, why in SAME_CODE if a in ms and b in ms]
     return out
 
