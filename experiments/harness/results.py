@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from . import env
+from . import axes, env
 from .axes import AXES
 from .spec import Case
 
@@ -186,7 +186,13 @@ def load_results(results_root: Path | str, experiment: str | None = None):
     rows = []
     for d in dirs:
         rows.extend(latest_by_case(read_records(d / RESULTS_FILE)).values())
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if not df.empty:
+        # records written before an axis existed (e.g. ``mask``, committed reference runs) ran at its default
+        for a in AXES:
+            if a not in df:
+                df[a] = axes.default(a)
+    return df
 
 
 # ---------------------------------------------------------------- unfinished cases
