@@ -149,7 +149,8 @@ def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]
     files: list = []
     df = _with_rates(_rows(df))
     for mode, part in df.groupby("mode"):
-        sfx = f"_{mode}" if df["mode"].nunique() > 1 else ""
+        # a modelled figure says so in its file name too, as experiments.plots' figures do
+        sfx = (f"_{mode}" if df["mode"].nunique() > 1 else "") + ("_modelled" if P._source(part) == "modelled" else "")
         if part["seqlen"].nunique() > 1:
             files.append(_lines(part, "seqlen", "tok_rank", "tokens/s per rank", "throughput per rank", meta,
                                 out / f"model_tokens_per_s_vs_seqlen{sfx}.png", band=("tok_rank_lo", "tok_rank_hi")))

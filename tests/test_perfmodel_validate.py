@@ -145,8 +145,6 @@ def test_a_records_mask_reaches_the_model():
     recs[0] = {**recs[0], "causal": True}
     # hand-set times: every kernel call costs ATTN whatever its size, so compare the live work instead
     rows = validate.compare(recs, _times(recs), rescale=False)
-    keys = {validate.calibration_key(r["cluster"]) for r in recs}
-    assert keys == {None}
     windowed = [k for k in validate.needed_keys([recs[1]]) if k[0] == "attention"]
     causal = [k for k in validate.needed_keys([recs[0]]) if k[0] == "attention"]
     assert windowed != causal           # different block shapes: the window trims the tiles

@@ -11,7 +11,8 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .model_figures import write_burstengine, write_spec_model_level
+from .model_figures import (ABLATION, ABLATION_SHAPE, SCALING_METHODS, SCALING_WORLD_SIZES, write_burstengine,
+                            write_spec_model_level)
 from .predict import write_experiment
 
 
@@ -31,8 +32,9 @@ def run_jobs(jobs: list[dict]) -> list[tuple[list[str], int]]:
 
 def _weight(job: dict) -> int:
     if "spec" not in job:
-        # BurstEngine's model level: 18 scaling cases at G = 1..32 and 5 ablation rows at G = 32
-        return 3 * sum(g * g for g in (1, 2, 4, 8, 16, 32)) + 5 * 32 * 32
+        # BurstEngine's model level: its scaling cases and its ablation rows
+        return (len(SCALING_METHODS) * sum(g * g for g in SCALING_WORLD_SIZES)
+                + len(ABLATION) * ABLATION_SHAPE.world_size ** 2)
     return sum(c.shape.world_size ** 2 for c in job["spec"].cases())
 
 

@@ -34,6 +34,8 @@ from .schedules import VARIANTS
 SUFFIX = "_model_level"
 BE_HARDWARE = "a800_ib_4x8"         # BurstEngine's cluster: 4 x 8 A800 + InfiniBand
 BE_MODEL = "burstengine_14b"
+SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32)      # BurstEngine's scaling runs, 32K tokens per GPU
+SCALING_METHODS = ("burst_double_ring", "burst", "usp")
 # (label, method, checkpoint, loss): each row adds one of the ablation's steps (PAPER.md §3 BurstEngine), as
 # burst_impl.model.ablation.STEPS runs them: weights FSDP2 (ZeRO-3), full-block checkpointing in every row
 # before the last (14B at 1M keeps ~260 GiB of activations per rank without it), then sequence-level
@@ -113,15 +115,15 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
     # checkpoint (PAPER.md §4): without it 14B keeps ~260 GiB of activations per rank at 32K tokens (OOM).
     exp = "burstengine_scaling_14b" + SUFFIX
     items = []
-    for g in (1, 2, 4, 8, 16, 32):
+    for g in SCALING_WORLD_SIZES:
         shape = AttnShape(batch=1, seqlen=32768 * g, heads=40, kv_heads=40, head_dim=128, world_size=g,
                           dtype="bfloat16", causal=True, layout="zigzag")
-        for m in ("burst_double_ring", "burst", "usp"):
+        for m in SCALING_METHODS:
             items.append((_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"weights": "fsdp2", "checkpoint": "seq"}, {}))
     meta = {"paper_ref": "BurstEngine scaling (MFU)", "baseline": "burst",
             "description": "14B training step, 1..32 x A800 at 32K tokens per GPU, FSDP2, sequence-level "
                            "checkpointing (usp: full) — whole model",
-            "methods": ["burst_double_ring", "burst", "usp"], "model": BE_MODEL}
+            "methods": list(SCALING_METHODS), "model": BE_MODEL}
     files += _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw)
     # ablation: 14B, 1M tokens, 32 GPUs, one row per step
     exp = "burstengine_ablation_14b_1m" + SUFFIX

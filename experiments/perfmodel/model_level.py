@@ -68,7 +68,7 @@ from burst_impl.model.memory import step_memory
 
 from .costs import CostModel
 from .memory import GIB
-from .model import predict_case
+from .model import _cost_model, predict_case
 from .placement import Placement
 from .schedules import builder
 from .schedules.common import Ctx, ring_collective
@@ -244,7 +244,7 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     check_shape(cfg, shape)
     attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options)
     hw = attn.hardware
-    cost = CostModel(hw, shape.dtype)
+    cost = _cost_model(hw, shape.dtype)     # the profile's one cost model, as the layer's prediction used
     place = Placement.of(hw, shape.world_size)
     base = attn.base_method
     mlp, mlp_sent, mlp_registry = mlp_schedule(base, cfg, shape, cost, place, mode)
