@@ -3,16 +3,42 @@
 ``fused_linear_cross_entropy(hidden, weight, labels)`` is
 ``F.cross_entropy(F.linear(hidden, weight, bias), labels)`` without ever
 holding the (tokens, vocab) logits: at 1M tokens and a 128K vocabulary those
-are about 250 GB. The work is cut into (chunk_tokens x chunk_vocab) tiles of
-logits, each computed into one reused fp32 buffer:
+are about 250 GB. It has two paths; both compute every logits tile into one
+reused fp32 buffer.
 
-* **Forward.** Vocabulary chunks outer, token chunks inner. For every tile the
+**Gradients in the forward** (the default when a gradient is needed and the
+reduction is "mean" or "sum"; ``grad_in_forward=True`` forces it). One pass
+over chunks of ``rows`` tokens, each against the *whole* vocabulary (the
+approach of Liger-Kernel's fused linear cross-entropy):
+
+    tile = x_c @ W^T (+ b)                      (rows, V), one GEMM
+    lse  = m + log sum_v exp(tile - m)          exact per row, m its maximum
+    loss_t = lse_t - tile[t, y_t]
+    p = softmax(tile) - onehot(y), scaled by 1/count for the mean, in place
+    d x_c  = p @ W                              (rows, V) @ (V, H)
+    d W   += p^T @ x_c                          (V, rows) @ (rows, H)
+    d b   += p.sum(0)
+
+so 3 (tokens x vocab x H) GEMMs in all, as many as the unfused loss. The
+gradients of the loss for an incoming gradient of 1 are kept from the forward
+to the backward, which only scales them by the incoming (0-dim) gradient and
+casts them to the inputs' dtypes (in place: a second backward through the same
+graph is an error). Memory: one (rows, V) fp32 tile, the fp32 d hidden (T, H)
+and the fp32 d W (V, H) (for fp32 weights that is the weight's gradient
+itself; for bf16/fp16 a copy beside it), plus on CPU the fp32 copies of
+half-precision x and W. ``rows``: ``grad_rows`` (``GRAD_TILE``), or
+``chunk_tokens`` when given; ``chunk_vocab`` does not apply.
+
+**Recomputing backward** (``reduction="none"``, calls that need no gradient,
+``grad_in_forward=False``). (chunk_tokens x chunk_vocab) tiles:
+
+* Forward. Vocabulary chunks outer, token chunks inner. For every tile the
   running log-sum-exp of each token is updated online (stable form: shift by
   the running maximum m, rescale the running sum s by exp(m_old - m_new) when
   the maximum grows, lse = m + log s), and the target logit is picked out of
   the tile that holds the label. Only lse (fp32, one float per token) is saved;
   loss_t = lse_t - logit_t[y_t].
-* **Backward.** The same tiles are recomputed as ``logits - lse`` in one GEMM,
+* Backward. The same tiles are recomputed as ``logits - lse`` in one GEMM,
   exponentiated in place into the softmax p, the one-hot of the label is
   subtracted, and the tile goes straight into the gradients (g = incoming
   gradient, 1/count for the mean):
@@ -20,8 +46,9 @@ logits, each computed into one reused fp32 buffer:
       d hidden[t] += g_t * (p - onehot)[t, :] @ W_chunk        (tokens, H)
       d W_chunk   += (g * (p - onehot))^T @ hidden              (chunk_vocab, H)
 
-  so the forward's single GEMM is paid again: 4 GEMMs of (tokens x vocab x H)
-  against the unfused 3. That is the price of O(tokens + vocab) memory.
+  so the forward's GEMM is paid again: 4 GEMMs of (tokens x vocab x H)
+  against the unfused 3, for O(tokens + vocab) memory besides the gradients
+  (one tile, lse, the fp32 d hidden accumulator).
 
 Precision: every tile is computed and accumulated in fp32 (fp64 for fp64
 inputs) whatever the input dtype; bf16/fp16 operands are upcast chunk by chunk
@@ -50,13 +77,17 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .loss_tiles import Tiles, backward_tiles, forward_lse, forward_with_grads
+
 Tensor = torch.Tensor
 
 IGNORE_INDEX = -100
 REDUCTIONS = ("mean", "sum", "none")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
-# Tile defaults (chunk_tokens, chunk_vocab) by device type.
+# Tile defaults by device type.
+#
+# Recomputing path: (chunk_tokens, chunk_vocab).
 # CPU: measured (README, "Fused LM head + cross-entropy"): at tokens 4096, hidden 1024,
 # vocab 32K, one thread, 1024 x 2048 (an 8 MiB fp32 tile, L3-resident) was the fastest of
 # 512..2048 x 1024..4096 in two sweeps (1.07x and 1.09x the unfused time; the others
@@ -64,6 +95,26 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # so a preliminary choice). CUDA: not measured yet; 2048 x 8192 (64 MiB) keeps kernel launches a small
 # share of a step at 1M tokens while the tile stays far below the logits.
 DEFAULT_TILES = {"cpu": (1024, 2048), "cuda": (2048, 8192)}
+#
+# Gradients-in-the-forward path: a (rows, V) tile, rows = max(least, budget // (4 V)) (``grad_rows``),
+# as (fp32 tile budget in bytes, least rows). Two limits. The tile against the logits: at a 128 MiB
+# budget it is rows/T of one (T, V) fp32 copy, 1/8 at T = 8192 and V = 32K, where the unfused loss
+# holds about three copies (3 GiB). The GEMMs' efficiency on CPU: every chunk re-reads and rewrites
+# the fp32 d W (V, H) accumulator in d W += p^T x_c (inner dimension rows) and reads W twice, about
+# 16 V H bytes against the chunk's 6 rows V H flops of its three GEMMs, i.e. 2.7/rows bytes per flop:
+# at least 512 rows keep that traffic near 0.5 GB/s at 100 GFLOP/s, a few per cent of the memory
+# bandwidth. Liger's rule (a tile of about T x H elements) would take 64 rows at T = 8192, H = 1024,
+# V = 128K: eight times that traffic. So on CPU 1024 rows at V = 32K (128 MiB), 512 rows (256 MiB,
+# the floor) at V = 128K. Chunks are evened out (``balanced_rows``) so that no small last chunk
+# pays a whole re-read of d W. CUDA: not measured; 512 MiB and at least 1024 rows (tensor cores want
+# a large inner dimension; HBM makes the re-read cheap): 1092 rows at a 123K vocabulary.
+GRAD_TILE = {"cpu": (128 << 20, 512), "cuda": (512 << 20, 1024)}
+
+
+def grad_rows(device_type: str, vocab: int) -> int:
+    """Default rows per chunk of the gradients-in-the-forward path on ``device_type`` (``GRAD_TILE``)."""
+    budget, least = GRAD_TILE.get(device_type, GRAD_TILE["cpu"])
+    return max(least, budget // (4 * max(vocab, 1)))
 
 
 # ---------------------------------------------------------------- validation
@@ -156,220 +207,114 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias
     return _finish(loss, labels, ignore_index, return_count)
 
 
-# ---------------------------------------------------------------- tiles
+# ---------------------------------------------------------------- the autograd function
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _reduce(per_token: Tensor, t: Tiles, labels1d: Tensor, reduction: str) -> Tensor:
+    """The per-token losses of the counted rows (n,) as the call's output."""
+    if reduction == "none":
+        out = torch.zeros(labels1d.shape[0], dtype=t.cdt, device=labels1d.device)
+        return out.copy_(per_token) if t.rows is None else out.index_copy_(0, t.rows, per_token)
+    out = per_token.sum()
+    return out / max(t.n, 1) if reduction == "mean" else out
 
 
-def _upcast_operands(t: Tensor) -> bool:
-    """Multiply in the compute dtype (True) or natively with fp32 output (False).
-
-    CPU BLAS has no fast half-precision GEMM (a bf16 GEMM runs 5-200x slower than
-    fp32 on an AVX2 machine), so there half operands are upcast chunk by chunk.
-    On CUDA the tensor cores multiply bf16/fp16 and accumulate in fp32.
-    """
-    return t.device.type != "cuda" or t.dtype in (torch.float32, torch.float64)
-
-
-_MM_OUT_DTYPE: dict[str, bool] = {}   # device type -> torch.mm(..., out_dtype=) works there
-
-
-def _mm_wide(a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
-    """a @ b with half operands and a ``dtype`` (fp32) result."""
-    kind = a.device.type
-    if _MM_OUT_DTYPE.get(kind, True):
-        try:
-            return torch.mm(a, b, out_dtype=dtype)
-        except (TypeError, RuntimeError, NotImplementedError):
-            _MM_OUT_DTYPE[kind] = False
-    return torch.mm(a, b).to(dtype)   # fp32 accumulation inside the kernel, output rounded once
-
-
-class _Tiles:
-    """The operands of one call, as the tile loops need them.
-
-    x (n, H): the hidden rows of counted tokens (upcast to the compute dtype on
-    CPU); y (n,): their labels, int64; weight/bias chunks via ``w(v0, v1)`` /
-    ``b(v0, v1)``; ``logits(...)`` writes a tile into a contiguous view of one
-    reused (chunk_tokens * chunk_vocab) buffer in the compute dtype.
-    """
-
-    def __init__(self, hidden2d: Tensor, weight: Tensor, bias: Tensor | None, labels1d: Tensor,
-                 ignore_index: int, chunk_tokens: int, chunk_vocab: int):
-        self.cdt = _compute_dtype(hidden2d.dtype)
-        self.upcast = _upcast_operands(hidden2d)
-        keep = labels1d != ignore_index
-        self.rows = None if bool(keep.all()) else keep.nonzero().squeeze(1)   # (n,) or None = all
-        x = hidden2d if self.rows is None else hidden2d.index_select(0, self.rows)
-        self.x = x.to(self.cdt) if self.upcast else x                       # (n, H)
-        y = labels1d if self.rows is None else labels1d.index_select(0, self.rows)
-        self.y = y.long()
-        self.weight, self.bias = weight, bias
-        self.n, self.vocab = self.x.shape[0], weight.shape[0]
-        self.tc, self.vc = max(1, min(chunk_tokens, self.n)), min(chunk_vocab, self.vocab)
-        self._buf = torch.empty(self.tc * self.vc, dtype=self.cdt, device=hidden2d.device)
-
-    def token_chunks(self):
-        return [(t0, min(t0 + self.tc, self.n)) for t0 in range(0, self.n, self.tc)]
-
-    def vocab_chunks(self):
-        return [(v0, min(v0 + self.vc, self.vocab)) for v0 in range(0, self.vocab, self.vc)]
-
-    def w(self, v0: int, v1: int) -> Tensor:
-        w = self.weight[v0:v1]                                               # (vc, H)
-        return w.to(self.cdt) if self.upcast else w
-
-    def b(self, v0: int, v1: int) -> Tensor | None:
-        return None if self.bias is None else self.bias[v0:v1].to(self.cdt)
-
-    def logits(self, t0: int, t1: int, w: Tensor, b: Tensor | None, shift: Tensor | None = None) -> Tensor:
-        """(t1-t0, vc) tile of x @ w.T + b - shift[:, None] in the compute dtype, in the reused buffer."""
-        out = self._buf[:(t1 - t0) * w.shape[0]].view(t1 - t0, w.shape[0])
-        x = self.x[t0:t1]
-        # mm + in-place adds, not addmm(bias or -shift[:, None], ...): on CPU the broadcast
-        # C operand is first copied into the tile, and that GEMM measured ~30% slower.
-        if self.upcast:
-            torch.mm(x, w.t(), out=out)
-        else:
-            out.copy_(_mm_wide(x, w.t(), self.cdt))
-        if b is not None:
-            out.add_(b)
-        if shift is not None:
-            out.sub_(shift.unsqueeze(1))
-        return out
-
-    def gemm_acc(self, acc: Tensor, a: Tensor, b: Tensor, alpha: float) -> None:
-        """acc += alpha * a @ b with acc in the compute dtype; a is an fp32 tile or its transpose."""
-        if self.upcast:
-            acc.addmm_(a, b, alpha=alpha)
-        else:
-            acc.add_(_mm_wide(a.to(b.dtype), b, self.cdt), alpha=alpha)
-
-
-# ---------------------------------------------------------------- forward / backward
-
-
-def _forward_lse(t: _Tiles) -> tuple[Tensor, Tensor]:
-    """Per counted token: lse = log sum_v exp(logit_v) and the target logit, both (n,) fp32/64."""
-    dev = t.x.device
-    m = torch.full((t.n,), float("-inf"), dtype=t.cdt, device=dev)   # running max
-    s = torch.zeros(t.n, dtype=t.cdt, device=dev)                     # running sum of exp(logit - m)
-    target = torch.zeros(t.n, dtype=t.cdt, device=dev)
-    for v0, v1 in t.vocab_chunks():
-        w, b = t.w(v0, v1), t.b(v0, v1)
-        for t0, t1 in t.token_chunks():
-            tile = t.logits(t0, t1, w, b)                             # (tc, vc)
-            y = t.y[t0:t1]
-            here = (y >= v0) & (y < v1)
-            picked = tile.gather(1, (y - v0).clamp_(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
-            target[t0:t1] = torch.where(here, picked, target[t0:t1])
-            m_old = m[t0:t1]
-            m_new = torch.maximum(m_old, tile.amax(1))
-            tile.sub_(m_new.unsqueeze(1)).exp_()
-            # s' = s * exp(m_old - m_new) + sum exp(tile - m_new); exp(-inf) = 0 on the first chunk.
-            s[t0:t1].mul_((m_old - m_new).exp_()).add_(tile.sum(1))
-            m[t0:t1] = m_new
-    return m + s.log(), target
-
-
-def _backward_tiles(t: _Tiles, lse: Tensor, g: Tensor | None, alpha: float,
-                    need_dx: bool, need_dw: bool, need_db: bool, w_grad_dtype: torch.dtype):
-    """d x (n, H) in the compute dtype, d W (V, H) in ``w_grad_dtype``, d b (V,) fp32/64.
-
-    Gradient of sum_t c_t * loss_t with c_t = alpha * g_t (g None: c_t = alpha).
-    """
-    dev = t.x.device
-    H = t.weight.shape[1]
-    dx = torch.zeros(t.n, H, dtype=t.cdt, device=dev) if need_dx else None
-    dw = torch.empty(t.vocab, H, dtype=w_grad_dtype, device=dev) if need_dw else None
-    db = torch.zeros(t.vocab, dtype=t.cdt, device=dev) if need_db else None
-    direct = need_dw and w_grad_dtype == t.cdt               # accumulate straight into d W
-    acc = None if direct or not need_dw else torch.empty(t.vc, H, dtype=t.cdt, device=dev)
-    for v0, v1 in t.vocab_chunks():
-        w, b = t.w(v0, v1), t.b(v0, v1)
-        dw_c = None
-        if need_dw:
-            dw_c = dw[v0:v1] if direct else acc[:v1 - v0]
-            dw_c.zero_()
-        for t0, t1 in t.token_chunks():
-            p = t.logits(t0, t1, w, b, shift=lse[t0:t1]).exp_()     # softmax tile (tc, vc)
-            y = t.y[t0:t1]
-            here = (y >= v0) & (y < v1)
-            hit = here.to(p.dtype)
-            if g is not None:                                        # reduction="none": per-token weights
-                p.mul_(g[t0:t1].unsqueeze(1))
-                hit = hit * g[t0:t1]
-            p.scatter_add_(1, (y - v0).clamp_(0, v1 - v0 - 1).unsqueeze(1), hit.neg().unsqueeze(1))
-            if need_dx:
-                t.gemm_acc(dx[t0:t1], p, w, alpha)                     # (tc, vc) @ (vc, H)
-            if need_dw:
-                t.gemm_acc(dw_c, p.t(), t.x[t0:t1], alpha)             # (vc, tc) @ (tc, H)
-            if need_db:
-                db[v0:v1].add_(p.sum(0), alpha=alpha)
-        if need_dw and not direct:
-            dw[v0:v1].copy_(dw_c)
-    return dx, dw, db
+def _to_hidden(dx: Tensor, rows: Tensor | None, hidden2d: Tensor) -> Tensor:
+    """d x of the counted rows (n, H) as the gradient of hidden2d (T, H): zeros for ignored rows."""
+    if rows is None:
+        return dx.to(hidden2d.dtype)
+    return torch.zeros_like(hidden2d).index_copy_(0, rows, dx.to(hidden2d.dtype))
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden2d, weight, bias, labels1d, ignore_index, reduction, chunk_tokens, chunk_vocab):
-        t = _Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
+    def forward(ctx, hidden2d, weight, bias, labels1d, ignore_index, reduction, chunk_tokens, chunk_vocab,
+                grads_now):
+        """grads_now: None (recomputing backward) or (need_dx, need_dw, need_db, balance): the
+        gradients to compute here (gradients in the forward; reduction "mean" or "sum"), in token
+        chunks of chunk_tokens rows against the whole vocabulary, evened out if balance."""
+        ctx.saved_grads = None
+        if grads_now is not None:
+            *needs, balance = grads_now
+            t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, weight.shape[0], balance)
+            if t.n:
+                # The gradients for an incoming gradient of 1, the mean's 1/n included.
+                scale = 1.0 / t.n if reduction == "mean" else 1.0
+                per_token, dx, dw, db = forward_with_grads(t, scale, *needs)
+                ctx.saved_grads = (dx, dw, db, t.rows)
+            else:
+                per_token = torch.zeros(0, dtype=t.cdt, device=hidden2d.device)
+            ctx.save_for_backward(hidden2d, weight, bias)             # shapes and dtypes for the backward
+            ctx.opts = (ignore_index, reduction, chunk_tokens, chunk_vocab, t.n, True)
+            return _reduce(per_token, t, labels1d, reduction)
+        t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
         if t.n:
-            lse, target = _forward_lse(t)
+            lse, target = forward_lse(t)
             per_token = lse - target                                 # (n,) fp32 (fp64 for fp64 inputs)
         else:
             lse = per_token = torch.zeros(0, dtype=t.cdt, device=hidden2d.device)
-        if reduction == "none":
-            out = torch.zeros(labels1d.shape[0], dtype=t.cdt, device=hidden2d.device)
-            if t.rows is None:
-                out.copy_(per_token)
-            else:
-                out.index_copy_(0, t.rows, per_token)
-        else:
-            out = per_token.sum()
-            if reduction == "mean":
-                out = out / max(t.n, 1)
         ctx.save_for_backward(hidden2d, weight, bias, labels1d, lse)
-        ctx.opts = (ignore_index, reduction, chunk_tokens, chunk_vocab, t.n)
-        return out
+        ctx.opts = (ignore_index, reduction, chunk_tokens, chunk_vocab, t.n, False)
+        return _reduce(per_token, t, labels1d, reduction)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        hidden2d, weight, bias, labels1d, lse = ctx.saved_tensors
-        ignore_index, reduction, chunk_tokens, chunk_vocab, n = ctx.opts
-        need_dx, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2]
+        hidden2d, weight, bias = ctx.saved_tensors[:3]
+        ignore_index, reduction, chunk_tokens, chunk_vocab, n, in_forward = ctx.opts
+        need_dx, need_dw = ctx.needs_input_grad[:2]
+        need_db = bias is not None and ctx.needs_input_grad[2]
         dhidden = dweight = dbias = None
         if n == 0:
             return (torch.zeros_like(hidden2d) if need_dx else None, torch.zeros_like(weight) if need_dw else None,
-                    torch.zeros_like(bias) if need_db else None, None, None, None, None, None)
-        t = _Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
+                    torch.zeros_like(bias) if need_db else None, None, None, None, None, None, None)
+        if in_forward:
+            return (*_scale_saved(ctx, grad, hidden2d, weight, bias, need_dx, need_dw, need_db),
+                    None, None, None, None, None, None)
+        labels1d, lse = ctx.saved_tensors[3:]
+        t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
         if reduction == "none":
             g = grad.to(t.cdt)
             g = g if t.rows is None else g.index_select(0, t.rows)
             alpha = 1.0
         else:
             g, alpha = None, float(grad) / (n if reduction == "mean" else 1)
-        dx, dw, db = _backward_tiles(t, lse.to(t.cdt), g, alpha, need_dx, need_dw, need_db, weight.dtype)
+        dx, dw, db = backward_tiles(t, lse.to(t.cdt), g, alpha, need_dx, need_dw, need_db, weight.dtype)
         if need_dx:
-            if t.rows is None:
-                dhidden = dx.to(hidden2d.dtype)
-            else:
-                dhidden = torch.zeros_like(hidden2d).index_copy_(0, t.rows, dx.to(hidden2d.dtype))
+            dhidden = _to_hidden(dx, t.rows, hidden2d)
         if need_dw:
             dweight = dw
         if need_db:
             dbias = db.to(bias.dtype)
-        return dhidden, dweight, dbias, None, None, None, None, None
+        return dhidden, dweight, dbias, None, None, None, None, None, None
+
+
+def _scale_saved(ctx, grad: Tensor, hidden2d: Tensor, weight: Tensor, bias: Tensor | None,
+                 need_dx: bool, need_dw: bool, need_db: bool):
+    """The gradients-in-the-forward path's backward: the saved gradients (for an incoming gradient
+    of 1) times ``grad`` (0-dim), in place, cast to the inputs' dtypes; the saved copies are released."""
+    if ctx.saved_grads is None:
+        raise RuntimeError("fused_linear_cross_entropy: backward ran twice through a call that computed its "
+                           "gradients in the forward (they are scaled in place and released); call it with "
+                           "grad_in_forward=False to back-propagate through one graph more than once")
+    dx, dw, db, rows = ctx.saved_grads
+    ctx.saved_grads = None
+    missing = [name for name, need, got in (("hidden", need_dx, dx), ("weight", need_dw, dw), ("bias", need_db, db))
+               if need and got is None]
+    if missing:
+        raise RuntimeError(f"fused_linear_cross_entropy: the gradient of {missing} is asked for in the backward but "
+                           "was not computed in the forward (requires_grad changed after the call?)")
+    g = grad.to(dx.dtype if dx is not None else dw.dtype if dw is not None else db.dtype)
+    dhidden = _to_hidden(dx.mul_(g), rows, hidden2d) if need_dx else None
+    dweight = dw.mul_(g).to(weight.dtype) if need_dw else None      # no copy when weight is fp32/fp64
+    dbias = db.mul_(g).to(bias.dtype) if need_db else None
+    return dhidden, dweight, dbias
 
 
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Tensor | None = None,
                                ignore_index: int = IGNORE_INDEX, reduction: str = "mean",
                                chunk_tokens: int | None = None, chunk_vocab: int | None = None,
-                               return_count: bool = False):
+                               grad_in_forward: bool | None = None, return_count: bool = False):
     """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``labels``, never materialising the logits.
 
     hidden (T, H) or (B, S, H), float16/bfloat16/float32/float64; weight (V, H)
@@ -379,18 +324,39 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *
     like labels, 0 where ignored). Returns the loss in fp32 (fp64 for fp64
     inputs), and with
     ``return_count=True`` also the number of counted tokens (int64 0-dim) for
-    an external mean (see the module docstring). ``chunk_tokens`` x
-    ``chunk_vocab`` is the logits tile (default ``DEFAULT_TILES`` for the
-    device); the extra memory is one such fp32 tile plus O(T + V)
-    vectors and an fp32 (T, H) gradient accumulator.
+    an external mean (see the module docstring).
+
+    ``grad_in_forward``: compute the gradients in the forward (3 head GEMMs; keeps fp32 d hidden and
+    d W until the backward) or recompute the tiles in the backward (4 GEMMs; O(T + V) memory besides
+    the gradients). None: in the forward when autograd will need a gradient of hidden, weight or bias
+    and the reduction is "mean" or "sum". True with reduction "none" is a ValueError.
+    Tiles: in the forward, (``chunk_tokens``, V) with ``chunk_tokens`` default ``grad_rows`` for the
+    device; recomputing, ``chunk_tokens`` x ``chunk_vocab`` (default ``DEFAULT_TILES`` for the device).
     """
-    default = DEFAULT_TILES.get(getattr(getattr(hidden, "device", None), "type", "cpu"), DEFAULT_TILES["cpu"])
+    kind = getattr(getattr(hidden, "device", None), "type", "cpu")
+    default = DEFAULT_TILES.get(kind, DEFAULT_TILES["cpu"])
+    explicit_rows = chunk_tokens is not None
     chunk_tokens = _check_chunk("chunk_tokens", default[0] if chunk_tokens is None else chunk_tokens)
     chunk_vocab = _check_chunk("chunk_vocab", default[1] if chunk_vocab is None else chunk_vocab)
+    if grad_in_forward is not None and not isinstance(grad_in_forward, bool):
+        raise ValueError(f"grad_in_forward={grad_in_forward!r} must be True, False or None (automatic)")
+    if grad_in_forward and reduction == "none":
+        raise ValueError("grad_in_forward=True needs reduction 'mean' or 'sum' (with 'none' the per-token "
+                         "incoming gradients are known only in the backward), got reduction='none'")
     check_loss_inputs(hidden, weight, labels, bias=bias, ignore_index=ignore_index, reduction=reduction)
+    grad_on = torch.is_grad_enabled()
+    need = (grad_on and hidden.requires_grad, grad_on and weight.requires_grad,
+            grad_on and bias is not None and bias.requires_grad)
+    if grad_in_forward is None:
+        grad_in_forward = reduction != "none" and any(need)
+    grads_now = None
+    if grad_in_forward:
+        # Rows per chunk: chunk_tokens as given, else the device's default evened out over the counted tokens.
+        chunk_tokens = chunk_tokens if explicit_rows else grad_rows(kind, weight.shape[0])
+        grads_now = (*need, not explicit_rows)
     H = hidden.shape[-1]
     loss = _FusedLinearCrossEntropy.apply(hidden.reshape(-1, H), weight, bias, labels.reshape(-1),
-                                          ignore_index, reduction, chunk_tokens, chunk_vocab)
+                                          ignore_index, reduction, chunk_tokens, chunk_vocab, grads_now)
     if reduction == "none":
         loss = loss.view(labels.shape)
     return _finish(loss, labels, ignore_index, return_count)

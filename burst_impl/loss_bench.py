@@ -3,6 +3,7 @@
     python -m burst_impl.loss_bench                                   # tokens 8192, hidden 1024, vocab 32K and 128K, fp32
     python -m burst_impl.loss_bench --vocab 32768 --dtype bfloat16 --modes unfused fused
     python -m burst_impl.loss_bench --modes fused --tiles 1024x2048 2048x2048 --vocab 32768   # tile sweep
+    python -m burst_impl.loss_bench --modes unfused fused fused_recompute --vocab 32768   # both fused paths
     python -m burst_impl.loss_bench --json loss_bench.jsonl           # one JSON line per case, with raw samples
 
 One step = zero the gradients, loss (mean), backward; d hidden and d W are
@@ -37,6 +38,7 @@ from experiments.harness.timing import summarize, synchronize, time_steps
 from .loss_modes import LOSS_MODES, get_loss_mode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+FUSED_MODES = ("fused", "fused_recompute")      # ours: take --tiles (gradients in the forward: rows only)
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class LossCase:
     hidden: int
     vocab: int
     dtype: str = "float32"
-    chunk_tokens: int | None = None      # fused only; None = the module's default
+    chunk_tokens: int | None = None      # FUSED_MODES only; None = the module's default
     chunk_vocab: int | None = None
     ignore_frac: float = 0.0             # share of labels set to ignore_index
     seed: int = 0
@@ -80,7 +82,7 @@ def build(case: LossCase, device: torch.device) -> Built:
         labels[torch.rand(case.tokens, generator=g) < case.ignore_frac] = -100
     labels = labels.to(device)
     opts = {}
-    if case.mode == "fused":
+    if case.mode in FUSED_MODES:
         opts = {k: v for k, v in (("chunk_tokens", case.chunk_tokens), ("chunk_vocab", case.chunk_vocab)) if v}
 
     def step():
@@ -180,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", nargs="+", default=["float32"], choices=sorted(DTYPES))
     p.add_argument("--modes", nargs="+", default=list(LOSS_MODES), choices=list(LOSS_MODES))
     p.add_argument("--tiles", type=_tile, nargs="*", default=[],
-                   help="fused tile sizes to compare (chunk_tokens x chunk_vocab); default: the module's")
+                   help="fused tile sizes to compare (chunk_tokens x chunk_vocab; with gradients in the "
+                   "forward only chunk_tokens applies, the rows); default: the module's")
     p.add_argument("--ignore-frac", type=float, default=0.0)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in a.dtype:
         for vocab in a.vocab:
             for mode in a.modes:
-                tiles = a.tiles if mode == "fused" and a.tiles else [(None, None)]
+                tiles = a.tiles if mode in FUSED_MODES and a.tiles else [(None, None)]
                 cases += [LossCase(mode, a.tokens, a.hidden, vocab, dtype, ct, cv, a.ignore_frac)
                           for ct, cv in tiles]
     meta = {"hardware": hardware(), "versions": versions(), "git": git_info(), "threads": torch.get_num_threads(),

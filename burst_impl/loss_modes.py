@@ -7,7 +7,10 @@ the same input checks (``burst_impl.loss.check_loss_inputs``) before anything
 runs.
 
 * ``unfused``: F.linear + F.cross_entropy, the (T, V) logits in the input dtype.
-* ``fused``: ours (``burst_impl.loss``), (chunk_tokens x chunk_vocab) tiles.
+* ``fused``: ours (``burst_impl.loss``): in training the gradients are computed in
+  the forward, token chunks against the whole vocabulary (3 head GEMMs).
+* ``fused_recompute``: ours with ``grad_in_forward=False``: (chunk_tokens x
+  chunk_vocab) tiles, lse forward, recomputing backward (4 head GEMMs, less memory).
 * ``liger``: Liger-Kernel's ``LigerFusedLinearCrossEntropyLoss`` (Triton, CUDA only).
   It chunks tokens only, materialising (chunk, V) logits, and computes the
   gradients during the forward (no recompute). Its forward takes
@@ -122,8 +125,12 @@ def cce_linear_cross_entropy(hidden: Tensor, weight: Tensor, labels: Tensor, *, 
 
 LOSS_MODES: dict[str, LossMode] = {m.name: m for m in (
     LossMode("unfused", linear_cross_entropy, "F.linear + F.cross_entropy", "all (T, V), input dtype"),
-    LossMode("fused", fused_linear_cross_entropy, "ours: (chunk_tokens x chunk_vocab) fp32 tiles, recomputing backward",
-             "one (chunk_tokens, chunk_vocab) fp32 tile"),
+    LossMode("fused", fused_linear_cross_entropy,
+             "ours: gradients in the forward when training ((rows, V) fp32 tiles, 3 head GEMMs), else lse tiles",
+             "one (rows, V) fp32 tile, fp32 d hidden and d W"),
+    LossMode("fused_recompute", fused_linear_cross_entropy,
+             "ours, recomputing backward: (chunk_tokens x chunk_vocab) fp32 tiles, 4 head GEMMs",
+             "one (chunk_tokens, chunk_vocab) fp32 tile", options={"grad_in_forward": False}),
     LossMode("liger", liger_linear_cross_entropy, "Liger-Kernel fused linear cross-entropy (token chunks)",
              "one (token chunk, V) tile", unavailable=_unavailable(LIGER_MODULE, "liger-kernel"),
              external="liger-kernel"),
