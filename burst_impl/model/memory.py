@@ -27,8 +27,13 @@ H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
 * **logits** by loss mode: ``unfused`` the (T, V) logits, their log-softmax
   (fp32) and, in the backward, two (T, V) gradients (3 T V fp32 live at the
   loss's backward for fp32; the input-dtype logits plus 2 fp32 for bf16);
-  ``fused`` one (chunk_tokens, chunk_vocab) fp32 tile plus its fp32 d hidden
-  (T, H) accumulator; ``liger`` a (chunk, V) tile; ``cce`` nothing off-chip.
+  ``fused`` (a training step takes its gradients-in-the-forward path) one
+  (rows, V) fp32 tile, the fp32 d hidden (T, H) and the fp32 d W (V, H), all
+  live at the end of the loss's forward; d W is the head's gradient itself
+  for fp32 weights (counted there), a second copy for bf16, and on CPU the
+  fp32 copies of bf16 x and W too; ``fused_recompute`` one (chunk_tokens,
+  chunk_vocab) fp32 tile plus its fp32 d hidden (T, H) accumulator;
+  ``liger`` a (chunk, V) tile; ``cce`` nothing off-chip.
 * **backward temporaries** of one block, at its largest moment (the SwiGLU
   product's backward): the incoming gradient (H), d(product) and the two
   factors' gradients (3F) are live while the product itself (F) has been
@@ -78,7 +83,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from burst_impl import volume
-from burst_impl.loss import DEFAULT_TILES
+from burst_impl.loss import DEFAULT_TILES, grad_rows
+from burst_impl.loss_tiles import balanced_rows
 
 from .checkpoint import check_mode, method_mode
 from .config import ModelConfig, layer_params, num_params, param_numels
@@ -117,27 +123,38 @@ def _elem(dtype: str | torch.dtype) -> int:
     return DTYPE_BYTES[name]
 
 
-def logits_bytes(cfg: ModelConfig, tokens: int, e: int, loss: str, chunks: tuple[int, int] | None = None) -> int:
-    """The loss's live buffers at the start of its backward (see the module docstring)."""
+def logits_bytes(cfg: ModelConfig, tokens: int, e: int, loss: str, chunks: tuple[int, int] | None = None,
+                 device: str = "cpu") -> int:
+    """The loss's live buffers at the end of its forward / start of its backward, besides the head's
+    gradient (see the module docstring). ``chunks``: the (chunk_tokens, chunk_vocab) the loss is
+    called with (None: ``burst_impl.loss``'s defaults for ``device``, "cpu" or "cuda")."""
     V, H = cfg.vocab_size, cfg.hidden
     if loss == "unfused":
         return tokens * V * (e + 2 * 4) if e != 4 else 3 * tokens * V * 4
     if loss == "fused":
-        ct, cv = chunks or DEFAULT_TILES["cpu"]
+        c = 8 if e == 8 else 4                                   # the compute dtype: fp32, fp64 for fp64
+        # rows: chunk_tokens as given, else the device's default evened out (as the loss chooses them)
+        rows = min(chunks[0], max(tokens, 1)) if chunks else balanced_rows(tokens, grad_rows(device, V))
+        upcast = (tokens + V) * H * 4 if e < 4 and device == "cpu" else 0
+        return rows * V * c + tokens * H * c + (V * H * c if e != c else 0) + upcast
+    if loss == "fused_recompute":
+        ct, cv = chunks or DEFAULT_TILES.get(device, DEFAULT_TILES["cpu"])
         return min(ct, max(tokens, 1)) * min(cv, V) * 4 + tokens * H * 4
     if loss == "liger":
         return min(tokens, 2048) * V * 4    # its token chunk against the whole vocabulary (a model)
     if loss == "cce":
         return 0
-    raise ValueError(f"loss={loss!r} is unknown; choose unfused, fused, liger or cce")
+    raise ValueError(f"loss={loss!r} is unknown; choose unfused, fused, fused_recompute, liger or cce")
 
 
 def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 1, method: str | None = None,
                 layout: str = "zigzag", dtype: str = "float32", weights: str = "replicated",
                 checkpoint: str | None = None, loss: str | None = None,
-                loss_chunks: tuple[int, int] | None = None, optimizer: bool = True) -> StepMemory:
+                loss_chunks: tuple[int, int] | None = None, loss_device: str = "cpu",
+                optimizer: bool = True) -> StepMemory:
     """Bytes per rank of one training step of ``cfg`` (its ``checkpoint`` and ``loss`` unless given).
-    ``method``: the attention registry method (None: one device, the fused kernels)."""
+    ``method``: the attention registry method (None: one device, the fused kernels). ``loss_chunks``,
+    ``loss_device``: the fused loss's tiles (``logits_bytes``)."""
     checkpoint = check_mode(cfg.checkpoint if checkpoint is None else checkpoint)
     loss = cfg.loss if loss is None else loss
     if weights not in WEIGHTS:
@@ -183,12 +200,12 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     inputs_block = T * H * e
     head_act = 3 * T * H * e                 # the final norm's saved tensors
     head_grad = cfg.vocab_size * H * e
-    logits = logits_bytes(cfg, T, e, loss, loss_chunks)
+    logits = logits_bytes(cfg, T, e, loss, loss_chunks, loss_device)
     block_temp = T * (2 * F + H) * e
     block_grads = layer_params(cfg) * e // shard
     if weights == "tp":   # Megatron tensor parallelism: other token counts and widths per rank
         per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp = _tensor_parallel(
-            cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks)
+            cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks, loss_device)
 
     if checkpoint == "none":
         activations, recompute = L * per_block, 0
@@ -219,7 +236,7 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
 
 
 def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: str | None, attn: int,
-                     loss: str, loss_chunks) -> tuple[int, ...]:
+                     loss: str, loss_chunks, loss_device: str) -> tuple[int, ...]:
     """``weights="tp"``: (per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp)
     per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
 
@@ -246,6 +263,6 @@ def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, 
     n = batch * seqlen                                                     # tokens the MLP and head run on
     held = n if get(method).layer_input == "replicated" else n // G        # tokens whose (B, ., H) a rank holds
     per_block = (held * 6 * H + n * 4 * F + (n * H if held != n else 0)) * e + attn
-    logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks)
+    logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks, loss_device)
     return per_block, held * H * e, 0, 3 * held * H * e, V * H * e, logits, n * (2 * F + H) * e
 
