@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 
 from baselines import AttnShape, get
-from burst_impl.loss import DEFAULT_TILES
 from burst_impl.model.config import get_config, num_params
 from burst_impl.model.flops import model_flops
 from burst_impl.model.memory import step_memory
@@ -155,17 +154,23 @@ def test_model_record_and_bad_shape():
         predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, weights="tp")
 
 
-def test_fused_head_adds_exactly_one_head_gemm():
-    """burst_impl.loss's backward recomputes every logits tile: 4 (tokens x vocab x hidden) GEMMs, not 3."""
+def test_fused_head_costs_the_unfused_head_gemms():
+    """burst_impl.loss's training path computes the gradients in the forward: 3 (tokens x vocab x hidden)
+    GEMMs, as many as the unfused loss (same time); fused_recompute's backward recomputes every logits
+    tile: exactly one GEMM more, sequence parallel (N/G tokens) and tensor parallel (N tokens, V/G)."""
     hw, s = _hw(), _shape(4, 128)
-    plain = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw)
-    fused = predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, loss="fused")
+    by_loss = {loss: predict_model("burst", CFG, s, mode="fwd_bwd", hardware=hw, loss=loss)
+               for loss in ("unfused", "fused", "fused_recompute")}
     one = _gemm(128 // 4, CFG.vocab_size, CFG.hidden)
-    assert fused.parts["head"] == pytest.approx(4 * one, rel=1e-12)
-    assert fused.time_s - plain.time_s == pytest.approx(one, rel=1e-9)
+    assert by_loss["fused"].parts["head"] == pytest.approx(3 * one, rel=1e-12)
+    assert by_loss["fused"].parts["head"] == by_loss["unfused"].parts["head"]
+    assert by_loss["fused"].time_s == by_loss["unfused"].time_s
+    assert by_loss["fused_recompute"].time_s - by_loss["fused"].time_s == pytest.approx(one, rel=1e-9)
     tp = {loss: predict_model("tp_v1", CFG, s, mode="fwd_bwd", hardware=hw, loss=loss).parts["head"]
-          for loss in ("unfused", "fused")}
-    assert tp["fused"] - tp["unfused"] == pytest.approx(_gemm(128, CFG.vocab_size // 4, CFG.hidden), rel=1e-9)
+          for loss in ("unfused", "fused", "fused_recompute")}
+    assert tp["fused"] == tp["unfused"]
+    assert tp["fused_recompute"] - tp["unfused"] == pytest.approx(_gemm(128, CFG.vocab_size // 4, CFG.hidden),
+                                                                  rel=1e-9)
 
 
 @pytest.mark.parametrize("method,checkpoint,mode", [("burst", "seq", "seq"), ("usp", "seq", "full"),
@@ -178,7 +183,7 @@ def test_training_memory_is_the_step_memory_model(method, checkpoint, mode):
     mp = predict_model(method, CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2", checkpoint=checkpoint,
                        loss="fused")
     sm = step_memory(CFG, batch=1, seqlen=128, world_size=4, method=method, layout="zigzag", dtype="bfloat16",
-                     weights="fsdp2", checkpoint=mode, loss="fused", loss_chunks=DEFAULT_TILES["cuda"])
+                     weights="fsdp2", checkpoint=mode, loss="fused", loss_device="cuda")
     assert mp.memory["checkpoint"] == mode and mp.memory["step"] == sm.as_dict()
     assert mp.memory["total_bytes"] == sm.total_bytes + mp.attention.memory["transient_bytes"]
 

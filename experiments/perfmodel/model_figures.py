@@ -45,7 +45,8 @@ ABLATION = (
     ("RingAttention backward (K/V ring)", "ring", "full", "unfused"),
     ("+ backward communication optimisation (Q ring)", "burst", "full", "unfused"),
     ("+ topology-aware double ring", "burst_double_ring", "full", "unfused"),
-    ("+ fused LM head (fused loss: logits never stored; one more head GEMM)", "burst_double_ring", "full", "fused"),
+    ("+ fused LM head (fused loss: logits never stored; gradients in the forward, no extra head GEMM)",
+     "burst_double_ring", "full", "fused"),
     ("+ sequence-level checkpointing (half the attention outputs cached: the recompute runs attention on "
      "the first half only)", "burst_double_ring", "seq", "fused"),
 )

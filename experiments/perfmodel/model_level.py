@@ -14,11 +14,11 @@
   ``Method.bytes`` like every other transfer, so they equal it by construction;
 * LM head: training, GEMMs of (tokens x H) @ (H x V) per rank (sequence parallel: N/G tokens; TP:
   vocab-parallel, N tokens x V/G): ``loss="unfused"`` 3 (forward, d hidden, d W_head);
-  ``loss="fused"`` 4, from ``burst_impl.loss``'s algorithm: its forward computes each
-  (tokens x vocab) logits tile once for the online log-sum-exp and keeps only lse, and its backward
-  recomputes every tile (one more full logits GEMM) before the d hidden and d W_head GEMMs. The
-  tiles' elementwise work (exp, the running max/sum) is not timed, in either mode. Prefill: the
-  last token only;
+  ``loss="fused"`` 3 as well, from ``burst_impl.loss``'s training path: each chunk of tokens'
+  (rows x vocab) logits tile is computed once and turned into d hidden and d W_head in the forward,
+  the backward only scales them; ``loss="fused_recompute"`` 4 (its lse-only forward and its
+  backward's recomputation of every tile before the d hidden and d W_head GEMMs). The tiles'
+  elementwise work (exp, max, sums) is not timed, in any mode. Prefill: the last token only;
 * training, sequence-parallel methods: a ring all-reduce of the bf16 weight gradients over the G
   ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only what outlasts
   the backward is exposed. The same under ``weights="fsdp2"``: its all-gathers and reduce-scatters
@@ -35,7 +35,7 @@ Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
 * training: ``burst_impl.model.memory.step_memory`` (weights, AdamW state and gradients by
   ``weights``: "replicated", "fsdp2" (ZeRO-3) or "tp" (1/G of everything); activations by checkpoint
   mode; logits by ``loss``; the attention method's saved tensors) with the case's shape and the
-  registry base method; the effective checkpoint mode; fused-loss tiles of ``DEFAULT_TILES["cuda"]``. Plus the
+  registry base method; the effective checkpoint mode; the fused loss's CUDA tiles (``loss_device="cuda"``). Plus the
   attention layer's transient buffers (the ring's blocks in flight, fp32 accumulators: the layer
   model's worst phase), which ``step_memory`` does not count: an upper bound, since they are
   added to the step's peak whichever moment that is;
@@ -60,7 +60,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from baselines import AttnShape, get
-from burst_impl.loss import DEFAULT_TILES
 from burst_impl.model.checkpoint import check_mode, method_mode
 from burst_impl.model.config import ModelConfig, get_config, layer_params, num_params
 from burst_impl.model.flops import model_flops
@@ -77,7 +76,7 @@ from .simulator import Schedule
 TP_METHODS = ("tp_v1", "tp_v3")
 WEIGHTS = ("replicated", "fsdp2", "tp")
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
-HEAD_GEMMS = {"unfused": 3, "fused": 4}
+HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
 # Paper spec -> the model it is a layer of (PAPER.md §3); the shapes are checked against it.
 SPEC_MODELS = {
     "table2_prefill_7b_8gpu": "llama2_7b", "table3_prefill_13b_8gpu": "llama2_13b",
@@ -93,8 +92,9 @@ ASSUMPTIONS = (
     "with the backward (only the excess is exposed), FSDP2 timed the same way; TP needs no weight sync",
     "checkpoint full: every layer's forward once more in the backward; seq: the same with the attention "
     "forward at N/2 instead of N (the cached second halves leave the first global half attending to itself)",
-    "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss, 4 with the fused one "
-    "(its backward recomputes every logits tile); the tiles' elementwise work not timed",
+    "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss and with the fused one "
+    "(gradients computed in the forward), 4 with fused_recompute (its backward recomputes every logits tile); "
+    "the tiles' elementwise work not timed",
     "memory per rank: training = burst_impl.model.memory.step_memory (weights/optimizer/gradients by sharding, "
     "activations by checkpoint mode, logits by loss mode) + the attention layer's transient buffers; prefill = "
     "weights + the attention layer's modelled peak + one layer's MLP activations; OOM when over the HBM",
@@ -199,7 +199,7 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
     common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=base, layout=shape.layout, dtype=shape.dtype,
                   weights=weights)
     if mode == "fwd_bwd":
-        sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_chunks=DEFAULT_TILES["cuda"], **common)
+        sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_device="cuda", **common)
         transient = layer["transient_bytes"]
         parts = {"weights": sm.weights, "optimizer": sm.optimizer, "grads": sm.grads, "activations": sm.activations,
                  "recompute": sm.recompute, "logits": sm.logits, "gathered": sm.gathered,
@@ -228,9 +228,9 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
 
     ``weights``: "replicated" (the BurstAttention paper's runs), "fsdp2" (ZeRO-3 over the G ranks,
     BurstEngine's runs) or "tp" (tensor parallelism: 1/G of the weights); None is "tp" for TP
-    methods, else "replicated". ``loss``: the LM head's loss, "unfused" or "fused" (training: one
-    more head GEMM, and no stored logits). ``checkpoint``: "none", "full" or "seq" (training; a method
-    that cannot cache runs "seq" as "full")."""
+    methods, else "replicated". ``loss``: the LM head's loss, "unfused", "fused" (training: the same
+    head GEMMs, no stored logits) or "fused_recompute" (one more head GEMM). ``checkpoint``: "none",
+    "full" or "seq" (training; a method that cannot cache runs "seq" as "full")."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
