@@ -97,6 +97,15 @@ class CostModel:
         """Seconds to stream ``nbytes`` through HBM (read + write counted by the caller)."""
         return nbytes / (self.hw.accelerator.hbm_gbytes_s * 1e9)
 
+    def score_block(self, heads: int, rows: int, cols: int, head_dim: int, total_cols: int, *,
+                    nbytes: float, dtype: str | None = None) -> tuple[float, float]:
+        """(seconds, FLOPs) of one (rows x cols) score block per head, ``heads`` = B x Z, computed as
+        (rows x d) @ (d x cols) and stored into its columns of (rows x ``total_cols``) score rows, with
+        ``nbytes`` of HBM traffic for the stores (output, scaling, the strided copy): the GEMM plus
+        memory-bound passes on an accelerator; ``measured.MeasuredCosts`` times the work itself."""
+        t, f = self.gemm(heads * rows, cols, head_dim, dtype=dtype)
+        return t + self.hbm(nbytes), f
+
     def softmax_rows(self, batch: int, rows: int, cols: int, mode: str, *, nbytes: float) -> float:
         """Seconds of a materialised softmax over ``batch`` (rows x cols) fp32 score matrices (``mode``
         "forward": mask, softmax, cast; "backward": P * (dP - rowsum(dP * P))), ``nbytes`` being the

@@ -10,7 +10,8 @@ prediction. Instead:
 1. ``needed(cases, hardware)`` runs each case's schedule once with a
    recording cost model and collects every distinct piece of work it asks
    for: flash-kernel calls ``("attention", B, Z, d, rows, cols, causal, mode,
-   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, materialised softmaxes
+   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, materialised score blocks
+   ``("scores", B*Z, rows, cols, d, N, dtype)`` and softmaxes
    ``("softmax", batch, rows, cols, mode, dtype)`` (on a CPU the exp and row
    sums, not the memory, set their time), and the memory bandwidth
    (``("hbm",)``) that the other elementwise steps use;
@@ -67,6 +68,12 @@ class RecordingCosts(CostModel):
     def hbm(self, nbytes):
         self.seen.add(HBM)
         return super().hbm(nbytes)
+
+    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
+        self.seen.add(("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype))
+        # the profile's cost, without noting its GEMM and bytes as work of their own (the block is timed whole)
+        t, f = CostModel.gemm(self, heads * rows, cols, head_dim, dtype=dtype)
+        return t + CostModel.hbm(self, nbytes), f
 
     def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
         self.seen.add(("softmax", batch, rows, cols, mode, "float32"))
@@ -144,6 +151,10 @@ class MeasuredCosts(CostModel):
     def hbm(self, nbytes):
         return nbytes * self._get(HBM)
 
+    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
+        key = ("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype)
+        return self._get(key), 2.0 * heads * rows * cols * head_dim
+
     def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
         return self._get(("softmax", batch, rows, cols, mode, "float32"))
 
@@ -191,6 +202,17 @@ def _runner(key: tuple):
         dt = DTYPES[dtype]
         a, bm = torch.randn(m, kk, generator=g).to(dt), torch.randn(kk, n, generator=g).to(dt)
         return lambda: a @ bm
+    if key[0] == "scores":
+        # baselines/ring_rsa.py's score block: a batched (rows x d) @ (d x cols) per head, scaled, stored
+        # into its columns of the (heads, rows, total_cols) fp32 score rows
+        _, bh, rows, cols, d, total, dtype = key
+        dt = DTYPES[dtype]
+        a, bm = torch.randn(1, rows, bh, d, generator=g).to(dt), torch.randn(1, cols, bh, d, generator=g).to(dt)
+        rows_out = torch.empty(1, bh, rows, total)
+
+        def store():
+            rows_out[..., :cols] = torch.einsum("bqhd,bkhd->bhqk", a.float(), bm.float()) * 0.125
+        return store
     if key[0] == "softmax":
         # the materialised softmax of baselines/ring_rsa.py over (batch, rows, cols) fp32 scores: forward
         # masks (a causal-like (rows, cols) pattern broadcast over batch), normalises, zeroes fully masked
