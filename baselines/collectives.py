@@ -56,8 +56,28 @@ def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str,
     send = torch.stack(x.chunk(G, dim=scatter_dim), dim=0).contiguous()
     recv = torch.empty_like(send)
     comm.record_split(phase, kind, a2a_split(nodes or Nodes.of(group), comm.world(group)[0], comm.nbytes(send) // G))
-    dist.all_to_all_single(recv, send, group=group)
+    if dist.get_backend(group) == "gloo":
+        _all_to_all_receive_first(recv, send, group)
+    else:
+        dist.all_to_all_single(recv, send, group=group)
     return torch.cat(recv.unbind(0), dim=gather_dim)
+
+
+def _all_to_all_receive_first(recv: Tensor, send: Tensor, group) -> None:
+    """``all_to_all_single`` on gloo as point-to-point messages, every receive posted before any send.
+
+    gloo's own all-to-all posts, for each offset i, the send to rank r+i before the receive from
+    r-i; for the pair (r, r+G/2) that is a send posted before the peer's receive, which serialises
+    the pair's two directions (see ``burst_impl.comm.Channel.start``): on the emulated 2 x 2 cluster
+    a 16 MiB all-to-all took 0.80-0.87 s against the 0.61 s its inter-node bytes need at the link
+    rate. Same bytes, same pieces (piece j of ``send`` to group rank j, piece j of ``recv`` from it)."""
+    rank, G = comm.world(group)
+    recv[rank].copy_(send[rank])
+    peers = [(rank + i) % G for i in range(1, G)]
+    ops = [dist.P2POp(dist.irecv, recv[j], comm.global_rank(group, j), group) for j in peers]
+    ops += [dist.P2POp(dist.isend, send[j], comm.global_rank(group, j), group) for j in peers]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
 
 
 def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: Nodes | None = None) -> Tensor:

@@ -246,8 +246,8 @@ def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, 
 class Channel:
     """One direction of neighbour traffic on a ring: send to global rank ``dst``, receive from ``src``.
 
-    ``start(tensors, phase, kinds)`` posts the sends and receives of one hop
-    as a single ``batch_isend_irecv`` and returns a ``Pending`` whose
+    ``start(tensors, phase, kinds)`` posts the receives, then the sends, of one
+    hop as a single ``batch_isend_irecv`` and returns a ``Pending`` whose
     ``wait()`` gives the received tensors. Every rank posts the same sequence
     of operations, so no ordering of blocking calls can deadlock, whatever
     the parity of the world size. ``link`` is the link class of the send
@@ -263,10 +263,15 @@ class Channel:
     def start(self, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str]) -> "Pending":
         tensors = [t.contiguous() for t in tensors]
         recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
-        ops = []
-        for t, r, kind in zip(tensors, recv, kinds):
+        # Receives first, then sends. NCCL groups the batch, so the order is free there; gloo posts the
+        # operations one by one, and when two ranks exchange with each other (a ring of 2: the double
+        # ring's outer ring over 2 nodes, USP's ring over 2 groups) a send posted before its peer's
+        # receive serialises the two directions: measured on the emulated cluster, an 8 MiB exchange
+        # took 1.10 s send-first against 0.59 s receive-first at 13.8 MB/s per direction (0.61 s
+        # expected), i.e. half the link rate.
+        ops = [dist.P2POp(dist.irecv, r, self.src, self.group, self.tag) for r in recv]
+        for t, kind in zip(tensors, kinds):
             ops.append(dist.P2POp(dist.isend, t, self.dst, self.group, self.tag))
-            ops.append(dist.P2POp(dist.irecv, r, self.src, self.group, self.tag))
             record(phase, kind, nbytes(t), self.link)
         reqs = dist.batch_isend_irecv(ops)
         return Pending(reqs, recv, keep=[op.tensor for op in ops], phase=phase)

@@ -150,3 +150,44 @@ def test_a_records_mask_reaches_the_model():
     assert windowed != causal           # different block shapes: the window trims the tiles
     rep = validate.error_table(rows)
     assert "window:64:0" in rep["text"] and "case" in rep["text"]
+
+
+def test_a_measured_causal_kernel_is_not_halved_again():
+    """A causal key is timed on the causal work: asked for with its own live entries (half the tile, as
+    Ulysses' whole-sequence kernel passes mask_area) it costs the measured time, not half of it; a
+    masked tile of a non-causal key scales against the whole tile. (Ulysses was predicted 38% low.)"""
+    hw = validate.emulated_hardware(_cluster(), "float32")
+    causal = ("attention", 1, 2, 8, 64, 64, True, "forward", "float32")
+    full = ("attention", 1, 2, 8, 64, 64, False, "forward", "float32")
+    mc = MeasuredCosts(hw, "float32", times=KernelTimes(1, 1, {causal: 0.3, full: 0.5}))
+    assert mc.attention(1, 2, 8, 64, 64, True, "forward")[0] == pytest.approx(0.3)
+    assert mc.attention(1, 2, 8, 64, 64, True, "forward", entries=64 * 64 / 2)[0] == pytest.approx(0.3)
+    assert mc.attention(1, 2, 8, 64, 64, True, "forward", entries=64 * 64 / 4)[0] == pytest.approx(0.15)
+    assert mc.attention(1, 2, 8, 64, 64, False, "forward", entries=64 * 64 / 4)[0] == pytest.approx(0.125)
+    # and the Ulysses schedule charges its kernels at the table's time
+    shape = AttnShape(batch=1, seqlen=64, heads=4, kv_heads=4, head_dim=8, world_size=2, dtype="float32",
+                      causal=True, layout="contiguous")
+    rec = {"status": "ok", "method": "ulysses", "mode": "forward", "level": "op", "case_id": "u",
+           "cluster": _cluster(), "time_median_s": 1.0, **{k: getattr(shape, k) for k in validate.SHAPE_KEYS}}
+    keys = validate.needed_keys([rec])
+    assert causal in keys
+    sec = {k: (0.0 if k == HBM else 0.3 if k == causal else 0.0) for k in keys}
+    row = validate.compare([rec], KernelTimes(1, 1, sec), rescale=False)[0]
+    assert row["predicted_s"] - row["critical_comm_s"] == pytest.approx(0.3, rel=1e-9)
+
+
+def test_ring_rsa_asks_for_its_softmax_and_both_gemm_shapes():
+    """ring_rsa's CPU-bound pieces are measured as themselves: the softmax over the (N/G x N) rows in
+    each direction, the score blocks stored into those rows, and its other GEMMs in their real shape
+    (head-dim output)."""
+    shape = AttnShape(batch=1, seqlen=64, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
+                      causal=True, layout="contiguous")
+    rec = {"status": "ok", "method": "ring_rsa", "mode": "fwd_bwd", "level": "op", "case_id": "r",
+           "cluster": _cluster(), "time_median_s": 1.0, **{k: getattr(shape, k) for k in validate.SHAPE_KEYS}}
+    keys = validate.needed_keys([rec])
+    assert {("softmax", 2, 32, 64, m, "float32") for m in ("forward", "backward")} <= keys
+    assert {("scores", 2, 32, 32, 8, 64, "float32"), ("gemm", 64, 8, 32, "float32")} <= keys
+    assert ("gemm", 64, 32, 8, "float32") not in keys        # the score blocks are not plain GEMMs
+    t = measure([("softmax", 2, 32, 64, "forward", "float32"), ("softmax", 2, 32, 64, "backward", "float32"),
+                 ("scores", 2, 32, 32, 8, 64, "float32")], procs=1, threads=1, seconds=0.01, rounds=1)
+    assert all(v > 0 for v in t.seconds.values())

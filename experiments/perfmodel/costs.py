@@ -97,6 +97,24 @@ class CostModel:
         """Seconds to stream ``nbytes`` through HBM (read + write counted by the caller)."""
         return nbytes / (self.hw.accelerator.hbm_gbytes_s * 1e9)
 
+    def score_block(self, heads: int, rows: int, cols: int, head_dim: int, total_cols: int, *,
+                    nbytes: float, dtype: str | None = None) -> tuple[float, float]:
+        """(seconds, FLOPs) of one (rows x cols) score block per head, ``heads`` = B x Z, computed as
+        (rows x d) @ (d x cols) and stored into its columns of (rows x ``total_cols``) score rows, with
+        ``nbytes`` of HBM traffic for the stores (output, scaling, the strided copy): the GEMM plus
+        memory-bound passes on an accelerator; ``measured.MeasuredCosts`` times the work itself."""
+        t, f = self.gemm(heads * rows, cols, head_dim, dtype=dtype)
+        return t + self.hbm(nbytes), f
+
+    def softmax_rows(self, batch: int, rows: int, cols: int, mode: str, *, nbytes: float) -> float:
+        """Seconds of a materialised softmax over ``batch`` (rows x cols) fp32 score matrices (``mode``
+        "forward": mask, softmax, cast; "backward": P * (dP - rowsum(dP * P))), ``nbytes`` being the
+        HBM traffic the schedule counts for it: memory-bound on an accelerator. (On a CPU the exp and
+        the row reductions are not: ``measured.MeasuredCosts`` times the work itself.)"""
+        if mode not in ("forward", "backward"):
+            raise ValueError(f"mode={mode!r}: a materialised softmax is 'forward' or 'backward'")
+        return self.hbm(nbytes)
+
     def materialised_attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int,
                                mode: str, *, elem: int, matmul_dtype: str | None = None,
                                score_passes: float) -> tuple[float, float]:

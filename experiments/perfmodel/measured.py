@@ -10,8 +10,11 @@ prediction. Instead:
 1. ``needed(cases, hardware)`` runs each case's schedule once with a
    recording cost model and collects every distinct piece of work it asks
    for: flash-kernel calls ``("attention", B, Z, d, rows, cols, causal, mode,
-   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, and the memory bandwidth
-   (``("hbm",)``) that the elementwise steps use;
+   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, materialised score blocks
+   ``("scores", B*Z, rows, cols, d, N, dtype)`` and softmaxes
+   ``("softmax", batch, rows, cols, mode, dtype)`` (on a CPU the exp and row
+   sums, not the memory, set their time), and the memory bandwidth
+   (``("hbm",)``) that the other elementwise steps use;
 2. ``measure(keys, procs=, threads=)`` times each one with the suite's kernels
    (``burst_impl.kernels``, the code the ring methods call) in ``procs``
    processes released together, with ``threads`` threads each: the ranks of
@@ -65,6 +68,16 @@ class RecordingCosts(CostModel):
     def hbm(self, nbytes):
         self.seen.add(HBM)
         return super().hbm(nbytes)
+
+    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
+        self.seen.add(("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype))
+        # the profile's cost, without noting its GEMM and bytes as work of their own (the block is timed whole)
+        t, f = CostModel.gemm(self, heads * rows, cols, head_dim, dtype=dtype)
+        return t + CostModel.hbm(self, nbytes), f
+
+    def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
+        self.seen.add(("softmax", batch, rows, cols, mode, "float32"))
+        return super().softmax_rows(batch, rows, cols, mode, nbytes=nbytes)
 
 
 @dataclass(frozen=True)
@@ -123,15 +136,27 @@ class MeasuredCosts(CostModel):
             return 0.0, 0.0
         _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
         t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
-        # a masked tile (burst_impl.plan): the measured whole tile, scaled to its live entries (an
-        # approximation: the exact masked path is slower per entry than the fused kernel)
-        return (t if entries is None else t * entries / (rows * cols)), flops
+        # a masked tile (burst_impl.plan): the measured tile, scaled to its live entries (an
+        # approximation: the exact masked path is slower per entry than the fused kernel). The key was
+        # timed with this ``causal``, so the scale is against the live entries of THAT work (half the
+        # tile when causal): a causal call with the default entries (ulysses' whole-sequence kernel
+        # passes mask_area = N^2/2) is the measured time itself, not half of it.
+        if entries is None:
+            return t, flops
+        return t * entries / (rows * cols / (2.0 if causal else 1.0)), flops
 
     def gemm(self, m, n, k, *, dtype=None):
         return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
 
     def hbm(self, nbytes):
         return nbytes * self._get(HBM)
+
+    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
+        key = ("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype)
+        return self._get(key), 2.0 * heads * rows * cols * head_dim
+
+    def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
+        return self._get(("softmax", batch, rows, cols, mode, "float32"))
 
 
 def needed(cases, hardware, *, predict) -> set:
@@ -177,6 +202,36 @@ def _runner(key: tuple):
         dt = DTYPES[dtype]
         a, bm = torch.randn(m, kk, generator=g).to(dt), torch.randn(kk, n, generator=g).to(dt)
         return lambda: a @ bm
+    if key[0] == "scores":
+        # baselines/ring_rsa.py's score block: a batched (rows x d) @ (d x cols) per head, scaled, stored
+        # into its columns of the (heads, rows, total_cols) fp32 score rows
+        _, bh, rows, cols, d, total, dtype = key
+        dt = DTYPES[dtype]
+        a, bm = torch.randn(1, rows, bh, d, generator=g).to(dt), torch.randn(1, cols, bh, d, generator=g).to(dt)
+        rows_out = torch.empty(1, bh, rows, total)
+
+        def store():
+            rows_out[..., :cols] = torch.einsum("bqhd,bkhd->bhqk", a.float(), bm.float()) * 0.125
+        return store
+    if key[0] == "softmax":
+        # the materialised softmax of baselines/ring_rsa.py over (batch, rows, cols) fp32 scores: forward
+        # masks (a causal-like (rows, cols) pattern broadcast over batch), normalises, zeroes fully masked
+        # rows and casts; backward forms P * (dP - rowsum(dP * P)) from the kept probabilities
+        _, b, rows, cols, mode, dtype = key
+        x = torch.randn(b, rows, cols, generator=g)
+        if mode == "forward":
+            hidden = torch.arange(cols).unsqueeze(0) > torch.arange(rows).unsqueeze(1) * (cols // rows)
+
+            def fwd():
+                p = torch.softmax(x.masked_fill_(hidden, float("-inf")), dim=-1)
+                return p.masked_fill_(hidden.all(1).view(1, rows, 1), 0.0).to(DTYPES[dtype])
+            return fwd
+        probs, dp = torch.softmax(x, dim=-1).to(DTYPES[dtype]), torch.randn(b, rows, cols, generator=g)
+
+        def bwd():
+            p = probs.float()
+            return p * (dp - (dp * p).sum(-1, keepdim=True))
+        return bwd
     if key == HBM:
         x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
         return lambda: x.add_(y)            # reads two fp32 arrays, writes one

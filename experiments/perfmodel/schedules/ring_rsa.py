@@ -35,19 +35,29 @@ def ring_rsa(ctx: Ctx, overlap: bool = True) -> dict:
     rows = b * z * local * s.seqlen        # elements of the (B, Z, N/G, N) score rows
 
     def gemm(label, nbytes):
-        t, f = ctx.cost.gemm(b * z * local, local, d, dtype=mm)
+        # per head, a (N/G x d) result = (N/G x N/G) @ (N/G x d) (PV, P^T dO, dS K, dS^T Q): the FLOPs of
+        # a score block's GEMM, which is all an accelerator's GEMM rate sees, but not the same work on a
+        # CPU (a 32x smaller output at d = 32), so it is asked for in its own shape
+        t, f = ctx.cost.gemm(b * z * local, d, local, dtype=mm)
         return [(label, t, f), hbm_step(ctx, label + ".hbm", nbytes)]
 
+    def scores(label, passes):
+        # a score block stored into its columns of the (B, Z, N/G, N) rows: the GEMM's output, then
+        # ``passes`` - 1 more fp32 read/write passes (QK^T: the scaling and the strided copy, 5 in all;
+        # dO V^T: the copy, 3)
+        t, f = ctx.cost.score_block(b * z, local, local, d, s.seqlen, dtype=mm, nbytes=passes * block * FP32)
+        return [(label, t, f)]
+
     def softmax_all(ready, phase, label, nbytes):
-        return {g: ctx.compute(g, f"{label}[r{g}]", ctx.cost.hbm(nbytes), deps=[ready[g]], phase=phase)
-                for g in ready}
+        t = ctx.cost.softmax_rows(b * z, local, s.seqlen, phase, nbytes=nbytes)
+        return {g: ctx.compute(g, f"{label}[r{g}]", t, deps=[ready[g]], phase=phase) for g in ready}
 
     def forward(ready):
         k_hop = ctx.take("forward", ("k",))
         v_hop = ctx.take("forward", ("v",))
         # K ring: S block = Q K_j^T, written in fp32
         r = ring_pass(ctx, rings, phase="forward", name="rsa_k", hop=k_hop, ready=ready, overlap=overlap,
-                      work=lambda i, o, st: gemm("qk", block * FP32))
+                      work=lambda i, o, st: scores("qk", 5))
         # mask (read/write fp32), softmax (read fp32, write fp32), cast to the input dtype (read, write)
         r = softmax_all(r, "forward", "rsa_softmax", rows * (4 * FP32 + FP32 + e))
         # V ring: O += P_j V_j, reading the block of P and its fp32 copy
@@ -62,7 +72,7 @@ def ring_rsa(ctx: Ctx, overlap: bool = True) -> dict:
         dk, dv = ctx.take("backward", ("dk",)), ctx.take("backward", ("dv",))
         # V ring: dP block = dO V_j^T (fp32 write); dV_j share = P_j^T dO (read P, fp32 copy)
         r = ring_pass(ctx, rings, phase="backward", name="rsa_bv", hop=v_hop, ready=ready, overlap=overlap,
-                      work=lambda i, o, st: gemm("dp", block * FP32) + gemm("dv", block * (e + 2 * FP32)))
+                      work=lambda i, o, st: scores("dp", 3) + gemm("dv", block * (e + 2 * FP32)))
         # dS = P * (dP - rowsum(dP * P)) over the whole rows: P to fp32, two products, a reduction
         r = softmax_all(r, "backward", "rsa_softmax_bwd", rows * (e + 9 * FP32))
         # K ring: dQ += dS_j K_j; dK_j share = dS_j^T Q
