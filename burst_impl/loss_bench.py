@@ -96,6 +96,10 @@ def build(case: LossCase, device: torch.device) -> Built:
 def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: int, memory: bool = True,
         log=print) -> list[dict]:
     """One record per case: status, samples and their summary, peak memory, ratios to ``unfused``."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be an int >= 1 (timed rounds; a median needs a sample)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an int >= 0")
     records, built = {}, {}
     for c in cases:
         rec = {"case": asdict(c), "name": c.name, "status": "ok", "reason": ""}
