@@ -23,7 +23,7 @@ so 3 (tokens x vocab x H) GEMMs in all, as many as the unfused loss. The
 gradients of the loss for an incoming gradient of 1 are kept from the forward
 to the backward, which only scales them by the incoming (0-dim) gradient and
 casts them to the inputs' dtypes (in place: a second backward through the same
-graph is an error). Memory: one (rows, V) fp32 tile, the fp32 d hidden (T, H)
+graph is an error; hidden itself is not kept). Memory: one (rows, V) fp32 tile, the fp32 d hidden (T, H)
 and the fp32 d W (V, H) (for fp32 weights that is the weight's gradient
 itself; for bf16/fp16 a copy beside it), plus on CPU the fp32 copies of
 half-precision x and W. ``rows``: ``grad_rows`` (``GRAD_TILE``), or
@@ -223,11 +223,13 @@ def _reduce(per_token: Tensor, t: Tiles, labels1d: Tensor, reduction: str) -> Te
     return out / max(t.n, 1) if reduction == "mean" else out
 
 
-def _to_hidden(dx: Tensor, rows: Tensor | None, hidden2d: Tensor) -> Tensor:
-    """d x of the counted rows (n, H) as the gradient of hidden2d (T, H): zeros for ignored rows."""
+def _to_hidden(dx: Tensor, rows: Tensor | None, like: tuple) -> Tensor:
+    """d x of the counted rows (n, H) as the gradient of hidden2d, ``like`` = its (shape, dtype,
+    device) (T, H): zeros for ignored rows."""
+    shape, dtype, device = like
     if rows is None:
-        return dx.to(hidden2d.dtype)
-    return torch.zeros_like(hidden2d).index_copy_(0, rows, dx.to(hidden2d.dtype))
+        return dx.to(dtype)
+    return torch.zeros(shape, dtype=dtype, device=device).index_copy_(0, rows, dx.to(dtype))
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -239,6 +241,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         chunks of chunk_tokens rows against the whole vocabulary, evened out if balance."""
         ctx.saved_grads = None
         if grads_now is not None:
+            ctx.hidden_like = (hidden2d.shape, hidden2d.dtype, hidden2d.device)
             *needs, balance = grads_now
             t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, weight.shape[0], balance)
             if t.n:
@@ -248,7 +251,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 ctx.saved_grads = (dx, dw, db, t.rows)
             else:
                 per_token = torch.zeros(0, dtype=t.cdt, device=hidden2d.device)
-            ctx.save_for_backward(hidden2d, weight, bias)             # shapes and dtypes for the backward
+            # hidden itself is not kept: its gradient is computed, and the backward needs only its shape
+            ctx.save_for_backward(weight, bias)
             ctx.opts = (ignore_index, reduction, chunk_tokens, chunk_vocab, t.n, True)
             return _reduce(per_token, t, labels1d, reduction)
         t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
@@ -264,18 +268,23 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        hidden2d, weight, bias = ctx.saved_tensors[:3]
         ignore_index, reduction, chunk_tokens, chunk_vocab, n, in_forward = ctx.opts
+        if in_forward:
+            weight, bias = ctx.saved_tensors
+            like = ctx.hidden_like
+        else:
+            hidden2d, weight, bias, labels1d, lse = ctx.saved_tensors
+            like = (hidden2d.shape, hidden2d.dtype, hidden2d.device)
         need_dx, need_dw = ctx.needs_input_grad[:2]
         need_db = bias is not None and ctx.needs_input_grad[2]
         dhidden = dweight = dbias = None
         if n == 0:
-            return (torch.zeros_like(hidden2d) if need_dx else None, torch.zeros_like(weight) if need_dw else None,
+            return (torch.zeros(like[0], dtype=like[1], device=like[2]) if need_dx else None,
+                    torch.zeros_like(weight) if need_dw else None,
                     torch.zeros_like(bias) if need_db else None, None, None, None, None, None, None)
         if in_forward:
-            return (*_scale_saved(ctx, grad, hidden2d, weight, bias, need_dx, need_dw, need_db),
+            return (*_scale_saved(ctx, grad, like, weight, bias, need_dx, need_dw, need_db),
                     None, None, None, None, None, None)
-        labels1d, lse = ctx.saved_tensors[3:]
         t = Tiles(hidden2d, weight, bias, labels1d, ignore_index, chunk_tokens, chunk_vocab)
         if reduction == "none":
             g = grad.to(t.cdt)
@@ -285,7 +294,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             g, alpha = None, float(grad) / (n if reduction == "mean" else 1)
         dx, dw, db = backward_tiles(t, lse.to(t.cdt), g, alpha, need_dx, need_dw, need_db, weight.dtype)
         if need_dx:
-            dhidden = _to_hidden(dx, t.rows, hidden2d)
+            dhidden = _to_hidden(dx, t.rows, like)
         if need_dw:
             dweight = dw
         if need_db:
@@ -293,7 +302,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return dhidden, dweight, dbias, None, None, None, None, None, None
 
 
-def _scale_saved(ctx, grad: Tensor, hidden2d: Tensor, weight: Tensor, bias: Tensor | None,
+def _scale_saved(ctx, grad: Tensor, like: tuple, weight: Tensor, bias: Tensor | None,
                  need_dx: bool, need_dw: bool, need_db: bool):
     """The gradients-in-the-forward path's backward: the saved gradients (for an incoming gradient
     of 1) times ``grad`` (0-dim), in place, cast to the inputs' dtypes; the saved copies are released."""
@@ -309,7 +318,7 @@ def _scale_saved(ctx, grad: Tensor, hidden2d: Tensor, weight: Tensor, bias: Tens
         raise RuntimeError(f"fused_linear_cross_entropy: the gradient of {missing} is asked for in the backward but "
                            "was not computed in the forward (requires_grad changed after the call?)")
     g = grad.to(dx.dtype if dx is not None else dw.dtype if dw is not None else db.dtype)
-    dhidden = _to_hidden(dx.mul_(g), rows, hidden2d) if need_dx else None
+    dhidden = _to_hidden(dx.mul_(g), rows, like) if need_dx else None
     dweight = dw.mul_(g).to(weight.dtype) if need_dw else None      # no copy when weight is fp32/fp64
     dbias = db.mul_(g).to(bias.dtype) if need_db else None
     return dhidden, dweight, dbias

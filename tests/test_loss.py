@@ -515,3 +515,23 @@ def test_loss_bench_refuses_an_empty_measurement(kw, match):
 
     with pytest.raises(ValueError, match=match):
         run([], torch.device("cpu"), **{"warmup": 1, **kw})
+
+
+@pytest.mark.parametrize("gif", [True, False], ids=["gradfwd", "recompute"])
+def test_gradients_in_the_forward_do_not_keep_hidden(gif):
+    """With its gradient computed in the forward, hidden is not kept for the backward (the final norm's
+    output can be freed: burst_impl.model.memory counts 2 T H for the head's activations, not 3); the
+    recomputing path needs it. Checked with a weak reference to a non-leaf hidden."""
+    import gc
+    import weakref
+
+    hidden, weight, labels, _ = _problem((12,), 8, 15, torch.float32)
+    x = hidden.clone().requires_grad_()
+    h = x * 2.0                                                   # MulBackward by a scalar keeps no tensor
+    ref = weakref.ref(h)
+    loss = fused_linear_cross_entropy(h, weight, labels, grad_in_forward=gif)
+    del h
+    gc.collect()
+    assert (ref() is None) == gif
+    loss.backward()
+    assert x.grad is not None and bool(torch.isfinite(x.grad).all())
