@@ -76,7 +76,7 @@ class RecordingCosts(CostModel):
         return t + CostModel.hbm(self, nbytes), f
 
     def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
-        self.seen.add(("softmax", batch, rows, cols, mode, "float32"))
+        self.seen.add(("softmax", batch, rows, cols, mode, self.dtype))   # fp32 scores, cast to the input dtype
         return super().softmax_rows(batch, rows, cols, mode, nbytes=nbytes)
 
 
@@ -156,7 +156,7 @@ class MeasuredCosts(CostModel):
         return self._get(key), 2.0 * heads * rows * cols * head_dim
 
     def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
-        return self._get(("softmax", batch, rows, cols, mode, "float32"))
+        return self._get(("softmax", batch, rows, cols, mode, self.dtype))
 
 
 def needed(cases, hardware, *, predict) -> set:
