@@ -520,8 +520,8 @@ def test_loss_bench_refuses_an_empty_measurement(kw, match):
 @pytest.mark.parametrize("gif", [True, False], ids=["gradfwd", "recompute"])
 def test_gradients_in_the_forward_do_not_keep_hidden(gif):
     """With its gradient computed in the forward, hidden is not kept for the backward (the final norm's
-    output can be freed: burst_impl.model.memory counts 2 T H for the head's activations, not 3); the
-    recomputing path needs it. Checked with a weak reference to a non-leaf hidden."""
+    output is freed when the forward returns); the recomputing path needs it. Checked with a weak
+    reference to a non-leaf hidden."""
     import gc
     import weakref
 

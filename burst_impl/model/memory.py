@@ -198,9 +198,10 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     cached_rows = o_lse.get(checkpoint, (0, 0))[1]
     cache_block = cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads)
     inputs_block = T * H * e
-    # the final norm's saved tensors: its input and normalised x, and the weighted output that the loss keeps
-    # for its backward, except the fused loss, whose training path takes d hidden in the forward instead
-    head_act = (2 if loss == "fused" else 3) * T * H * e
+    # the final norm's saved tensors: its input and normalised x, and the weighted output, which the loss
+    # keeps for its backward; the fused loss's training path does not keep it, but it is live until the end
+    # of the loss's forward, the moment the fused loss's buffers peak (measured: the same peak either way)
+    head_act = 3 * T * H * e
     head_grad = cfg.vocab_size * H * e
     logits = logits_bytes(cfg, T, e, loss, loss_chunks, loss_device)
     block_temp = T * (2 * F + H) * e
