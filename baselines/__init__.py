@@ -1,7 +1,7 @@
 """Baseline attention methods behind BurstAttention's call signature, and the method registry."""
 from burst_impl.shape import AttnShape
 
-from .method import Method
+from burst_impl.method import Method
 from .registry import METHODS, get
 
 __all__ = ["METHODS", "AttnShape", "Method", "get"]

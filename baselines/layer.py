@@ -42,7 +42,7 @@ from burst_impl.layout import shard, unshard
 
 from burst_impl.shape import AttnShape
 
-from .method import Method
+from burst_impl.method import Method
 from .methods.tp import head_columns, tp_heads
 from .registry import get
 
@@ -151,25 +151,3 @@ def full_grads(per_rank: list[dict], shape: AttnShape) -> dict[str, Tensor]:
 def local_grads(layer: AttnLayer) -> dict:
     """``{name: (index, grad)}`` of this rank, picklable, for ``full_grads``."""
     return {n: (layer.index[n], layer.params[n].grad.detach().clone()) for n in WEIGHTS}
-
-
-def layer_memory_bytes(method, shape: AttnShape) -> int:
-    """Activation bytes one rank keeps for backward in the attention LAYER of ``method`` (a model).
-
-    Tensor-parallel methods model their whole layer (``Method.memory``: the gathered input X and the
-    head-sharded q, k, v, out, lse). A sequence-parallel method keeps its operator's model
-    (``Method.memory``: q, k, v, out, lse of its shard) plus the layer input x (B, N/G, H) that the
-    QKV projection keeps for the weight gradients (the output projection keeps the attention output,
-    already counted, except for Ulysses). Weights are parameters, not counted."""
-    if method.level == "layer":
-        return int(method.memory(shape))
-    shard = shape.rows * shape.heads * shape.head_dim * shape.elem_size     # (B, N/G, H)
-    # Ulysses (and USP with a Ulysses degree > 1) returns the output all-to-all's result, a new (B, N/G, H) tensor that the output
-    # projection keeps besides the head-sharded out its attention saved; the ring family returns
-    # the saved out itself.
-    a2a_out = method.name in ("ulysses", "deepspeed_ulysses")
-    if (method.variant_of or method.name) == "usp":   # an all-to-all output where its Ulysses degree is > 1
-        from .methods.usp import _degree
-        a2a_out = _degree(shape, method.options.get("ulysses_degree"), method.options.get("node_size")) > 1
-    out_copy = shard if a2a_out else 0
-    return int(method.memory(shape)) + shard + out_copy

@@ -27,8 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-DEFAULT_METHODS = ["burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "tp_v1", "tp_v3",
-                   "ring_flash_attn", "deepspeed_ulysses"]
+from baselines.registry import METHODS, get
+
+
+
+def default_methods() -> list[str]:
+    """Every registered method but the timing variants (``Method.variant_of``: the same bytes as their base)."""
+    return [name for name, m in METHODS.items() if m.variant_of is None]
 
 
 def _shape(a, G):
@@ -40,7 +45,6 @@ def _shape(a, G):
 
 def _options(name: str, ulysses_degree: int | None) -> dict:
     """The method's keyword arguments from the command line: ``--ulysses-degree`` for usp and its variants."""
-    from baselines.registry import get
 
     m = get(name)
     return {"ulysses_degree": ulysses_degree} if ulysses_degree and (m.variant_of or m.name) == "usp" else {}
@@ -48,7 +52,6 @@ def _options(name: str, ulysses_degree: int | None) -> dict:
 
 def _measure(name: str, shape, options: dict) -> dict:
     from baselines.layer import layer_forward, layer_input, make_layer
-    from baselines.registry import get
     from burst_impl import comm
     from burst_impl.layout import shard
 
@@ -78,7 +81,6 @@ def _worker(rank, G, port, args, queue):
     torch.set_num_threads(max(1, torch.get_num_threads() // G))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=G,
                             timeout=datetime.timedelta(seconds=args.timeout))
-    from baselines.registry import get
 
     shape = _shape(args, G)
     out = {}
@@ -106,7 +108,6 @@ def _free_port() -> int:
 
 def link_table(methods, shape, node_size: int, ulysses_degree=None) -> list[dict]:
     """Per method and rank: bytes sent per link class for one forward + backward (formulas only)."""
-    from baselines.registry import get
 
     rows = []
     for name in methods:
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     p.add_argument("--layout", default="contiguous")
     p.add_argument("--non-causal", action="store_true")
     p.add_argument("--ulysses-degree", type=int, default=None, help="usp; default: registry policy")
-    p.add_argument("--methods", nargs="+", default=DEFAULT_METHODS)
+    p.add_argument("--methods", nargs="+", default=default_methods())
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", default=None, help="also write the results here")
     p.add_argument("--links", action="store_true", help="bytes per link class from the formulas (no processes)")
@@ -174,7 +175,6 @@ def main(argv=None) -> int:
     for pr in procs:
         pr.join()
 
-    from baselines.registry import get
 
     shape = _shape(a, G)
     print(f"bytes sent per rank, one forward + backward: B={a.batch} Z={a.heads} Zkv={a.kv_heads} "

@@ -35,7 +35,7 @@ import torch.distributed as dist
 def _measure(args) -> dict:
     from burst_impl import burst_attn_func, plan
     from burst_impl.shape import AttnShape
-    from experiments.harness.flops import attention_flops
+    from burst_impl.flops import attention_flops
     from experiments.harness.timing import RepeatPolicy, ratio_interval, summarize, time_interleaved
 
     rank, g = dist.get_rank(), dist.get_world_size()

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from burst_impl import comm
-from experiments.harness.flops import case_flops, tflops_per_s, tokens_per_s
+from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from experiments.harness.measure import memory_model_bytes
 from experiments.harness.memory import measure_peak
 from experiments.harness.spec import case_problem

@@ -5,7 +5,7 @@
         pytest benchmarks/test_loss_bench.py --benchmark-json loss.json
 
 One benchmark per (dtype, vocab, mode): forward + backward of the mean loss,
-the step of ``python -m burst_impl.loss_bench``. Sizes from the environment
+the step of ``python -m experiments.benches.loss_bench``. Sizes from the environment
 (LOSS_BENCH_TOKENS, LOSS_BENCH_HIDDEN, LOSS_BENCH_VOCAB, LOSS_BENCH_DTYPE,
 LOSS_BENCH_MODES, LOSS_BENCH_ROUNDS; defaults 8192, 1024, 32768,131072, float32,
 every mode, 3). ``extra_info`` carries the measured peak memory and the size of
@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-from burst_impl.loss_bench import LossCase, build
+from experiments.benches.loss_bench import LossCase, build
 from burst_impl.loss_modes import LOSS_MODES
 from experiments.harness.memory import measure_peak
 

@@ -140,7 +140,7 @@ def runs(layout, rank: int, world_size: int, seqlen: int) -> tuple[Run, ...]:
 def group_layout(layout, world_size: int, degree: int):
     """The layout at ring level when groups of ``degree`` consecutive ranks gather their shards
     (USP): ring rank i holds the union of ranks i*degree .. i*degree+degree-1. Named layouts keep
-    their name (contiguous and zigzag regroup exactly; ``baselines.reorder`` checks it); a
+    their name (contiguous and zigzag regroup exactly; ``burst_impl.reorder`` checks it); a
     ChunkLayout becomes the ChunkLayout of the unions, chunks in position order."""
     if not isinstance(layout, ChunkLayout):
         return layout

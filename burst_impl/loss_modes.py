@@ -22,7 +22,7 @@ runs.
   skips gradient entries below a threshold (``filter_eps``), so it is not
   exact; ``impl="cce_exact"`` is.
 
-The peers are compared for memory and time (``python -m burst_impl.loss_bench``);
+The peers are compared for memory and time (``python -m experiments.benches.loss_bench``);
 no test depends on them. ``available()`` is False without CUDA or without the package.
 """
 from __future__ import annotations

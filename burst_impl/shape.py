@@ -2,7 +2,7 @@
 
 Every closed form in the suite takes an ``AttnShape``: the bytes each method
 sends (``burst_impl.volume``, ``Method.bytes``), the activations it keeps
-(``Method.memory``), the FLOPs (``experiments.harness.flops``), the
+(``Method.memory``), the FLOPs (``burst_impl.flops``), the
 performance model. Its fields are also the sweep axes of the experiment specs
 (``experiments.harness.axes``): a field added here is a new axis, with its
 YAML key, type, default, case-name label and plot facet taken from the

@@ -28,38 +28,22 @@ import math
 import textwrap
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import yaml
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.transforms as mtransforms  # noqa: E402
-import pandas as pd  # noqa: E402
-import yaml  # noqa: E402
+from burst_impl.shape import AttnShape
 
-from .harness import axes, results as R  # noqa: E402
-from baselines.registry import METHODS  # noqa: E402
-from burst_impl.shape import AttnShape  # noqa: E402
+from baselines.registry import METHODS
+
+from .figstyle import _PALETTE, _method_order, save_figure, style
+from .figure_parts import hw_and_date, log2_x, mark_bad, source, status_legend
+from .harness import axes
+from .harness import results as R
+from .plots_model import draw_model_experiment
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
-_PALETTE = plt.get_cmap("tab10").colors
-
-
-_MARKERS = "osD^vP*X<>hp"
-_LINESTYLES = ("-", "--", "-.", ":")
-
-
-def color(method: str) -> tuple:
-    # registry order: a method keeps its colour in every figure and every run
-    return _PALETTE[_method_order(method) % len(_PALETTE)]
-
-
-def style(method: str) -> dict:
-    """Marker and line style by registry order: two methods with equal numbers stay distinguishable."""
-    k = _method_order(method)
-    return {"color": color(method), "marker": _MARKERS[k % len(_MARKERS)],
-            "linestyle": _LINESTYLES[(k // len(_PALETTE)) % len(_LINESTYLES) if k >= len(_PALETTE) else k % 2],
-            "markersize": 7 - 0.4 * (k % 5), "markerfacecolor": "none" if k % 2 else color(method)}
 
 
 def _offset(xs, k: int, n: int):
@@ -71,40 +55,6 @@ def _offset(xs, k: int, n: int):
 def _spec_meta(results_root: Path, exp: str) -> dict:
     p = R.experiment_dir(results_root, exp) / "spec.resolved.yaml"
     return yaml.safe_load(p.read_text()) if p.exists() else {}
-
-
-def _source(df: pd.DataFrame) -> str:
-    """'modelled' when every record comes from the performance model (experiments.perfmodel)."""
-    return "modelled" if "source" in df and (df["source"] == "modelled").all() else "measured"
-
-
-def _hw_and_date(df: pd.DataFrame, meta: dict | None = None) -> str:
-    """'measured on <machine> (<hardware>) at <commit> · <date> · <results folder>', or 'modelled ...'."""
-    hw = df["hardware"].dropna()
-    summary = hw.iloc[0].get("summary", "") if len(hw) else "unknown hardware"
-    nodes = hw.iloc[0].get("nodes", 1) if len(hw) else 1
-    date = str(df["timestamp"].max())[:10] if "timestamp" in df else ""
-    extra = f", {nodes} nodes" if nodes and nodes > 1 and "node" not in summary else ""
-    origin = (meta or {}).get("origin", "")
-    if _source(df) == "modelled":
-        return f"modelled for {summary}{extra} · {date}" + (f" · {origin}" if origin else "")
-    # records written before they named their machine: the slug of the hardware they recorded
-    from .harness.env import machine_slug
-
-    machines = sorted({str(r["machine"]) if isinstance(r.get("machine"), str) else machine_slug(r["hardware"])
-                       for r in df.to_dict("records") if isinstance(r.get("hardware"), dict)}) or ["unknown machine"]
-    commits = sorted({str((g or {}).get("commit") or "?")[:7] + ("+dirty" if (g or {}).get("dirty") else "")
-                      for g in df["git"]}) if "git" in df else ["?"]
-    return textwrap.fill(f"measured on {', '.join(machines)} ({summary}{extra}) at {', '.join(commits)} · {date}"
-                         + (f" · {origin}" if origin else ""), 100) + _cluster_note(df)
-
-
-def _cluster_note(df: pd.DataFrame) -> str:
-    """Emulated cluster (profile, link rates) or its loopback fallback, as the records say."""
-    if "cluster" not in df:
-        return ""
-    infos = [c for c in df["cluster"].dropna() if isinstance(c, dict) and c.get("scheduler") == "emulated"]
-    return "\n" + textwrap.fill(infos[0].get("summary", ""), 95) if infos else ""
 
 
 def _facets(df: pd.DataFrame, x: str) -> list[tuple[str, pd.DataFrame]]:
@@ -125,46 +75,6 @@ def _fixed_label(df: pd.DataFrame, x: str) -> str:
     bits = [MODE_LABEL.get(r["mode"], r["mode"]), f"{r['level']}-level"]
     bits += [axes.label(a, r[a]) for a in axes.ID_ORDER if a != x and a in df and df[a].nunique() == 1]
     return ", ".join(b for b in bits if b)
-
-
-_BAD = (("oom", "v", "tab:orange", "OOM"), ("failed", "X", "tab:red", "fail"), ("skipped", "s", "dimgray", "skip"))
-
-
-def _mark_bad(ax, part: pd.DataFrame, x: str, method: str) -> None:
-    """OOM / failed / skipped cases as markers on the x axis, so a missing point is visibly missing."""
-    trans = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
-    for status, marker, col, text in _BAD:
-        bad = part[(part["method"] == method) & (part["status"] == status)]
-        for xv in bad[x]:
-            ax.plot([xv], [0.03], marker=marker, color=col, markersize=9, transform=trans, clip_on=False,
-                    markeredgecolor=color(method), markeredgewidth=1.5, linestyle="none")
-            ax.annotate(f"{method} {text}", (xv, 0.03), xycoords=trans, textcoords="offset points",
-                        xytext=(4, 6), fontsize=7, color=col, rotation=30)
-
-
-def _status_legend(ax, df: pd.DataFrame) -> None:
-    from matplotlib.lines import Line2D
-
-    handles, labels = ax.get_legend_handles_labels()
-    if (df["status"] == "oom").any():
-        handles.append(Line2D([], [], marker="v", color="tab:orange", linestyle="none"))
-        labels.append("out of memory (OOM)")
-    if (df["status"] == "failed").any():
-        handles.append(Line2D([], [], marker="X", color="tab:red", linestyle="none"))
-        labels.append("failed (see results reason)")
-    if (df["status"] == "skipped").any():
-        handles.append(Line2D([], [], marker="s", color="dimgray", linestyle="none"))
-        labels.append("skipped: cannot run here (reason below)")
-    ax.legend(handles, labels, fontsize=8, loc="best")
-
-
-def _log2_x(ax, values) -> None:
-    vals = sorted(set(int(v) for v in values))
-    if len(vals) > 1 and vals[-1] / max(vals[0], 1) >= 4:
-        ax.set_xscale("log", base=2)
-    ax.set_xticks(vals)
-    ax.set_xticklabels([axes.human(v) for v in vals], rotation=0, fontsize=8)
-    ax.minorticks_off()
 
 
 def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
@@ -191,10 +101,10 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
                     ax.errorbar(xs, ok[ycol], yerr=yerr, label=method, capsize=3, **style(method))
                 else:
                     ax.plot(xs, ok[ycol], label=method, **style(method))
-            _mark_bad(ax, part, x, method)
+            mark_bad(ax, part, x, method)
         if ref_line is not None:
             ax.axhline(ref_line, color="grey", linestyle="--", linewidth=1)
-        _log2_x(ax, part[x])
+        log2_x(ax, part[x])
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel({"seqlen": "sequence length N (tokens)", "world_size": "world size G (processes)",
@@ -202,13 +112,13 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
         ax.set_ylabel(ylabel)
         ax.set_title(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-        _status_legend(ax, part)
+        status_legend(ax, part)
     if not drew and not (df["status"].isin(["oom", "failed", "skipped"])).any():
         plt.close(fig)
         return None
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
     head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title}", int(fig.get_figwidth() * 11))
-    fig.suptitle(f"{head}{ref}\n{_hw_and_date(df, meta)}", fontsize=10)
+    fig.suptitle(f"{head}{ref}\n{hw_and_date(df, meta)}", fontsize=10)
     fig.tight_layout()
     note = "; ".join(n for n in (meta.get("skipped_note"), "points offset horizontally by a few % per method "
                                  "so equal values stay visible") if n)
@@ -216,19 +126,6 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
     fig.text(0.5, 0.01, textwrap.fill(note, int(fig.get_figwidth() * 17)), ha="center", va="bottom", fontsize=7,
              color="dimgray")
     return save_figure(fig, out)
-
-
-def save_figure(fig, out: Path) -> Path:
-    """Write ``fig`` to ``out`` (its folder made) at the suite's one resolution, and free it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
-
-
-def _method_order(m: str) -> int:
-    order = list(METHODS)
-    return order.index(m) if m in order else len(order)
 
 
 def _interval(ok: pd.DataFrame, ycol: str):
@@ -283,7 +180,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(6.5, 1.3 * len(sel) + 2), 4.8))
     width = 0.2
     xs = range(len(sel))
-    word = _source(df)
+    word = source(df)
     series = [("comm_fwd_bytes", f"forward, {word}", "", 0), ("comm_fwd_formula_bytes", "forward, formula", "//", 1),
               ("comm_bwd_bytes", f"backward, {word}", "", 2), ("comm_bwd_formula_bytes", "backward, formula", "//", 3)]
     if mode == "forward":   # nothing was sent backward: no backward bars, not even formula ones
@@ -323,7 +220,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
     ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, {word} (solid) vs formula (hatched)\n"
                  f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
-                 f"{_hw_and_date(df, meta)}", fontsize=9)
+                 f"{hw_and_date(df, meta)}", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, out)
 
@@ -387,7 +284,7 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
     fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype"))
     head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title} ({fixed}, {MODE_LABEL.get(r['mode'], r['mode'])})",
                          110)
-    fig.suptitle(f"{head}{ref}\n{_hw_and_date(df)}", fontsize=9)
+    fig.suptitle(f"{head}{ref}\n{hw_and_date(df)}", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, out)
 
@@ -407,10 +304,9 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         meta["skipped_note"] = "not run: " + "; ".join(str(r) or m for m, r in reasons.items())
     out = plots_root / exp
     if "level" in df and (df["level"] == "model").all():
-        from .plots_model import draw_model_experiment   # model-level records: their own figures and table
 
         return draw_model_experiment(df, meta, out)
-    sfx = "_modelled" if _source(df) == "modelled" else ""   # a modelled figure says so in its file name
+    sfx = "_modelled" if source(df) == "modelled" else ""   # a modelled figure says so in its file name
     files: list[Path] = []
     methods = sorted(df["method"].unique(), key=_method_order)
     baseline = meta.get("baseline") or (methods[0] if methods else None)
@@ -426,7 +322,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
         # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
 
-        from .harness.flops import case_flops
+        from burst_impl.flops import case_flops
 
         ok = df["status"] == "ok"
         def flops_of(r: dict) -> tuple[float, str]:
@@ -450,7 +346,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         if "mem_peak_bytes" in df:
             dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
             files.append(_line_figure(dfm, "seqlen", "mem_peak_mib",
-                                      f"peak memory per rank: inputs + peak increase (MiB, {_source(df)})",
+                                      f"peak memory per rank: inputs + peak increase (MiB, {source(df)})",
                                       "peak memory per rank vs sequence length", meta,
                                       out / f"memory_vs_seqlen{sfx}.png", logy=True))
     varies_mask = "mask" in df and (df["mask"].fillna("").nunique() > 1 or df["layout"].nunique() > 1) \

@@ -22,7 +22,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from . import plots as P
+from . import figure_parts as FP
+from .figstyle import _method_order, color, save_figure
 from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
@@ -43,7 +44,7 @@ def _rows(df: pd.DataFrame) -> pd.DataFrame:
 
 def _style(row: str, method: str) -> dict:
     dashed = "+ZeRO" in row or "without" in row
-    return {"color": P.color(method), "linestyle": "--" if dashed else "-",
+    return {"color": color(method), "linestyle": "--" if dashed else "-",
             "marker": "s" if "+ZeRO" in row else "o"}
 
 
@@ -53,7 +54,7 @@ def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     # measured records name the model in "model"; modelled ones keep their model's breakdown there
     model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
     return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
-            f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{P._hw_and_date(df)}")
+            f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
@@ -62,7 +63,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
     if y not in ok or ok[y].isna().all():
         return None
     fig, ax = plt.subplots(figsize=(7.8, 5.0))
-    for row, part in sorted(df.groupby("row"), key=lambda kv: (P._method_order(kv[1]["method"].iloc[0]), kv[0])):
+    for row, part in sorted(df.groupby("row"), key=lambda kv: (_method_order(kv[1]["method"].iloc[0]), kv[0])):
         method = part["method"].iloc[0]
         good = part[(part["status"] == "ok") & part[y].notna()].sort_values(x)
         if len(good):
@@ -72,17 +73,17 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
                             label=row, capsize=3, **kw)
             else:
                 ax.plot(good[x], good[y], label=row, **kw)
-        P._mark_bad(ax, part.assign(method=row), x, row)
-    P._log2_x(ax, df[x])
+        FP.mark_bad(ax, part.assign(method=row), x, row)
+    FP.log2_x(ax, df[x])
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel({"seqlen": "sequence length N (tokens)", "batch": "batch size B"}[x])
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.3)
-    P._status_legend(ax, df)
+    FP.status_legend(ax, df)
     ax.set_title(_title(df, meta, what), fontsize=9)
     fig.tight_layout()
-    return P.save_figure(fig, out)
+    return save_figure(fig, out)
 
 
 def _time_bounds(df: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -125,7 +126,7 @@ def prefill_table(df: pd.DataFrame) -> pd.DataFrame:
         else:
             cell = {"oom": "OOM", "failed": "failed"}.get(r["status"], r["status"])
         cells.setdefault(r["row"], {})[int(r["seqlen"])] = cell
-    order = sorted(cells, key=lambda row: (P._method_order(row.split("+")[0].split(" ")[0]), row))
+    order = sorted(cells, key=lambda row: (_method_order(row.split("+")[0].split(" ")[0]), row))
     table = pd.DataFrame([cells[r] for r in order], index=order)
     table.index.name = "first-token latency, ms median [95% interval, else p10-p90]"
     return table.reindex(columns=sorted(table.columns)).fillna("-")
@@ -150,7 +151,7 @@ def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]
     df = _with_rates(_rows(df))
     for mode, part in df.groupby("mode"):
         # a modelled figure says so in its file name too, as experiments.plots' figures do
-        sfx = (f"_{mode}" if df["mode"].nunique() > 1 else "") + ("_modelled" if P._source(part) == "modelled" else "")
+        sfx = (f"_{mode}" if df["mode"].nunique() > 1 else "") + ("_modelled" if FP.source(part) == "modelled" else "")
         if part["seqlen"].nunique() > 1:
             files.append(_lines(part, "seqlen", "tok_rank", "tokens/s per rank", "throughput per rank", meta,
                                 out / f"model_tokens_per_s_vs_seqlen{sfx}.png", band=("tok_rank_lo", "tok_rank_hi")))
@@ -162,7 +163,7 @@ def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]
                                 ("MFU" if has_mfu else "model TFLOP/s per rank") + f"\nFLOPs: {conv[:110]}",
                                 meta, out / f"model_mfu_vs_seqlen{sfx}.png"))
             files.append(_lines(part, "seqlen", "mem_total_gib",
-                                f"GiB per rank (state + step peak, {P._source(part)})", "peak memory per rank",
+                                f"GiB per rank (state + step peak, {FP.source(part)})", "peak memory per rank",
                                 meta, out / f"model_memory_vs_seqlen{sfx}.png", logy=True))
         if part["seqlen"].nunique() == 1 and part["batch"].nunique() == 1:
             files.append(_summary_bars(part, meta, out / f"model_summary{sfx}.png"))
@@ -181,7 +182,7 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         return None
     n = ok["seqlen"].max()
     sel = ok[(ok["seqlen"] == n) & (ok["batch"] == ok["batch"].min())].drop_duplicates("row")
-    sel = sel.sort_values("row", key=lambda s: [P._method_order(r.split("+")[0].split(" ")[0]) for r in s])
+    sel = sel.sort_values("row", key=lambda s: [_method_order(r.split("+")[0].split(" ")[0]) for r in s])
     fig, ax = plt.subplots(figsize=(max(6.5, 1.2 * len(sel) + 2), 4.8))
     xs = range(len(sel))
     ax.bar([x - 0.2 for x in xs], sel["comm_layer_bytes"] / 2 ** 20, 0.4, label="measured", color="tab:blue")
@@ -194,7 +195,7 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.legend(fontsize=8)
     ax.set_title(_title(sel, meta, f"bytes per layer at N={human(int(n))}"), fontsize=9)
     fig.tight_layout()
-    return P.save_figure(fig, out)
+    return save_figure(fig, out)
 
 
 def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
@@ -202,20 +203,20 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return None
-    ok = ok.sort_values("row", key=lambda s: [(P._method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    ok = ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
-    cols = [P.color(m) for m in ok["method"]]
+    cols = [color(m) for m in ok["method"]]
     a1.bar(xs, ok["tok_rank"], color=cols, yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]],
            capsize=4)
     a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
     if "mem_total_gib" in ok:
         state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)
-        kept = "weights + grads + optimizer state" if P._source(ok) == "measured" else \
+        kept = "weights + grads + optimizer state" if FP.source(ok) == "measured" else \
             "weights + optimizer state (modelled: the gradients are in the step's peak)"
         a2.bar(xs, state, color=cols, alpha=0.5, label=kept)
         a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
-        a2.set_ylabel(f"GiB per rank ({P._source(ok)})")
+        a2.set_ylabel(f"GiB per rank ({FP.source(ok)})")
         a2.legend(fontsize=8)
     for ax in (a1, a2):
         ax.set_xticks(xs)
@@ -224,4 +225,4 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig.suptitle(_title(ok, meta, f"N={human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
                  fontsize=9)
     fig.tight_layout()
-    return P.save_figure(fig, out)
+    return save_figure(fig, out)

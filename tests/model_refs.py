@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from baselines.registry import get
 from burst_impl import comm
 from burst_impl.model import build_model, get_config, loss_and_grads, prefill_step, sequence_parallel, train_step
 from burst_impl.model.parallel import grad_sync_bytes
@@ -79,7 +80,7 @@ def sp_run(cfg_name: str, method: str, layouts: list[str], positions_bug: bool =
     tokens, labels = global_batch(cfg_name)
     out = {}
     for layout in layouts:
-        model = sequence_parallel(build_model(get_config(cfg_name)), method, layout=layout)
+        model = sequence_parallel(build_model(get_config(cfg_name)), get(method), layout=layout)
         if positions_bug:   # negative control: RoPE at local positions 0..N/G-1 instead of global ones
             model.parallel.positions = lambda n, device=None, _p=model.parallel: torch.arange(n // _p.world_size)
         if skip_sync:       # negative control: no gradient all-reduce
@@ -97,7 +98,7 @@ def sp_run(cfg_name: str, method: str, layouts: list[str], positions_bug: bool =
 def tp_run(cfg_name: str, version: str, layouts: list[str], fused: bool) -> dict:
     """On every rank: one TP step and one prefill per layout; loss, this rank's gradient slices
     ``{name: (index or None, grad)}``, next ids, counted bytes."""
-    from burst_impl.model.tensor_parallel import tensor_parallel
+    from baselines.tensor_parallel import tensor_parallel
 
     tokens, labels = global_batch(cfg_name)
     out = {}
@@ -120,7 +121,7 @@ def fsdp_run(cfg_name: str, method: str, layout: str, steps: int) -> dict:
 
     out = {}
     for weights in ("replicated", "fsdp2"):
-        model = sequence_parallel(build_model(get_config(cfg_name)), method, layout=layout)
+        model = sequence_parallel(build_model(get_config(cfg_name)), get(method), layout=layout)
         if weights == "fsdp2":
             shard_weights(model)
         opt = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -138,6 +139,6 @@ def fsdp_run(cfg_name: str, method: str, layout: str, steps: int) -> dict:
 
 def curve_run(cfg_name: str, method: str, layout: str, steps: int) -> list[float]:
     """On every rank: the losses of ``steps`` AdamW steps of the sequence-parallel model."""
-    model = sequence_parallel(build_model(get_config(cfg_name)), method, layout=layout)
+    model = sequence_parallel(build_model(get_config(cfg_name)), get(method), layout=layout)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     return [train_step(model, opt, *global_batch(cfg_name, s)).item() for s in range(steps)]

@@ -21,9 +21,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+from baselines.registry import get
 from burst_impl import comm
 from burst_impl.model import build_model, get_config, loss_and_grads, prefill_step, sequence_parallel
-from burst_impl.model.checkpoint import MODES, effective_mode
+from burst_impl.model.checkpoint import effective_mode
+from burst_impl.model.config import CHECKPOINT_MODES as MODES
 from tests.model_refs import global_batch, grad_errors, reference
 from tests.test_model_parity import GRAD_RTOL, LOSS_RTOL, SP_METHODS
 
@@ -46,7 +48,7 @@ def modes_run(cfg_name: str, method: str, layout: str, loss: str) -> dict:
     out = {}
     for mode in MODES:
         cfg = replace(get_config(cfg_name), loss=loss, checkpoint=mode)
-        model = sequence_parallel(build_model(cfg), method, layout=layout)
+        model = sequence_parallel(build_model(cfg), get(method), layout=layout)
         with comm.count_bytes() as counted:
             value = loss_and_grads(model, tokens, labels).item()
         fwd = sum(b for (phase, _), b in counted.items() if phase == "forward")
@@ -91,13 +93,13 @@ def test_effective_modes():
     model = build_model(get_config("tiny"))
     assert effective_mode(model.layers[0], "seq") == "seq"
     for m in SP_METHODS:
-        model = sequence_parallel(build_model(get_config("tiny")), m)
+        model = sequence_parallel(build_model(get_config("tiny")), get(m))
         want = "seq" if m in BURST_OPERATOR_BACKWARD else "full"
         assert effective_mode(model.layers[0], "seq") == want, m
 
 
 def _bad_layout(layout: str, seqlen: int) -> str:
-    model = sequence_parallel(build_model(replace(get_config("tiny"), checkpoint="seq")), "burst", layout=layout)
+    model = sequence_parallel(build_model(replace(get_config("tiny"), checkpoint="seq")), get("burst"), layout=layout)
     tokens = global_batch("tiny", seqlen=seqlen)[0]
     with comm.count_bytes() as counted:
         try:

@@ -16,8 +16,8 @@ import yaml
 from experiments.cluster import jobs
 from experiments.cluster.emulator import emulation, shaping
 from experiments.cluster.emulator.emulated import EmulatedCluster
-from experiments.cluster.hardware import load_hardware
-from experiments.cluster.profile import PROFILE_DIR, known_profiles, load_profile, parse_profile, parse_time_limit
+from experiments.profiles.hardware import load_hardware
+from experiments.profiles.cluster import PROFILE_DIR, known_profiles, load_profile, parse_profile, parse_time_limit
 from experiments.cluster.emulator.rankexec import command as rank_command
 from experiments.cluster.slurm import RESERVE_S, check_submittable, render_sbatch
 from experiments.harness import results as R
@@ -125,7 +125,7 @@ def test_shaping_commands():
 def test_fallback_says_so(monkeypatch):
     """Where namespaces are not permitted the cluster is plain loopback, and its record info says so."""
     from experiments.cluster.emulator import netns
-    from experiments.plots import _cluster_note
+    from experiments.figure_parts import cluster_note as _cluster_note
 
     monkeypatch.setattr(netns, "probe", lambda: "network namespaces need root (test)")
     with EmulatedCluster(load_profile("a100_roce_emu"), log=lambda *_: None) as cl:

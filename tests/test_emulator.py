@@ -20,7 +20,7 @@ import yaml
 
 from experiments.cluster.emulator import cpuquota, netns, selftest, shaping, slurmd
 from experiments.cluster.emulator.emulated import EmulatedCluster
-from experiments.cluster.profile import parse_profile
+from experiments.profiles.cluster import parse_profile
 from experiments.harness import results as R
 from experiments.harness.env import REPO
 from experiments.run import main as run_main

@@ -10,9 +10,10 @@ import torch
 import yaml
 
 from burst_impl.shape import AttnShape
-from experiments.harness import flops, results as R
+from burst_impl import flops
+from experiments.harness import results as R
 from experiments.harness.memory import is_oom, measure_peak
-from experiments.cluster.profile import load_profile
+from experiments.profiles.cluster import load_profile
 from experiments.cluster.slurm import render_sbatch
 from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
 from experiments.harness.timing import quantile, summarize, time_steps

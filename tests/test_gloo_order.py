@@ -1,4 +1,4 @@
-"""Receives are posted before sends (burst_impl.comm.Channel, baselines.collectives on gloo).
+"""Receives are posted before sends (burst_impl.comm.Channel, burst_impl.collectives on gloo).
 
 On gloo a send posted before its peer's receive serialises a 2-rank exchange: on the emulated
 cluster an 8 MiB exchange took 1.10 s send-first against 0.59 s receive-first at 13.8 MB/s each way.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from baselines import collectives
+from burst_impl import collectives
 from burst_impl import comm
 
 

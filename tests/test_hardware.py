@@ -7,8 +7,8 @@ import copy
 import pytest
 import yaml
 
-from experiments.cluster.hardware import HARDWARE_DIR, known_hardware, load_hardware, parse_hardware
-from experiments.cluster.profile import load_profile
+from experiments.profiles.hardware import HARDWARE_DIR, known_hardware, load_hardware, parse_hardware
+from experiments.profiles.cluster import load_profile
 
 
 @pytest.mark.parametrize("name", known_hardware())

@@ -511,7 +511,7 @@ def test_peer_adapters_pass_arguments_in_each_packages_order(monkeypatch, name, 
 @pytest.mark.parametrize("kw,match", [(dict(repeats=0), "repeats=0"), (dict(repeats=2, warmup=-1), "warmup=-1")])
 def test_loss_bench_refuses_an_empty_measurement(kw, match):
     """``--repeats 0`` used to fail later with a KeyError in the table; now a ValueError before any work."""
-    from burst_impl.loss_bench import run
+    from experiments.benches.loss_bench import run
 
     with pytest.raises(ValueError, match=match):
         run([], torch.device("cpu"), **{"warmup": 1, **kw})

@@ -16,7 +16,7 @@ from burst_impl.layout import ChunkLayout, positions
 from burst_impl.plan import build_plan, entries_matrix, local_plan, step_plan
 from burst_impl.layout import runs_of
 from burst_impl.shape import AttnShape
-from experiments.harness import flops
+from burst_impl import flops
 
 N = 48   # tokens in the plan tests: 2 chunks per rank at G = 1..4 (and 3 with 8 per rank at G=2)
 

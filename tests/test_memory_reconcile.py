@@ -3,7 +3,7 @@
 The bytes autograd keeps for backward (``memory.saved_for_backward``, weights excluded) are measured
 for every registered method that runs here, at op level and in the attention layer (TP: its layer),
 at world sizes 3 (an odd one) and 4 (where USP's Ulysses degree is > 1), and compared with the formula (``Method.memory``; in the layer
-``baselines.layer.layer_memory_bytes``, which adds the layer input each SP method keeps and TP's
+``Method.layer_memory``, which adds the layer input each SP method keeps and TP's
 gathered input is already in TP's formula).
 
 Tolerance: 0 <= measured / model - 1 <= 0.10. The formula names every activation it counts, so the
@@ -34,7 +34,6 @@ def _methods(ws: int) -> list[str]:
 def _measure(names: list[str], ws: int, level: str) -> dict:
     import torch.distributed as dist
 
-    from baselines.layer import layer_memory_bytes
     from experiments.harness.memory import saved_for_backward
     from experiments.harness.spec import Case
     from experiments.harness.steps import build_step
@@ -46,7 +45,7 @@ def _measure(names: list[str], ws: int, level: str) -> dict:
         case = Case(experiment="t", method=name, level=lvl, mode="fwd_bwd", shape=shape, warmup=0, repeats=1, seed=0)
         step = build_step(case, rank=dist.get_rank(), group=dist.group.WORLD, device=torch.device("cpu"))
         saved = saved_for_backward(step.forward, exclude=step.weights)
-        model = METHODS[name].memory(shape) if lvl == "op" else layer_memory_bytes(METHODS[name], shape)
+        model = METHODS[name].memory(shape) if lvl == "op" else METHODS[name].layer_memory(shape)
         out[name] = (saved, model)
     return out
 
@@ -69,9 +68,8 @@ def test_saved_bytes_match_every_methods_formula(pools, ws, level):
 def test_tp_keeps_about_twice_burst_at_g4_in_the_formula_and_the_definition():
     """The issue's case: TP's activation model is ~2x Burst's at G=4; the recorded memory now counts
     TP's replicated input among its inputs instead of subtracting it (one definition for all)."""
-    from baselines.layer import layer_memory_bytes
 
     s = AttnShape(seqlen=4096, world_size=4, batch=1, heads=8, kv_heads=8, head_dim=32, dtype="bfloat16",
                   causal=True, layout="zigzag")
-    tp, burst = layer_memory_bytes(METHODS["tp_v1"], s), layer_memory_bytes(METHODS["burst"], s)
+    tp, burst = METHODS["tp_v1"].layer_memory(s), METHODS["burst"].layer_memory(s)
     assert 1.5 < tp / burst < 2.5

@@ -25,6 +25,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from baselines.registry import get
 from baselines.registry import METHODS
 from burst_impl.layout import LAYOUTS
 from burst_impl.model import get_config
@@ -45,7 +46,7 @@ SP_METHODS = sorted(n for n, m in METHODS.items()
 
 def _expected_bytes(cfg_name, method, G, layout, phase=None) -> dict:
     cfg = get_config(cfg_name)
-    per_layer = layer_comm_bytes(cfg, method, BATCH, SEQLEN, G, layout, dtype="float32")
+    per_layer = layer_comm_bytes(cfg, get(method), BATCH, SEQLEN, G, layout, dtype="float32")
     out = {k: v * cfg.n_layers for k, v in per_layer.items() if phase is None or k[0] == phase}
     if G > 1 and phase is None:
         out[("forward", "loss")] = 2 * 16 * (G - 1) // G          # [sum, count] in fp64

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from burst_impl.model import get_config
-from burst_impl.model.tensor_parallel import layer_comm_bytes
+from baselines.tensor_parallel import layer_comm_bytes
 from tests.model_refs import BATCH, SEQLEN, grad_errors, reference, tp_run
 from tests.test_model_parity import GRAD_RTOL, LOSS_RTOL
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from baselines.registry import get
 from burst_impl import comm
 from burst_impl.layout import positions, shard
 from burst_impl.model import (CONFIGS, build_model, get_config, loss_and_grads, num_params, sequence_parallel,
@@ -16,9 +17,9 @@ from burst_impl.model.flops import model_flops
 from burst_impl.model.layers import apply_rope, rope_tables
 from burst_impl.model.model import cross_entropy_sum
 from burst_impl.model.sequence_parallel import check_method
-from burst_impl.model.tensor_parallel import check_tp
+from baselines.tensor_parallel import check_tp
 from burst_impl.shape import AttnShape
-from experiments.harness.flops import attention_flops
+from burst_impl.flops import attention_flops
 from tests.model_refs import global_batch, math_model, one_thread, rel_err
 
 # ---------------------------------------------------------------- configs
@@ -49,13 +50,13 @@ def test_unknown_names():
         get_config("llama9")
     cfg = get_config("tiny")
     with pytest.raises(ValueError, match="method='nope' is unknown"):
-        check_method(cfg, "nope", 2, "contiguous")
+        check_method(cfg, get("nope"), 2, "contiguous")
     with pytest.raises(ValueError, match="method='tp_v1' is a layer-level method"):
-        check_method(cfg, "tp_v1", 2, "contiguous")
+        check_method(cfg, get("tp_v1"), 2, "contiguous")
     with pytest.raises(ValueError, match="layout='striped' is not supported by method 'usp'"):
-        check_method(cfg, "usp", 4, "striped")
+        check_method(cfg, get("usp"), 4, "striped")
     with pytest.raises(ValueError, match="layout='diagonal' is unknown"):
-        check_method(cfg, "burst", 2, "diagonal")
+        check_method(cfg, get("burst"), 2, "diagonal")
     with pytest.raises(ValueError, match="corpus='wiki' is unknown"):
         load_corpus("wiki", 64)
     with pytest.raises(ValueError, match="mode='infer' is unknown"):
@@ -65,9 +66,9 @@ def test_unknown_names():
 def test_heads_and_group_rules():
     cfg = get_config("tiny")                       # 12 heads, F = 192
     with pytest.raises(ValueError, match="heads=12 .*5"):
-        check_method(cfg, "ulysses", 5, "contiguous")
+        check_method(cfg, get("ulysses"), 5, "contiguous")
     with pytest.raises(ValueError, match="seqlen=10 must be a positive multiple of 4"):
-        check_method(cfg, "burst", 2, "zigzag", seqlen=10)
+        check_method(cfg, get("burst"), 2, "zigzag", seqlen=10)
     with pytest.raises(ValueError, match="n_heads=12 must be divisible by the tensor-parallel size 5"):
         check_tp(cfg, "v1", 5)
     with pytest.raises(ValueError, match="n_kv_heads=2 must be divisible by the tensor-parallel size 4"):
@@ -79,7 +80,7 @@ def test_heads_and_group_rules():
 
 
 def _bad_sequence(seqlen: int) -> tuple[str, dict]:
-    model = sequence_parallel(build_model(get_config("tiny")), "burst", layout="zigzag")
+    model = sequence_parallel(build_model(get_config("tiny")), get("burst"), layout="zigzag")
     tokens, labels = global_batch("tiny", seqlen=seqlen)
     with comm.count_bytes() as sent:
         try:

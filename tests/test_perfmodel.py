@@ -11,16 +11,16 @@ import json
 import pytest
 
 from baselines import METHODS, AttnShape, get
-from experiments.cluster.hardware import parse_hardware
+from experiments.profiles.hardware import parse_hardware
 from experiments.harness import results as R
-from experiments.harness.flops import attention_flops
+from burst_impl.flops import attention_flops
 from experiments.harness.spec import load_any
 from experiments.perfmodel import predict_case
 from experiments.perfmodel.__main__ import main as cli
 from experiments.perfmodel.costs import CostModel
 from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import predict_spec
-from experiments.perfmodel.schedules import SCHEDULES, VARIANTS
+from experiments.perfmodel.schedules import VARIANTS, schedules
 from experiments.perfmodel.schedules.common import Ctx, ring_collective
 from experiments.perfmodel.simulator import Schedule
 
@@ -167,7 +167,7 @@ def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():
 
 
 def test_every_registered_method_has_a_schedule():
-    assert set(METHODS) <= set(SCHEDULES)
+    assert set(METHODS) <= set(schedules())
 
 
 SHAPES = [
@@ -183,7 +183,7 @@ SHAPES = [
 @pytest.mark.parametrize("s", SHAPES, ids=lambda s: f"G{s.world_size}-Z{s.heads}kv{s.kv_heads}-{s.layout}")
 def test_predicted_bytes_equal_the_registry_formulas(s):
     checked = 0
-    for name in list(SCHEDULES) + list(VARIANTS):
+    for name in list(schedules()) + list(VARIANTS):
         base = VARIANTS[name][0] if name in VARIANTS else name
         try:
             get(base).validate(s)

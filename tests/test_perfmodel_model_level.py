@@ -11,11 +11,12 @@ from baselines import AttnShape, get
 from burst_impl.model.config import get_config, num_params
 from burst_impl.model.flops import model_flops
 from burst_impl.model.memory import step_memory
-from experiments.cluster.hardware import load_hardware, parse_hardware
+from experiments.profiles.hardware import load_hardware, parse_hardware
 from experiments.harness.spec import Case
 from experiments.perfmodel.costs import CostModel
 from experiments.perfmodel.model import predict_case
-from experiments.perfmodel.model_level import TP_METHODS, mlp_schedule, model_record, predict_model
+from baselines.registry import METHODS
+from experiments.perfmodel.model_level import mlp_schedule, model_record, predict_model
 from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import _record
 
@@ -182,7 +183,7 @@ def test_training_memory_is_the_step_memory_model(method, checkpoint, mode):
     hw, s = _hw(), _shape(4, 128)
     mp = predict_model(method, CFG, s, mode="fwd_bwd", hardware=hw, weights="fsdp2", checkpoint=checkpoint,
                        loss="fused")
-    sm = step_memory(CFG, batch=1, seqlen=128, world_size=4, method=method, layout="zigzag", dtype="bfloat16",
+    sm = step_memory(CFG, batch=1, seqlen=128, world_size=4, method=get(method), layout="zigzag", dtype="bfloat16",
                      weights="fsdp2", checkpoint=mode, loss="fused", loss_device="cuda")
     assert mp.memory["checkpoint"] == mode and mp.memory["step"] == sm.as_dict()
     assert mp.memory["total_bytes"] == sm.total_bytes + mp.attention.memory["transient_bytes"]
@@ -207,7 +208,7 @@ def test_tp_holds_one_gth_of_the_weights():
     hw, s = _hw(), _shape(4, 128)
     P = num_params(CFG)
     for mode in ("fwd_bwd", "forward"):
-        for m in TP_METHODS:
+        for m in [n for n, meth in METHODS.items() if meth.tp_version]:
             tp = predict_model(m, CFG, s, mode=mode, hardware=hw)
             assert tp.memory["weights"] == "tp" and tp.memory["parts"]["weights"] == -(-P // 4) * 2
         sp = predict_model("burst", CFG, s, mode=mode, hardware=hw)

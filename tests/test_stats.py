@@ -206,13 +206,13 @@ def _fig_records(tmp_path, statuses: dict) -> "pd.DataFrame":
 def test_skipped_and_oom_cases_are_marked_not_dropped(tmp_path):
     import matplotlib.pyplot as plt
 
-    from experiments import plots
+    from experiments import figure_parts, plots
 
     df = _fig_records(tmp_path, {("burst", 64): "ok", ("burst", 128): "oom", ("ring", 64): "skipped",
                                  ("ring", 128): "failed"})
     fig, ax = plt.subplots()
     for m in ("burst", "ring"):
-        plots._mark_bad(ax, df, "seqlen", m)
+        figure_parts.mark_bad(ax, df, "seqlen", m)
     marks = {(ln.get_marker(), ln.get_xdata()[0]) for ln in ax.lines}
     assert marks == {("v", 128), ("s", 64), ("X", 128)}
     texts = {t.get_text() for t in ax.texts}
@@ -223,7 +223,7 @@ def test_skipped_and_oom_cases_are_marked_not_dropped(tmp_path):
 def test_figures_name_their_origin_and_draw_no_backward_bars_for_forward_runs(tmp_path, monkeypatch):
     import matplotlib.figure
 
-    from experiments import plots
+    from experiments import figure_parts, plots
 
     saved = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda self, *a, **k: saved.append(self))
@@ -246,11 +246,11 @@ def test_figures_name_their_origin_and_draw_no_backward_bars_for_forward_runs(tm
     hatches = [p.get_hatch() for p in ax.patches if p.get_height() > 0]
     assert "xx" in hatches and {None, ""} & set(hatches), hatches
     df["source"] = "modelled"
-    assert plots._hw_and_date(df).startswith("modelled")
+    assert figure_parts.hw_and_date(df).startswith("modelled")
 
 
 def test_slurm_jobs_name_the_machine_their_records_belong_to():
-    from experiments.cluster.profile import load_profile
+    from experiments.profiles.cluster import load_profile
     from experiments.cluster.slurm import render_sbatch
 
     kw = dict(spec_name="fig3", profile=load_profile("a100_32"), world_size=32, n_cases=1, cases_file="c",
@@ -260,7 +260,7 @@ def test_slurm_jobs_name_the_machine_their_records_belong_to():
 
 
 def test_layer_tflops_count_the_projections_that_were_timed():
-    from experiments.harness import flops
+    from burst_impl import flops
 
     s = AttnShape(seqlen=1024, world_size=4, batch=2, heads=8, kv_heads=2, head_dim=32, causal=True)
     att = 3.5 * 4 * 2 * 8 * 32 * 1024 * 1024 / 2                               # causal: N^2/2 entries

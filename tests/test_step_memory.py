@@ -15,8 +15,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from baselines.registry import get
 from burst_impl.model import build_model, get_config, loss_and_grads
-from burst_impl.model.checkpoint import MODES
+from burst_impl.model.config import CHECKPOINT_MODES as MODES
 from burst_impl.model.data import batch_at, load_corpus
 from burst_impl.model.memory import step_memory
 from experiments.harness.memory import measure_peak
@@ -68,7 +69,7 @@ def test_model_orders_modes_and_marks_oom():
 def test_ablation_spec():
     """The ablation adds one feature per step, in the paper's order; at 14B/1M/32 the fused LM head
     is the step that removes the logits (the largest single saving the model predicts)."""
-    from burst_impl.model.ablation import STEPS, paper_table
+    from experiments.benches.ablation import STEPS, paper_table
 
     changed = [sum(a != b for a, b in zip((s.method, s.loss, s.checkpoint), (t.method, t.loss, t.checkpoint)))
                for s, t in zip(STEPS, STEPS[1:])]
@@ -84,25 +85,24 @@ def test_tensor_parallel_holds_one_gth_of_the_weights():
     """weights="tp" (tp_v1, tp_v3): weights, gradients and AdamW state are 1/G of all parameters with
     nothing gathered; the attention part is the TP method's registry memory; V3 keeps the norms' tensors
     of N/G tokens only (less than V1); TP attention caches nothing, so "seq" is "full"."""
-    from baselines.registry import get
     from burst_impl.model.config import num_params
     from burst_impl.model.sequence_parallel import attn_shape
 
     cfg, G, N = get_config("llama2_7b"), 8, 1 << 14
     kw = dict(batch=1, seqlen=N, world_size=G, dtype="bfloat16", loss="unfused")
-    assert step_memory(cfg, method="burst", weights="replicated", **kw).weights == num_params(cfg) * 2
+    assert step_memory(cfg, method=get("burst"), weights="replicated", **kw).weights == num_params(cfg) * 2
     acts = {}
     for m in ("tp_v1", "tp_v3"):
-        tp = step_memory(cfg, method=m, weights="tp", checkpoint="none", **kw)
+        tp = step_memory(cfg, method=get(m), weights="tp", checkpoint="none", **kw)
         assert tp.weights == tp.grads == -(-num_params(cfg) // G) * 2
         assert tp.optimizer == 2 * tp.weights and tp.gathered == 0
         assert tp.attention == get(m).memory(attn_shape(cfg, 1, N, G, "zigzag", dtype="bfloat16"))
-        assert step_memory(cfg, method=m, weights="tp", checkpoint="seq", **kw) == \
-            step_memory(cfg, method=m, weights="tp", checkpoint="full", **kw)
+        assert step_memory(cfg, method=get(m), weights="tp", checkpoint="seq", **kw) == \
+            step_memory(cfg, method=get(m), weights="tp", checkpoint="full", **kw)
         acts[m] = tp.activations
     assert acts["tp_v3"] < acts["tp_v1"]
     with pytest.raises(ValueError, match="weights='tp' needs a tensor-parallel attention method"):
-        step_memory(cfg, method="burst", weights="tp", **kw)
+        step_memory(cfg, method=get("burst"), weights="tp", **kw)
 
 
 # ---------------------------------------------------------------- sequence parallel, G > 1
@@ -132,7 +132,7 @@ def _rank_peaks(method: str, modes: tuple[str, ...]) -> dict[str, int]:
     tokens, labels = batch_at(load_corpus("markov", sp_cfg().vocab_size, n_tokens=4 * SP_SEQLEN), 0, 1, SP_SEQLEN)
     out = {}
     for mode in modes:
-        model = sequence_parallel(build_model(sp_cfg(checkpoint=mode)), method, layout="zigzag")
+        model = sequence_parallel(build_model(sp_cfg(checkpoint=mode)), get(method), layout="zigzag")
         loss_and_grads(model, tokens, labels)          # warm-up
         for p in model.parameters():
             p.grad = None
@@ -147,7 +147,7 @@ def test_model_within_15_percent_sequence_parallel(pools, method, modes, world_s
     bad = []
     for mode in modes:
         want = step_memory(sp_cfg(checkpoint=mode), batch=1, seqlen=SP_SEQLEN, world_size=world_size,
-                           method=method, layout="zigzag").step_peak_bytes
+                           method=get(method), layout="zigzag").step_peak_bytes
         for rank, got in enumerate(p[mode] for p in per_rank):
             if abs(want - got) > REL * got:
                 bad.append(f"{method} G={world_size} {mode} rank {rank}: model {want / 2**20:.2f} MiB, "
@@ -173,7 +173,7 @@ def test_model_follows_the_effective_mode():
     """seq/whole cache (O, lse) only through the burst operator's backward: for Ulysses the model counts
     them as full (checkpoint.effective_mode); for burst seq keeps more than full (the cached halves)."""
     kw = dict(batch=1, seqlen=SP_SEQLEN, world_size=3, layout="zigzag")
-    peaks = {(m, mode): step_memory(sp_cfg(checkpoint=mode), method=m, **kw) for m in ("burst", "ulysses")
+    peaks = {(m, mode): step_memory(sp_cfg(checkpoint=mode), method=get(m), **kw) for m in ("burst", "ulysses")
              for mode in ("full", "seq", "whole")}
     assert peaks["ulysses", "seq"] == peaks["ulysses", "full"] == peaks["ulysses", "whole"]
     assert peaks["burst", "seq"].cache > 0 == peaks["burst", "full"].cache

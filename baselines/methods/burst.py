@@ -15,7 +15,7 @@ from burst_impl import burst_attn_func, volume
 from burst_impl.layout import LAYOUT_NAMES
 from burst_impl.shape import AttnShape
 
-from ..method import Method, no_overlap
+from burst_impl.method import Method, Schedule, no_overlap
 
 ORDER = 0
 
@@ -49,6 +49,7 @@ BURST = Method(
     name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
     comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
+    operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
     description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
     travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring (or K, V + dK, dV ring if cheaper)",
 )
@@ -59,6 +60,7 @@ METHODS = (
         name="burst_qring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
         comm_bytes=lambda s, **_: burst_bytes(s, "burst"), memory_bytes=ring_family_memory,
         link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "burst"),
+        operator_backward="burst", schedule=Schedule("ring", {"default": "burst"}),
         description="BurstAttention with the query-circulating backward forced",
         travels="fwd: K, V; bwd: Q, dO, lse, delta + dQ ring",
     ),

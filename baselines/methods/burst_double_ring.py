@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from burst_impl.layout import LAYOUT_NAMES
 
-from ..method import Method, no_overlap
+from burst_impl.method import Method, Schedule, no_overlap
 from .burst import _burst_fn, burst_bytes, burst_link_bytes, ring_family_memory
 
 ORDER = 5
@@ -32,7 +32,7 @@ def _links(s, rank, node_size, **_):
 
 BURST_DOUBLE_RING = Method(
     name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-    options={"topology": "double"},
+    options={"topology": "double"}, operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
     comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
     description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
                 "nodes meanwhile (same local rank on the next node)",

@@ -16,9 +16,9 @@ from burst_impl.attention import check_inputs
 from burst_impl.layout import check_seqlen
 from burst_impl.shape import AttnShape
 
-from ..collectives import record_formula
-from ..local import local_attn
-from ..method import Method
+from burst_impl.collectives import record_formula
+from burst_impl.local import local_attn
+from burst_impl.method import Method, Schedule
 from .ulysses import a2a_bytes, kv_replication, ulysses_memory_bytes
 
 ORDER = 70
@@ -118,7 +118,7 @@ METHODS = (Method(
     name="deepspeed_ulysses", level="op", fn=deepspeed_ulysses_adapter,
     comm_bytes=deepspeed_ulysses_comm_bytes, memory_bytes=ulysses_memory_bytes,
     available=deepspeed_available, external="deepspeed", layouts=("contiguous",), masks=True,
-    bytes_by_formula=True, check=_check,
+    bytes_by_formula=True, check=_check, fresh_output=lambda s, **_: True, schedule=Schedule("ulysses"),
     description="DeepSpeed's DistributedAttention around our local kernel; bytes recorded by formula",
     travels="as ulysses",
 ),)

@@ -20,7 +20,7 @@ import torch
 from burst_impl import burst_attn_func, volume
 from burst_impl.layout import LAYOUT_NAMES
 
-from ..method import Method
+from burst_impl.method import Method, Schedule
 from .burst import burst_link_bytes, ring_family_memory
 
 ORDER = 10
@@ -43,7 +43,7 @@ def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
 
 METHODS = (Method(
     name="ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func, comm_bytes=ring_comm_bytes,
-    memory_bytes=ring_family_memory,
+    memory_bytes=ring_family_memory, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "ring"),
     description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",

@@ -21,8 +21,8 @@ from burst_impl import comm
 from burst_impl.attention import check_inputs
 from burst_impl.shape import AttnShape
 
-from ..collectives import record_formula
-from ..method import Method
+from burst_impl.collectives import record_formula
+from burst_impl.method import Method, Schedule
 from .burst import ring_family_memory
 
 ORDER = 60
@@ -86,6 +86,7 @@ METHODS = (Method(
     comm_bytes=ring_flash_attn_comm_bytes, memory_bytes=ring_family_memory,
     available=ring_flash_attn_available, external="ring-flash-attn", bytes_by_formula=True,
     kernel="flash_attn (ring-flash-attn's own calls)",
+    schedule=Schedule("ring", {"default": "ring", "acc_sends": "n"}),
     description="The ring-flash-attn package (CUDA); bytes recorded by formula, not instrumented",
     travels="fwd: K, V; bwd: K, V + dK, dV (fp32, G sends)",
 ),)

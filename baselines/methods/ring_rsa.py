@@ -36,8 +36,8 @@ from burst_impl.layout import LAYOUT_NAMES, positions
 from burst_impl.masks import Full
 from burst_impl.kernels import default_scale
 
-from ..collectives import all_reduce_
-from ..method import Method, no_overlap
+from burst_impl.collectives import all_reduce_
+from burst_impl.method import Method, Schedule, no_overlap
 
 ORDER = 20
 Tensor = torch.Tensor
@@ -175,7 +175,7 @@ def ring_rsa_memory_bytes(s, **_) -> int:
 RING_RSA = Method(
     name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
     comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes,
-    kernel="matmul (materialised scores)",
+    kernel="matmul (materialised scores)", schedule=Schedule("ring_rsa"),
     description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "
                 "materialises the (B, Z, N/G, N) scores",
     travels="fwd: K ring then V ring; bwd: V ring, K ring, all-reduce of full-length dK, dV (fp32)",

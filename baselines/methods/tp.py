@@ -34,10 +34,10 @@ from burst_impl.layout import LAYOUTS, check_layout, check_seqlen
 from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 
-from .. import reorder
-from ..collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
-from ..local import local_attn
-from ..method import Method
+from burst_impl import reorder
+from burst_impl.collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
+from burst_impl.local import local_attn
+from burst_impl.method import Method, Schedule
 
 ORDER = 50
 
@@ -162,7 +162,7 @@ METHODS = (
         name="tp_v1", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v1_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"),
         link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v1"),
-        check=_check, layer_input="replicated",
+        check=_check, layer_input="replicated", tp_version="v1", schedule=Schedule("tp", {"version": "v1"}),
         description="Megatron TP V1 attention layer: column-parallel QKV, row-parallel output, all-reduce",
         travels="fwd: all-reduce of the layer output (B, N, H); bwd: all-reduce of dX",
     ),
@@ -170,7 +170,7 @@ METHODS = (
         name="tp_v3", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v3_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"),
         link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v3"),
-        check=_check,
+        check=_check, tp_version="v3", schedule=Schedule("tp", {"version": "v3"}),
         description="Megatron TP V3 (sequence parallel) attention layer: all-gather before, reduce-scatter after",
         travels="fwd: all-gather of X, reduce-scatter of the output; bwd: reduce-scatter of dX, all-gather of dY",
     ),

@@ -18,7 +18,7 @@ Zkv, or Z not divisible by G, is a ValueError before any communication.
 
 Layouts. The all-to-all gathers the G shards in rank order. For ``zigzag``
 that is chunk order (0, 2G-1, 1, 2G-2, ...), so the gathered tokens are put
-back into position order by a local permutation (``baselines.reorder``) before
+back into position order by a local permutation (``burst_impl.reorder``) before
 attention, and permuted back after; no extra bytes travel.
 
 ``ulysses_core`` is shared with USP (``baselines.usp``), where the all-to-all
@@ -36,10 +36,10 @@ from burst_impl.layout import LAYOUT_NAMES, check_seqlen
 from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 
-from .. import reorder
-from ..collectives import all_to_all
-from ..local import local_attn
-from ..method import Method
+from burst_impl import reorder
+from burst_impl.collectives import all_to_all
+from burst_impl.local import local_attn
+from burst_impl.method import Method, Schedule
 
 ORDER = 30
 Tensor = torch.Tensor
@@ -169,6 +169,7 @@ METHODS = (Method(
     name="ulysses", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func,
     comm_bytes=ulysses_comm_bytes,
     memory_bytes=ulysses_memory_bytes, check=_check, link_bytes=ulysses_link_bytes,
+    fresh_output=lambda s, **_: True, schedule=Schedule("ulysses"),
     description="DeepSpeed-Ulysses: all-to-all sequence->heads, local attention over N, all-to-all back",
     travels="fwd: all-to-all of Q, K, V, O; bwd: all-to-all of dO, dQ, dK, dV",
     external="DeepSpeed DistributedAttention (deepspeed.sequence.layer)",

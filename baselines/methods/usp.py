@@ -11,7 +11,7 @@ method. The all-to-all inside the Ulysses group gathers the u shards of the
 group: with contiguous they form the contiguous shard i of the ring level;
 with zigzag, ranks i*u..i*u+u-1 hold chunks i*u..(i+1)*u-1 and their mirror
 images, which are exactly ring-level zigzag chunks i and 2r-1-i, so a local
-permutation (``baselines.reorder``) gives the ring-level zigzag shard. The
+permutation (``burst_impl.reorder``) gives the ring-level zigzag shard. The
 ring part is our BurstAttention (``burst_attn_func``) over the ring group
 with the same layout; with r == 1 it is local attention (pure Ulysses), with
 u == 1 it is pure Burst.
@@ -46,8 +46,8 @@ from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 from burst_impl.topology import check_transport
 
-from ..local import local_attn
-from ..method import CHUNKED_LAYOUTS, Method, no_overlap
+from burst_impl.local import local_attn
+from burst_impl.method import CHUNKED_LAYOUTS, Method, Schedule, no_overlap
 from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
@@ -237,7 +237,9 @@ USP = Method(
         s, _degree(s, ulysses_degree, node_size), backward),
     memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
         s, _degree(s, ulysses_degree, node_size)),
-    link_bytes=usp_link_bytes, check=_check,
+    link_bytes=usp_link_bytes, check=_check, schedule=Schedule("usp"),
+    # the output all-to-all's result is a new buffer where the Ulysses degree is > 1
+    fresh_output=lambda s, ulysses_degree=None, node_size=None, **_: _degree(s, ulysses_degree, node_size) > 1,
     description="USP / Burst-USP: Ulysses all-to-all inside groups of ulysses_degree ranks (a node, when the "
                 "group spans nodes), Burst ring across them (double ring where it has >= 2 ranks per node)",
     travels="Ulysses all-to-alls (a2a_*) within u ranks + Burst ring bytes over G/u ranks",

@@ -6,9 +6,9 @@ One concept per file:
 * ``layers``: RMSNorm, RoPE at global positions, SwiGLU MLP, attention block with a swappable core;
 * ``model``: ``Transformer``, ``build_model``, the loss hook ``loss_fn``, ``wrap_blocks``;
 * ``parallel``: ``ParallelPlan``, local batches, the global mean loss, gradient synchronisation;
-* ``sequence_parallel``: ``sequence_parallel(model, method, group=, layout=)``;
+* ``sequence_parallel``: ``sequence_parallel(model, method, group=, layout=)`` with an attention
+  ``Method`` (Megatron tensor parallelism of the whole model is a baseline: ``baselines.tensor_parallel``);
 * ``fsdp``: ``shard_weights(model)``, ZeRO-3-style weights through FSDP2;
-* ``tensor_parallel``: ``tensor_parallel(model, "v1" | "v3", group=, fused=)``, Megatron TP;
 * ``data``: seeded synthetic and shipped-text corpora, ``batch_at``;
 * ``step``: ``train_step``, ``prefill_step``, ``loss_and_grads``;
 * ``flops``: the model FLOP convention, ``model_flops``.
@@ -20,9 +20,8 @@ from .model import Transformer, build_model, cross_entropy_sum, wrap_blocks
 from .parallel import ParallelPlan, sync_grads
 from .sequence_parallel import sequence_parallel
 from .step import forward_loss, loss_and_grads, prefill_step, train_step
-from .tensor_parallel import tensor_parallel
 
 __all__ = ["CONFIGS", "ModelConfig", "ParallelPlan", "Transformer", "build_model", "cross_entropy_sum",
            "forward_loss", "get_config", "loss_and_grads", "matmul_params", "model_flops", "num_params",
-           "prefill_step", "sequence_parallel", "shard_weights", "sync_grads", "tensor_parallel", "train_step",
+           "prefill_step", "sequence_parallel", "shard_weights", "sync_grads", "train_step",
            "wrap_blocks"]

@@ -29,10 +29,10 @@ first local halves are not a prefix of the sequence, so ``seq`` is refused
 
 Which attention runs this way. The cache needs an attention backward that
 starts from (q, k, v, O, lse): the BurstAttention operator's ring backwards
-(methods ``burst``, ``burst_qring``, ``burst_double_ring``, their
-``_no_overlap`` variants, and ``ring``, which is that operator with the
-key/value-circulating backward) and the single-device kernels
-(``LocalAttention``, fused). Other methods (Ulysses, USP, ring_rsa, TP)
+(the methods whose ``Method.operator_backward`` names the scheme they bind:
+``burst``, ``burst_qring``, ``burst_double_ring``, their ``_no_overlap``
+variants, and ``ring``, which is that operator with the key/value-circulating
+backward) and the single-device kernels (``LocalAttention``, fused). Other methods (Ulysses, USP, ring_rsa, TP)
 expose only their own autograd, so under ``seq``/``whole`` they are
 checkpointed as ``full`` (exact, no saving); ``effective_mode`` says which.
 
@@ -51,21 +51,15 @@ from torch.utils.checkpoint import checkpoint
 from burst_impl import burst_attn_func
 from burst_impl.attention import burst_attn_backward
 from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale
+from burst_impl.method import Method
+
+from .config import check_mode
+from .layers import LocalAttention
 
 Tensor = torch.Tensor
-MODES = ("none", "full", "seq", "whole")
 
-# Registry methods that are the BurstAttention operator, and the backward scheme each one binds
-# (their timing variants, ``Method.variant_of``, bind the same one).
-BURST_OPERATOR_BACKWARD = {"burst": "auto", "burst_qring": "burst", "burst_double_ring": "auto", "ring": "ring"}
 # The layout in which the ranks' first local halves hold the first global half.
 SUB_LAYOUT = {"zigzag": "contiguous", "striped": "striped", "contiguous": "contiguous"}
-
-
-def check_mode(mode) -> str:
-    if mode not in MODES:
-        raise ValueError(f"checkpoint={mode!r} is unknown; choose one of {MODES}")
-    return mode
 
 
 # ---------------------------------------------------------------- attention with a cache
@@ -114,12 +108,10 @@ class AttnSpec:
 def attention_spec(core) -> AttnSpec | None:
     """The ``AttnSpec`` of a block's attention core, or None when the core can only be recomputed
     through its own autograd (then ``seq``/``whole`` checkpoint it as ``full``)."""
-    from .layers import LocalAttention  # late: layers is light, but keep this module's imports acyclic
-
     if isinstance(core, LocalAttention):
         return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
     method = getattr(core, "method", None)
-    scheme = None if method is None else BURST_OPERATOR_BACKWARD.get(method.variant_of or method.name)
+    scheme = None if method is None else method.operator_backward
     if scheme is None:
         return None
     opts = {**method.options, **getattr(core, "options", {})}
@@ -187,15 +179,12 @@ def effective_mode(block, mode: str) -> str:
     return mode
 
 
-def method_mode(method: str, mode: str) -> str:
-    """``effective_mode`` from a registry method's name, for models of a step that build no blocks
+def method_mode(method: Method, mode: str) -> str:
+    """``effective_mode`` from an attention method, for models of a step that build no blocks
     (the memory and performance models): ``seq``/``whole`` are ``full`` unless the method is the
-    BurstAttention operator (or one of its timing variants)."""
-    from baselines.registry import get  # late, as memory.py does: the registry loads every method
-
+    BurstAttention operator (``Method.operator_backward``)."""
     check_mode(mode)
-    m = get(method)
-    if mode in ("seq", "whole") and BURST_OPERATOR_BACKWARD.get(m.variant_of or m.name) is None:
+    if mode in ("seq", "whole") and method.operator_backward is None:
         return "full"
     return mode
 

@@ -15,6 +15,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from burst_impl.loss_modes import get_loss_mode
+
+# Activation checkpointing of the blocks (``checkpoint.py`` says what each mode keeps and recomputes).
+CHECKPOINT_MODES = ("none", "full", "seq", "whole")
+
+
+def check_mode(mode) -> str:
+    """``mode`` if it is a checkpoint mode, else ValueError naming ``checkpoint=``."""
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpoint={mode!r} is unknown; choose one of {CHECKPOINT_MODES}")
+    return mode
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -29,7 +41,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     # Training-memory choices (issue 11), not architecture: the LM head + cross-entropy
     # implementation (burst_impl.loss_modes: unfused, fused, liger, cce) and the activation
-    # checkpointing of the blocks (checkpoint.MODES: none, full, seq, whole).
+    # checkpointing of the blocks (CHECKPOINT_MODES: none, full, seq, whole).
     loss: str = "unfused"
     checkpoint: str = "none"
 
@@ -56,10 +68,6 @@ class ModelConfig:
                              f"of channels (model {self.name!r})")
         if self.rope_theta <= 0 or self.norm_eps <= 0:
             raise ValueError(f"rope_theta={self.rope_theta} and norm_eps={self.norm_eps} must be positive")
-        from burst_impl.loss_modes import get_loss_mode   # late: config is imported by everything
-
-        from .checkpoint import check_mode
-
         get_loss_mode(self.loss)            # ValueError naming loss= for an unknown mode
         check_mode(self.checkpoint)         # ValueError naming checkpoint= for an unknown mode
 

@@ -7,7 +7,7 @@ Convention (stated in every record that uses it):
   and MLP and the LM head; not the embedding lookup, not the norms). Training
   = forward + backward = 3 x forward: 6 x params x tokens. Prefill = forward
   only, and its LM head runs on the last token of each sequence only.
-* attention: the suite's single formula (``experiments.harness.flops``):
+* attention: the suite's single formula (``burst_impl.flops``):
   4 B N^2 Z d per layer forward, halved when causal, x3.5 for forward +
   backward; Z = query heads (GQA does not change it).
 * recomputation (activation checkpointing, Burst's backward recomputing
@@ -20,7 +20,7 @@ figure that must be compared with theirs (say so in its title).
 from __future__ import annotations
 
 from burst_impl.shape import AttnShape
-from experiments.harness.flops import attention_flops
+from burst_impl.flops import attention_flops
 
 from .config import ModelConfig, matmul_params
 

@@ -1,6 +1,6 @@
 """ZeRO-3-style weights for the sequence-parallel model through PyTorch FSDP2 (``fully_shard``).
 
-    model = shard_weights(sequence_parallel(build_model(cfg), "burst", group=g, layout="zigzag"))
+    model = shard_weights(sequence_parallel(build_model(cfg), get("burst"), group=g, layout="zigzag"))
 
 Every block, then the root (embedding, final norm, LM head), becomes an FSDP2
 unit over the SAME group as the sequence split (BurstEngine's "Burst+ZeRO":

@@ -8,7 +8,7 @@ The attention block does the projections and RoPE and hands (q, k, v) to its
 parallelisation swaps (``sequence_parallel`` puts a registry method there,
 issue 11's selective checkpointing can wrap it per layer). The default core
 is single-device causal attention: the fused local kernels
-(``baselines.local.local_attn``: flash on GPU, PyTorch's fused CPU kernel
+(``burst_impl.local.local_attn``: flash on GPU, PyTorch's fused CPU kernel
 here) or, with ``fused=False``, plain math that materialises the scores (the
 paper's "without FlashAttention" rows, and the fp64 reference).
 
@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from burst_impl.local import local_attn   # the same kernels every distributed method uses
 
 from .config import ModelConfig
 
@@ -108,8 +110,6 @@ class LocalAttention:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if not self.fused:
             return math_attention(q, k, v, causal=self.causal)
-        from baselines.local import local_attn  # the same kernels every distributed method uses
-
         return local_attn(q, k, v, causal=self.causal, backend=self.backend)
 
 

@@ -1,6 +1,6 @@
 """Memory model of one training step per rank: weights, optimizer, gradients, activations, logits, attention.
 
-    m = step_memory(cfg, batch=1, seqlen=1 << 20, world_size=32, method="burst", weights="fsdp2")
+    m = step_memory(cfg, batch=1, seqlen=1 << 20, world_size=32, method=get("burst"), weights="fsdp2")
     m.resident_bytes       # weights + optimizer state, live before and after the step
     m.step_peak_bytes      # the step's peak above that (what experiments/harness/memory.py measures)
     m.total_bytes          # both: compare with the accelerator's memory to mark an OOM
@@ -47,7 +47,7 @@ with replicated weights at G > 1, the gradient all-reduce
 (``parallel.sync_grads``): every gradient, plus each flat bucket twice, its
 gradients concatenated and the copy the all-reduce runs on (2 x the largest
 bucket). At G > 1 the attention is the registry method's layer
-(``baselines.layer.layer_memory_bytes``: Ulysses' output projection keeps the
+(``Method.layer_memory``: Ulysses' output projection keeps the
 output all-to-all's result besides the head-sharded O), and ``seq``/``whole``
 count as ``full`` for methods that cannot cache (O, lse)
 (``checkpoint.effective_mode``: all but the BurstAttention operator's).
@@ -78,13 +78,14 @@ step's temporaries (not modelled; the mirror's step includes them, and its
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from burst_impl import volume
 from burst_impl.loss import DEFAULT_TILES, grad_rows
 from burst_impl.loss_tiles import balanced_rows
+from burst_impl.method import Method
 
 from .checkpoint import check_mode, method_mode
 from .config import ModelConfig, layer_params, num_params, param_numels
@@ -147,16 +148,7 @@ def logits_bytes(cfg: ModelConfig, tokens: int, e: int, loss: str, chunks: tuple
     raise ValueError(f"loss={loss!r} is unknown; choose unfused, fused, fused_recompute, liger or cce")
 
 
-def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 1, method: str | None = None,
-                layout: str = "zigzag", dtype: str = "float32", weights: str = "replicated",
-                checkpoint: str | None = None, loss: str | None = None,
-                loss_chunks: tuple[int, int] | None = None, loss_device: str = "cpu",
-                optimizer: bool = True) -> StepMemory:
-    """Bytes per rank of one training step of ``cfg`` (its ``checkpoint`` and ``loss`` unless given).
-    ``method``: the attention registry method (None: one device, the fused kernels). ``loss_chunks``,
-    ``loss_device``: the fused loss's tiles (``logits_bytes``)."""
-    checkpoint = check_mode(cfg.checkpoint if checkpoint is None else checkpoint)
-    loss = cfg.loss if loss is None else loss
+def _check_args(batch: int, seqlen: int, world_size: int, weights: str) -> None:
     if weights not in WEIGHTS:
         raise ValueError(f"weights={weights!r} must be one of {WEIGHTS}")
     for name, v in (("batch", batch), ("seqlen", seqlen), ("world_size", world_size)):
@@ -164,84 +156,106 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
             raise ValueError(f"{name}={v!r} must be a positive int")
     if seqlen % world_size:
         raise ValueError(f"seqlen={seqlen} must be divisible by world_size={world_size}")
-    e = _elem(dtype)
-    G = world_size
+
+
+def _attention_bytes(method: Method | None, shape, tokens: int, hidden: int, e: int) -> int:
+    """The attention's kept bytes per block and rank (counted in ``per_block``)."""
+    if method is None:
+        # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does.
+        return volume.saved_bytes(shape)
+    # Sequence parallel: the attention layer's kept bytes (the method's saved tensors, plus the output
+    # all-to-all's result that Ulysses' output projection keeps at G > 1), less its input x: the norm's
+    # 3H count it. Tensor parallel: the method's own model of its layer.
+    if shape.world_size > 1 and method.level == "op":
+        return method.layer_memory(shape) - tokens * hidden * e
+    return int(method.memory(shape))
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """One block's and the head's pieces of a step (bytes per rank), for ``_peak``."""
+
+    per_block: int        # a block's kept activations without checkpointing
+    inputs_block: int     # a checkpointed block's input
+    cache_block: int      # seq/whole: its cached O and lse
+    head_act: int
+    head_grad: int
+    logits: int
+    block_temp: int
+    block_grads: int
+    gathered: int
+
+
+def _peak(p: _Parts, layers: int, checkpoint: str) -> tuple[int, int, int]:
+    """(activations, recompute, peak over the step's three moments without the gradient sync)."""
+    if checkpoint == "none":
+        activations, recompute = layers * p.per_block, 0
+    else:
+        activations, recompute = layers * (p.inputs_block + p.cache_block), p.per_block
+    # Moment 1: the loss's backward, every block's kept activations live.
+    start = activations + p.head_act + p.logits + p.head_grad + p.gathered
+    # Moment 2: block 0's backward: every block's gradients, block 0's activations (recomputed under
+    # a checkpoint mode, whose cache it consumes), the block's temporaries.
+    block0 = (layers * p.block_grads + p.head_grad
+              + (p.per_block if checkpoint == "none" else p.inputs_block + recompute)
+              + p.block_temp + p.gathered)
+    # With no checkpointing the first moment's activations are all still live while block L-1 runs.
+    kept = activations if checkpoint == "none" else activations - p.cache_block + recompute
+    block_last = kept + p.head_grad + p.block_grads + p.block_temp + p.gathered
+    return activations, recompute, max(start, block0, block_last)
+
+
+def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 1, method: Method | None = None,
+                layout: str = "zigzag", dtype: str = "float32", weights: str = "replicated",
+                checkpoint: str | None = None, loss: str | None = None,
+                loss_chunks: tuple[int, int] | None = None, loss_device: str = "cpu",
+                optimizer: bool = True) -> StepMemory:
+    """Bytes per rank of one training step of ``cfg`` (its ``checkpoint`` and ``loss`` unless given).
+    ``method``: the attention method (a ``burst_impl.method.Method``; None: one device, the fused
+    kernels). ``loss_chunks``, ``loss_device``: the fused loss's tiles (``logits_bytes``)."""
+    checkpoint = check_mode(cfg.checkpoint if checkpoint is None else checkpoint)
+    loss = cfg.loss if loss is None else loss
+    _check_args(batch, seqlen, world_size, weights)
+    e, G = _elem(dtype), world_size
     T = batch * seqlen // G
-    H, F, L = cfg.hidden, cfg.ffn_hidden, cfg.n_layers
-    P = num_params(cfg)
+    H, F = cfg.hidden, cfg.ffn_hidden
     shard = G if weights in ("fsdp2", "tp") else 1
-    w = -(-P // shard) * e
+    w = -(-num_params(cfg) // shard) * e
     opt = 2 * w if optimizer else 0
-    grads = w
     gathered = 2 * layer_params(cfg) * e if weights == "fsdp2" and G > 1 else 0
 
     shape = attn_shape(cfg, batch, seqlen, G, layout, dtype=str(dtype).removeprefix("torch."))
     # seq/whole cache (O, lse) through the BurstAttention operator's backward only; blocks of other
     # methods (Ulysses, USP, ...) are checkpointed as full (checkpoint.effective_mode).
     checkpoint = method_mode(method, checkpoint) if method is not None else checkpoint
-    if method is None:
-        # One device: the kernels keep q, k, v, O (e) and lse (fp32), as the ring family does.
-        attn = volume.saved_bytes(shape)
-    else:
-        from baselines.layer import layer_memory_bytes
-        from baselines.registry import get
-
-        # Sequence parallel: the attention layer's kept bytes (the method's saved tensors, plus the output
-        # all-to-all's result that Ulysses' output projection keeps at G > 1), less its input x: the norm's
-        # 3H count it. Tensor parallel: the method's own model of its layer.
-        m = get(method)
-        sp = G > 1 and m.level == "op"
-        attn = layer_memory_bytes(m, shape) - T * H * e if sp else int(m.memory(shape))
-    per_block = T * (6 * H + 4 * F) * e + attn
-    half = T // 2
-    o_lse = {"seq": (half, T - half), "whole": (0, T)}
-    cached_rows = o_lse.get(checkpoint, (0, 0))[1]
-    cache_block = cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads)
-    inputs_block = T * H * e
+    attn = _attention_bytes(method, shape, T, H, e)
+    cached_rows = {"seq": T - T // 2, "whole": T}.get(checkpoint, 0)
     # the final norm's saved tensors: its input and normalised x, and the weighted output, which the loss
     # keeps for its backward; the fused loss's training path does not keep it, but it is live until the end
     # of the loss's forward, the moment the fused loss's buffers peak (measured: the same peak either way)
-    head_act = 3 * T * H * e
-    head_grad = cfg.vocab_size * H * e
-    logits = logits_bytes(cfg, T, e, loss, loss_chunks, loss_device)
-    block_temp = T * (2 * F + H) * e
-    block_grads = layer_params(cfg) * e // shard
+    parts = _Parts(per_block=T * (6 * H + 4 * F) * e + attn, inputs_block=T * H * e,
+                   cache_block=cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads),
+                   head_act=3 * T * H * e, head_grad=cfg.vocab_size * H * e,
+                   logits=logits_bytes(cfg, T, e, loss, loss_chunks, loss_device),
+                   block_temp=T * (2 * F + H) * e, block_grads=layer_params(cfg) * e // shard, gathered=gathered)
     if weights == "tp":   # Megatron tensor parallelism: other token counts and widths per rank
-        per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp = _tensor_parallel(
-            cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks, loss_device)
-
-    if checkpoint == "none":
-        activations, recompute = L * per_block, 0
-    else:
-        activations, recompute = L * (inputs_block + cache_block), per_block
-    # Moment 1: the loss's backward, every block's kept activations live.
-    start = activations + head_act + logits + head_grad + gathered
-    # Moment 2: block 0's backward: every block's gradients, block 0's activations (recomputed under
-    # a checkpoint mode, whose cache it consumes), the block's temporaries.
-    block0 = (L * block_grads + head_grad + (per_block if checkpoint == "none" else inputs_block + recompute)
-              + block_temp + gathered)
-    # With no checkpointing the first moment's activations are all still live while block L-1 runs.
-    if checkpoint == "none":
-        block_last = activations + head_grad + block_grads + block_temp + gathered
-    else:
-        block_last = (activations - cache_block) + recompute + head_grad + block_grads + block_temp + gathered
+        parts = _tensor_parallel(cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks, loss_device, parts)
+    activations, recompute, peak = _peak(parts, cfg.n_layers, checkpoint)
     # Moment 3 (replicated weights, G > 1): the gradient all-reduce (parallel.sync_grads), every gradient
     # live. Each bucket is held twice: its gradients concatenated (torch.cat) and the copy the all-reduce
     # runs on (collectives.all_reduce_ clones its input and returns the copy): 2 x the largest bucket
     # (parallel.bucket_sizes: at most BUCKET_BYTES, or one larger gradient).
     bucket = max(bucket_sizes([n * e for n in param_numels(cfg)])) if weights == "replicated" and G > 1 else 0
-    sync = grads + 2 * bucket
-    peak = max(start, block0, block_last, sync)
-    return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
-                      cache=L * cache_block, logits=logits, attention=attn, block_temp=block_temp,
-                      gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt, step_peak_bytes=peak,
-                      total_bytes=w + opt + peak)
+    peak = max(peak, w + 2 * bucket)
+    return StepMemory(weights=w, optimizer=opt, grads=w, activations=activations, recompute=recompute,
+                      cache=cfg.n_layers * parts.cache_block, logits=parts.logits, attention=attn,
+                      block_temp=parts.block_temp, gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt,
+                      step_peak_bytes=peak, total_bytes=w + opt + peak)
 
 
-def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: str | None, attn: int,
-                     loss: str, loss_chunks, loss_device: str) -> tuple[int, ...]:
-    """``weights="tp"``: (per_block, inputs_block, cache_block, head_act, head_grad, logits, block_temp)
-    per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
+def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: Method | None, attn: int,
+                     loss: str, loss_chunks, loss_device: str, parts: _Parts) -> _Parts:
+    """``weights="tp"``: ``parts`` with the per-block, input, cache, head and logits bytes per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
 
     A rank holds the hidden states of all N tokens (V1) or of its N/G shard (V3: ``layer_input``
     "sequence"), 1/G of the heads and of the FFN columns, and (as Megatron, and as the performance
@@ -256,16 +270,14 @@ def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, 
     cache nothing: TP attention is recomputed through its own autograd (``checkpoint.effective_mode``),
     so they are ``full`` here.
     """
-    from dataclasses import replace
-
-    from baselines.registry import get
-
-    if method is None or get(method).level != "layer":
-        raise ValueError(f"weights='tp' needs a tensor-parallel attention method (tp_v1, tp_v3), got method={method!r}")
+    if method is None or method.level != "layer":
+        name = None if method is None else method.name
+        raise ValueError(f"weights='tp' needs a tensor-parallel attention method (tp_v1, tp_v3), got method={name!r}")
     H, F, V = cfg.hidden, cfg.ffn_hidden // G, -(-cfg.vocab_size // G)
     n = batch * seqlen                                                     # tokens the MLP and head run on
-    held = n if get(method).layer_input == "replicated" else n // G        # tokens whose (B, ., H) a rank holds
+    held = n if method.layer_input == "replicated" else n // G             # tokens whose (B, ., H) a rank holds
     per_block = (held * 6 * H + n * 4 * F + (n * H if held != n else 0)) * e + attn
     logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks, loss_device)
-    return per_block, held * H * e, 0, 3 * held * H * e, V * H * e, logits, n * (2 * F + H) * e
+    return replace(parts, per_block=per_block, inputs_block=held * H * e, cache_block=0, head_act=3 * held * H * e,
+                   head_grad=V * H * e, logits=logits, block_temp=n * (2 * F + H) * e)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baselines.collectives import all_reduce_
+from burst_impl.collectives import all_reduce_
 from burst_impl import comm
 from burst_impl.layout import check_layout, check_seqlen, positions, shard
 
@@ -33,7 +33,7 @@ class ParallelPlan:
     kind: str                          # one of KINDS
     group: object = None               # the sequence (or tensor) parallel group; None = default group
     layout: str = "contiguous"
-    method: str | None = None          # attention registry name (sequence parallelism)
+    method: object = None              # the attention ``burst_impl.method.Method`` (sequence parallelism)
     options: dict = field(default_factory=dict)
     reduce_grads: tuple[str, ...] = ()  # parameters whose gradients are partial sums over the group
     weights: str = "replicated"        # or "fsdp2"

@@ -1,13 +1,15 @@
 """Sequence parallelism through the whole model, as a function applied to a built model.
 
-    model = sequence_parallel(build_model(cfg), "burst", group=g, layout="zigzag")
+    from baselines.registry import get       # the caller resolves a name; the model takes the Method
+    model = sequence_parallel(build_model(cfg), get("burst"), group=g, layout="zigzag")
 
 Each of the G ranks of ``group`` holds N/G tokens of every sequence in
 ``layout`` (``burst_impl.layout``: contiguous, zigzag, striped). Embedding,
 norms, projections, RoPE and MLP are per token, so they run on the local
 tokens unchanged (RoPE at each token's *global* position, which the step
 functions pass in). Only attention mixes tokens: every block's
-``attention.core`` becomes the registry method ``method`` called on the local
+``attention.core`` becomes the attention method ``method`` (a ``burst_impl.method.Method``,
+e.g. an entry of the ``baselines`` registry) called on the local
 shards (B, N/G, Z, d) with the layout and group. Weights are replicated and
 their gradients are partial sums over the rank's tokens: ``sync_grads``
 all-reduces them (or ``fsdp.shard_weights`` switches to FSDP2).
@@ -20,11 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from baselines.method import Method
-from baselines.registry import get
-from burst_impl.shape import AttnShape
 from burst_impl import comm
 from burst_impl.layout import chunks_per_rank
+from burst_impl.method import Method
+from burst_impl.shape import AttnShape
 
 from .config import ModelConfig
 from .parallel import ParallelPlan
@@ -34,7 +35,7 @@ Tensor = torch.Tensor
 
 @dataclass
 class RegistryAttention:
-    """A block's attention core: registry method ``method`` on local shards."""
+    """A block's attention core: the attention method ``method`` on local shards."""
 
     method: Method
     group: object
@@ -54,23 +55,25 @@ def attn_shape(cfg: ModelConfig, batch: int, seqlen: int, world_size: int, layou
                      causal=causal, layout=layout)
 
 
-def check_method(cfg: ModelConfig, method: str, world_size: int, layout: str, seqlen: int | None = None,
+def check_method(cfg: ModelConfig, m: Method, world_size: int, layout: str, seqlen: int | None = None,
                  **options) -> Method:
-    """The registry method, or ValueError if it cannot run ``cfg`` over ``world_size`` ranks in
-    ``layout`` (heads that do not split, an unsupported layout, a sequence that does not split)."""
-    m = get(method)                                          # ValueError for an unknown name
+    """``m``, or ValueError if it cannot run ``cfg`` over ``world_size`` ranks in ``layout`` (heads
+    that do not split, an unsupported layout, a sequence that does not split)."""
+    if not isinstance(m, Method):
+        raise ValueError(f"method={m!r} must be a burst_impl.method.Method (resolve a name with "
+                         "baselines.registry.get)")
     if m.level != "op":
-        raise ValueError(f"method={method!r} is a {m.level}-level method; sequence parallelism needs an "
-                         f"op-level attention method (tensor parallelism is tensor_parallel())")
+        raise ValueError(f"method={m.name!r} is a {m.level}-level method; sequence parallelism needs an "
+                         f"op-level attention method (tensor parallelism is baselines.tensor_parallel)")
     if not m.available():
-        raise ValueError(f"method={method!r} is not available here (needs {m.external})")
+        raise ValueError(f"method={m.name!r} is not available here (needs {m.external})")
     # Without a sequence length yet, the shortest one the layout splits checks the head rules.
     n = seqlen if seqlen is not None else chunks_per_rank(layout) * world_size
     m.validate(attn_shape(cfg, 1, n, world_size, layout), **options)
     return m
 
 
-def sequence_parallel(model, method: str, *, group=None, layout: str = "contiguous", **options):
+def sequence_parallel(model, method: Method, *, group=None, layout: str = "contiguous", **options):
     """Turn ``model`` (single-device, weights identical on every rank) into this rank's sequence-parallel
     model. ``options`` go to the method (e.g. ``ulysses_degree`` for usp). In place; returns ``model``."""
     if model.parallel is not None:
@@ -79,7 +82,7 @@ def sequence_parallel(model, method: str, *, group=None, layout: str = "contiguo
     m = check_method(model.cfg, method, G, layout, **options)
     for block in model.layers:
         block.attention.core = RegistryAttention(m, group, layout, options=dict(options))
-    model.parallel = ParallelPlan("sp", group=group, layout=layout, method=method, options=dict(options),
+    model.parallel = ParallelPlan("sp", group=group, layout=layout, method=m, options=dict(options),
                                   reduce_grads=tuple(n for n, _ in model.named_parameters()),
                                   rank=rank, world_size=G)
     return model
@@ -95,8 +98,8 @@ def check_sequence(model, seqlen: int) -> None:
         check_method(model.cfg, plan.method, plan.world_size, plan.layout, seqlen, **plan.options)
 
 
-def layer_comm_bytes(cfg: ModelConfig, method: str, batch: int, seqlen: int, world_size: int,
+def layer_comm_bytes(cfg: ModelConfig, method: Method, batch: int, seqlen: int, world_size: int,
                      layout: str = "contiguous", dtype: str = "bfloat16", **options) -> dict:
     """``{(phase, kind): bytes}`` one rank sends per layer for one forward + backward
     (the attention method's closed form; the projections and MLP send nothing)."""
-    return get(method).bytes(attn_shape(cfg, batch, seqlen, world_size, layout, dtype), **options)
+    return method.bytes(attn_shape(cfg, batch, seqlen, world_size, layout, dtype), **options)

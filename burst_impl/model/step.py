@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from burst_impl.collectives import all_reduce_
+
 from .checkpoint import check_checkpoint
 from .parallel import global_mean, local_batch, plan_of, sync_grads
 from .sequence_parallel import check_sequence
@@ -56,8 +58,6 @@ def prefill_step(model, tokens: Tensor) -> Tensor:
     token; under a sequence split the ids reach the other ranks through one
     counted all-reduce of B int64 (kind "next_token", others contribute 0).
     """
-    from baselines.collectives import all_reduce_
-
     check_sequence(model, tokens.shape[1])
     plan = plan_of(model)
     n = tokens.shape[1]

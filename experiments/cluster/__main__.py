@@ -23,7 +23,7 @@ import time
 
 from .emulator import netns, selftest, shaping
 from .emulator.emulated import EmulatedCluster
-from .profile import load_profile
+from ..profiles.cluster import load_profile
 
 
 def _profile(name: str, rates: str | None):

@@ -33,7 +33,7 @@ from pathlib import Path
 from burst_impl.shape import AttnShape
 
 from ..harness import results as R
-from ..harness.flops import attention_flops
+from burst_impl.flops import attention_flops
 from ..harness.timing import ratio_interval
 
 NO_OVERLAP = "_no_overlap"
@@ -165,7 +165,7 @@ def figure(rep: dict, out: Path) -> Path:
     fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
                  + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
     fig.tight_layout()
-    from ..plots import save_figure   # late: plots loads pandas, which the text report does not need
+    from ..figstyle import save_figure
 
     return save_figure(fig, out)
 

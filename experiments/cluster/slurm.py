@@ -25,7 +25,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from .profile import Profile
+from ..profiles.cluster import Profile
 
 MAX_ATTEMPTS = 3
 PORT_SPAN = 2000

@@ -31,7 +31,7 @@ from burst_impl.shape import DTYPE_NAMES, AttnShape
 
 from . import results as R
 from .axes import human
-from .flops import attention_flops, tflops_per_s, tokens_per_s
+from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
@@ -162,7 +162,7 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
 
 def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
-    from ..plots import save_figure      # first: it selects the Agg backend
+    from ..figstyle import save_figure      # first: it selects the Agg backend
     import matplotlib.pyplot as plt
 
     ok = [r for r in records if r["status"] == "ok"]

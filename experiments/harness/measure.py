@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from baselines.layer import layer_memory_bytes
 from baselines.registry import METHODS
 from burst_impl import comm
 from burst_impl.balance import balance_report
 
 from . import results as R
-from .flops import case_flops, tflops_per_s, tokens_per_s
+from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from .memory import measure_peak, saved_for_backward
 from .spec import Case
 from .steps import Step, build_step, kernel_used
@@ -232,7 +231,7 @@ def memory_model_bytes(case: Case) -> int:
     """The method's closed-form bytes kept for backward at the case's level (op: the operator's own;
     layer: ``baselines.layer``, projections included); compare ``mem_saved_bytes``."""
     method = METHODS[case.method]
-    return int(method.memory(case.shape) if case.level == "op" else layer_memory_bytes(method, case.shape))
+    return int(method.memory(case.shape) if case.level == "op" else method.layer_memory(case.shape))
 
 
 def _int_note(notes: dict, key: str) -> int | None:

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 from burst_impl.model.config import CONFIGS, get_config
 from burst_impl.model.flops import MODES as MODEL_MODES
-from burst_impl.model.tensor_parallel import check_tp
+from baselines.registry import get
+from baselines.tensor_parallel import check_tp
 
 OPTIMIZERS = ("adamw", "sgd")
-TP_METHODS = {"tp_v1": "v1", "tp_v3": "v3"}
 MODEL_AXES = ("heads", "kv_heads", "head_dim")     # sweep axes the model fixes
 
 
@@ -69,13 +69,14 @@ def check_model_case(case, err) -> None:
         raise err("measure.modes", f"mode {case.mode!r} is not a model-level mode; choose from {list(MODEL_MODES)}")
     if not case.causal:
         raise err("sweep.causal", "must be true at measure.level: model (the models are causal language models)")
-    if case.method in TP_METHODS:
+    version = get(case.method).tp_version
+    if version is not None:
         if case.zero:
             raise err("model.zero", f"method {case.method!r} is tensor parallel; zero shards a sequence-parallel "
                                     f"model's weights (Burst+ZeRO): drop it with exclude: "
                                     f"[{{method: {case.method}, zero: true}}]")
         try:
-            check_tp(cfg, TP_METHODS[case.method], case.world_size)
+            check_tp(cfg, version, case.world_size)
         except ValueError as e:
             raise err("sweep.world_size", f"world_size={case.world_size} is impossible for method "
                                           f"{case.method!r}: {e}") from None

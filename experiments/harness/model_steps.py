@@ -21,17 +21,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from burst_impl.model import build_model, get_config, prefill_step, sequence_parallel, shard_weights, tensor_parallel
+from baselines.registry import get
+from baselines.tensor_parallel import tensor_parallel
+from burst_impl.model import build_model, get_config, prefill_step, sequence_parallel, shard_weights
 from burst_impl.model.config import ModelConfig
 from burst_impl.model.data import batch_at, load_corpus
 from burst_impl.model.fsdp import comm_bytes as fsdp_comm_bytes
 from burst_impl.model.parallel import grad_sync_bytes, plan_of
 from burst_impl.model.sequence_parallel import layer_comm_bytes as sp_layer_bytes
 from burst_impl.model.step import train_step
-from burst_impl.model.tensor_parallel import layer_comm_bytes as tp_layer_bytes
+from baselines.tensor_parallel import layer_comm_bytes as tp_layer_bytes
 
-from .model_cases import TP_METHODS
 from .spec import Case
+from .timed_step import Step
 
 LEARNING_RATE = 1e-5      # small: timed steps must not drive bf16 weights to inf/nan
 
@@ -84,21 +86,23 @@ def layer_bytes(case: Case, cfg: ModelConfig) -> dict[tuple[str, str], int]:
     """One layer's bytes per rank (forward + backward) of the case's method: the attention method's
     closed form (sequence parallelism; projections and MLP send nothing) or TP's 4BZNd-style formula."""
     s = case.shape
-    if case.method in TP_METHODS:
-        return tp_layer_bytes(cfg, TP_METHODS[case.method], s.batch, s.seqlen, s.world_size, s.elem_size)
-    return sp_layer_bytes(cfg, case.method, s.batch, s.seqlen, s.world_size, s.layout, s.dtype)
+    method = get(case.method)
+    if method.tp_version is not None:
+        return tp_layer_bytes(cfg, method.tp_version, s.batch, s.seqlen, s.world_size, s.elem_size)
+    return sp_layer_bytes(cfg, method, s.batch, s.seqlen, s.world_size, s.layout, s.dtype)
 
 
 def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
     cfg = get_config(case.model)
     s = case.shape
     model = build_model(cfg, seed=case.seed, dtype=s.torch_dtype, device=device)
-    if case.method in TP_METHODS:
+    method = get(case.method)
+    if method.tp_version is not None:
         fused = case.kernel != "math"
-        tensor_parallel(model, TP_METHODS[case.method], group=group, layout=s.layout, fused=fused,
+        tensor_parallel(model, method.tp_version, group=group, layout=s.layout, fused=fused,
                         backend=case.kernel if fused else None)
     else:
-        sequence_parallel(model, case.method, group=group, layout=s.layout,
+        sequence_parallel(model, method, group=group, layout=s.layout,
                           **({"backend": case.kernel} if case.kernel else {}))
         if case.zero:
             shard_weights(model)
@@ -115,8 +119,6 @@ def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
 
 
 def build_model_step(case: Case, *, rank: int, group, device: torch.device):
-    from .steps import Step
-
     run = build_model_run(case, group=group, device=device)
     if case.mode == "train":
         def step():

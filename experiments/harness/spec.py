@@ -49,7 +49,7 @@ share a shape, mode and kernel are timed together in rounds, and their
 watchdog budget is the sum of theirs.
 
 Names: a *preset* (``experiments/presets/``) is a named list of specs; a
-*cluster profile* (``experiments/clusters/``, ``experiments.cluster.profile``)
+*cluster profile* (``experiments/clusters/``, ``experiments.profiles.cluster``)
 is where a spec runs. ``target:`` is the old name of ``cluster:`` and is
 still accepted.
 """
@@ -69,9 +69,9 @@ from burst_impl.kernels import BACKENDS as KERNELS
 from burst_impl.kernels import check_backend
 from burst_impl.shape import AttnShape
 
-from ..cluster.profile import Profile, load_profile
+from ..profiles.cluster import Profile, load_profile
 from . import axes
-from .flops import MODES
+from burst_impl.flops import MODES
 from .model_cases import MODEL_MODES, ModelSetup, check_attention_mode, check_model_case, fill_sweep
 from .schema import FileErr, check_keys, fields_from, from_mapping, plain
 

@@ -17,32 +17,13 @@ from typing import Callable
 import torch
 
 from baselines import layer as attn_layer
-from baselines.method import Method
+from burst_impl.method import Method
 from baselines.registry import METHODS
 from burst_impl.kernels import resolve_backend
 
+from .model_steps import build_model_step
 from .spec import Case
-
-
-@dataclass
-class Step:
-    step: Callable[[], object]              # what is timed
-    setup: Callable[[], object] | None      # untimed, before each timed step
-    start_bytes: int                        # bytes of the step's inputs and weights (its own, every method alike)
-    forward: Callable[[], object] | None = None   # the forward with grad enabled (bytes kept for backward)
-    weights: tuple = ()                           # parameters (not activations: not counted as saved)
-    context: object = None                  # what the step holds, for its record (model level: model_steps.ModelRun)
-
-    def live_bytes(self) -> int:
-        """What is live before a step now (CPU memory base): model level adds weights, gradients and
-        optimizer state, which exist only once a step has run."""
-        return self.start_bytes + (self.context.state_bytes() if hasattr(self.context, "state_bytes") else 0)
-
-    def full(self) -> None:
-        """setup + step: the whole work of one measured step (memory and bytes are taken over it)."""
-        if self.setup is not None:
-            self.setup()
-        self.step()
+from .timed_step import Step
 
 
 def kernel_options(case: Case) -> dict:
@@ -155,8 +136,6 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
 
 def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
     if case.level == "model":
-        from .model_steps import build_model_step
-
         return build_model_step(case, rank=rank, group=group, device=device)
     method = METHODS[case.method]
     if case.level == "layer":

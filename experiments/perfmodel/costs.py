@@ -1,7 +1,7 @@
 """How long one piece of work takes on a hardware profile: kernels, GEMMs, memory-bound ops, transfers.
 
 Everything here is read from the hardware profile (``experiments/hardware/*.yaml``)
-and the suite's one FLOP formula (``experiments.harness.flops``); nothing is
+and the suite's one FLOP formula (``burst_impl.flops``); nothing is
 fitted to a paper's results.
 
 * A flash-attention kernel on a (rows x cols) block pair does
@@ -31,8 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..cluster.hardware import Hardware, Link
-from ..harness.flops import entries_flops
+from ..profiles.hardware import Hardware, Link
+from burst_impl.flops import entries_flops
 
 FP32 = 4
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from baselines import AttnShape, get
 
-from ..cluster.hardware import Hardware, load_hardware
-from ..harness.flops import MODES
+from ..profiles.hardware import Hardware, load_hardware
+from burst_impl.flops import MODES
 from .costs import CostModel
 from .memory import peak_memory
 from .placement import Placement

@@ -25,7 +25,7 @@ import yaml
 
 from baselines import AttnShape
 
-from ..cluster.hardware import load_hardware
+from ..profiles.hardware import load_hardware
 from ..harness.spec import Case, Spec
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
 from .predict import VARIANTS_FILE, _record, _write_jsonl, spec_hardware
@@ -37,7 +37,7 @@ BE_MODEL = "burstengine_14b"
 SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32)      # BurstEngine's scaling runs, 32K tokens per GPU
 SCALING_METHODS = ("burst_double_ring", "burst", "usp")
 # (label, method, checkpoint, loss): each row adds one of the ablation's steps (PAPER.md §3 BurstEngine), as
-# burst_impl.model.ablation.STEPS runs them: weights FSDP2 (ZeRO-3), full-block checkpointing in every row
+# experiments.benches.ablation.STEPS runs them: weights FSDP2 (ZeRO-3), full-block checkpointing in every row
 # before the last (14B at 1M keeps ~260 GiB of activations per rank without it), then sequence-level
 # checkpointing, which caches half the attention outputs (more memory than full) to recompute 1/4 of
 # the causal attention (less time).

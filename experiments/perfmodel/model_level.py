@@ -73,7 +73,6 @@ from .schedules import builder
 from .schedules.common import Ctx, ring_collective
 from .simulator import Schedule
 
-TP_METHODS = ("tp_v1", "tp_v3")
 WEIGHTS = ("replicated", "fsdp2", "tp")
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
 HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
@@ -196,7 +195,7 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
     ``step_memory`` takes the largest of its moments); ``step``: ``step_memory``'s fields (training)."""
     G, b, e = shape.world_size, shape.batch, shape.elem_size
     layer = attn.memory
-    common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=base, layout=shape.layout, dtype=shape.dtype,
+    common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=get(base), layout=shape.layout, dtype=shape.dtype,
                   weights=weights)
     if mode == "fwd_bwd":
         sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_device="cuda", **common)
@@ -235,10 +234,10 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
         raise ValueError(f"loss={loss!r}: the LM head's time is modelled for {tuple(HEAD_GEMMS)}")
-    tp = builder(method)[0] in TP_METHODS
+    tp = get(builder(method)[0]).tp_version is not None
     weights = ("tp" if tp else "replicated") if weights is None else weights
     if weights not in WEIGHTS or (weights == "tp") != tp:
-        raise ValueError(f"weights={weights!r} with method {method!r}: tensor-parallel methods {TP_METHODS} hold "
+        raise ValueError(f"weights={weights!r} with method {method!r}: tensor-parallel methods (tp_version set) hold "
                          "weights='tp', the others 'replicated' or 'fsdp2'")
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     check_shape(cfg, shape)
@@ -255,7 +254,7 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         head = HEAD_GEMMS[loss] * cost.gemm(rows, cols, cfg.hidden)[0]
     else:
         head = cost.gemm(b, cfg.vocab_size, cfg.hidden)[0]
-    checkpoint = method_mode(base, check_mode(checkpoint)) if train else "none"
+    checkpoint = method_mode(get(base), check_mode(checkpoint)) if train else "none"
     recomp = 0.0
     if checkpoint != "none":
         fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options).time_s

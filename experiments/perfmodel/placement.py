@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ..cluster.hardware import Hardware
+from ..profiles.hardware import Hardware
 
 
 @dataclass(frozen=True)

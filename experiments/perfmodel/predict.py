@@ -25,11 +25,11 @@ from pathlib import Path
 
 import yaml
 
-from ..cluster.hardware import Hardware, load_hardware
-from ..cluster.profile import load_profile
+from ..profiles.hardware import Hardware, load_hardware
+from ..profiles.cluster import load_profile
 from ..harness import results as R
 from ..harness.env import REPO
-from ..harness.flops import case_flops, tflops_per_s, tokens_per_s
+from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from ..harness.spec import Case, Spec
 from .model import ASSUMPTIONS, Prediction, predict_case
 from .placement import Placement

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..cluster.hardware import Hardware
+from ..profiles.hardware import Hardware
 from ..harness.axes import human
 from ..harness.env import repo_relative
 from ..harness.spec import Spec

@@ -25,8 +25,8 @@ import os
 
 from baselines import AttnShape
 
-from ..cluster.hardware import Accelerator, Hardware, Link
-from ..harness.flops import attention_flops
+from ..profiles.hardware import Accelerator, Hardware, Link
+from burst_impl.flops import attention_flops
 from .measured import KernelTimes, MeasuredCosts, needed
 from .model import predict_case
 

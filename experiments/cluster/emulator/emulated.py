@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import cpuquota, emulation, netns, shaping
-from ..hardware import load_hardware
-from ..profile import Profile
+from ...profiles.hardware import load_hardware
+from ...profiles.cluster import Profile
 from .rankexec import ENV as RANK_NETNS_ENV
 
 CLUSTER_ENV = "EXPERIMENTS_CLUSTER"   # JSON read by experiments.harness.results.base_record

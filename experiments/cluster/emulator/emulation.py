@@ -1,7 +1,7 @@
 """The scaling rule: emulated link rates that keep the target's compute : communication ratio.
 
 On the target, one ring step on a block of n tokens takes F(n) / C_t of
-compute (F from ``experiments.harness.flops``, C_t = peak FLOP/s x the
+compute (F from ``burst_impl.flops``, C_t = peak FLOP/s x the
 kernel's efficiency at n tokens, ``../hardware.py``) and b / B_t of
 communication per link class (b bytes, B_t the per-rank bytes/s of the
 class). On this machine the same step computes at C_l, measured here with the
@@ -37,7 +37,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..hardware import Hardware
+from ...profiles.hardware import Hardware
 from .shaping import LinkShape
 
 DEFAULT_LATENCY_CAP_US = 2000.0
@@ -151,7 +151,7 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
 
     from burst_impl import kernels
     from burst_impl.shape import DTYPES, AttnShape
-    from experiments.harness.flops import attention_flops
+    from burst_impl.flops import attention_flops
 
     torch.set_num_threads(threads)
     dt = DTYPES[dtype]

@@ -1,58 +1,66 @@
-"""Per-method schedule builders, keyed by registry name (plus model-only variants).
+"""Schedule builders, one per schedule family, and the method -> builder map derived from the registry.
 
 A builder takes a ``Ctx`` (shape, mode, level, cost model, placement, the
 registry's byte table) and adds the method's tasks for the phases the mode
-asks for. Phase B adds entries here (the double ring, BurstEngine's model
-level schedules) without touching the existing ones. The double ring's pass is
-``double_ring.routed_pass`` (the runtime's own routes), chosen by ``double_ring.pass_for``.
+asks for. Which builder a method uses, and with which options, is a field of
+its ``Method`` (``Method.schedule``: a family and its options; the method's
+``topology`` and ``overlap`` options reach the builder too), so a new method
+needs no edit here. The double ring's pass is ``double_ring.routed_pass`` (the
+runtime's own routes), chosen by ``double_ring.pass_for``.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
+from baselines.registry import METHODS, get
+from burst_impl.method import Method
+
 from .common import Ctx
-from .ring_family import (burst, burst_double_ring, burst_double_ring_no_overlap, burst_no_overlap, burst_nolao, ring,
-                          ring_flash_attn)
-from .ring_rsa import ring_rsa, ring_rsa_no_overlap
-from .tp import tp_v1, tp_v1_noflash, tp_v3, tp_v3_noflash
-from .ulysses import ulysses, usp, usp_no_overlap
+from .ring_family import flat
+from .ring_rsa import ring_rsa
+from .tp import tp
+from .ulysses import ulysses, usp
 
 Builder = Callable[[Ctx], dict]
 
-# registry name -> builder
-SCHEDULES: dict[str, Builder] = {
-    "burst": burst,
-    "burst_qring": burst,            # what travels backward comes from the registry's formula
-    "burst_no_overlap": burst_no_overlap,
-    "burst_double_ring": burst_double_ring,
-    "burst_double_ring_no_overlap": burst_double_ring_no_overlap,
-    "ring": ring,
-    "ring_flash_attn": ring_flash_attn,
-    "ring_rsa": ring_rsa,
-    "ring_rsa_no_overlap": ring_rsa_no_overlap,
-    "ulysses": ulysses,
-    "deepspeed_ulysses": ulysses,
-    "usp": usp,
-    "usp_no_overlap": usp_no_overlap,
-    "tp_v1": tp_v1,
-    "tp_v3": tp_v3,
-}
+FAMILIES: dict[str, Callable[..., dict]] = {"ring": flat, "ring_rsa": ring_rsa, "ulysses": ulysses, "usp": usp,
+                                            "tp": tp}
+# What a builder takes from the method's own options, by family.
+_FROM_OPTIONS = {"ring": ("topology", "overlap"), "ring_rsa": ("overlap",), "usp": ("overlap",)}
+
+
+def for_method(method: Method, **extra) -> Builder:
+    """The builder of ``method`` (``Method.schedule``), with ``extra`` options (model-only variants)."""
+    if method.schedule is None or method.schedule.family not in FAMILIES:
+        raise ValueError(f"method={method.name!r} has schedule={method.schedule!r}; the performance model "
+                         f"builds the families {sorted(FAMILIES)}")
+    family = method.schedule.family
+    opts = {k: method.options[k] for k in _FROM_OPTIONS.get(family, ()) if k in method.options}
+    return functools.partial(FAMILIES[family], **{**method.schedule.options, **opts, **extra})
+
+
+def schedules() -> dict[str, Builder]:
+    """registry name -> builder, for every registered method that has a schedule (read now, so a
+    method registered later, ``baselines.registry.add_module``, is included)."""
+    return {name: for_method(m) for name, m in METHODS.items() if m.schedule is not None}
+
 
 # Model-only variants of PAPER.md §3's tables (not registry methods: nothing runs them):
 # name -> (registry method whose bytes and memory model they share, builder, label)
 VARIANTS: dict[str, tuple[str, Builder, str]] = {
-    "burst_nolao": ("burst", burst_nolao, "Burst without LAO"),
-    "tp_v1_noflash": ("tp_v1", tp_v1_noflash, "TP V1 without FlashAttention"),
-    "tp_v3_noflash": ("tp_v3", tp_v3_noflash, "TP V3 without FlashAttention"),
+    "burst_nolao": ("burst", for_method(get("burst"), materialised=True), "Burst without LAO"),
+    "tp_v1_noflash": ("tp_v1", for_method(get("tp_v1"), flash=False), "TP V1 without FlashAttention"),
+    "tp_v3_noflash": ("tp_v3", for_method(get("tp_v3"), flash=False), "TP V3 without FlashAttention"),
 }
 
 
 def builder(name: str) -> tuple[str, Builder]:
     """(registry method, builder) for a registry name or a variant; ValueError naming the rule."""
-    if name in SCHEDULES:
-        return name, SCHEDULES[name]
     if name in VARIANTS:
         base, fn, _ = VARIANTS[name]
         return base, fn
+    if name in METHODS and METHODS[name].schedule is not None:
+        return name, for_method(METHODS[name])
     raise ValueError(f"method={name!r} has no performance-model schedule; modelled: "
-                     f"{sorted(SCHEDULES)} and variants {sorted(VARIANTS)}")
+                     f"{sorted(schedules())} and variants {sorted(VARIANTS)}")

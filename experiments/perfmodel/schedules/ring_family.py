@@ -160,8 +160,16 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
             for g in end}
 
 
-def _flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str = "n-1", topology: str = "flat",
-          overlap: bool = True) -> dict:
+def flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str = "n-1", topology: str = "flat",
+         overlap: bool = True) -> dict:
+    """The ring family (``Schedule("ring", ...)``): the flat or the double ring (``topology``), the
+    query- or key/value-circulating backward by default (``default``: the registry's byte table says
+    which travels), ``acc_sends="n"`` for an implementation that sends its accumulators at each of
+    the G backward steps, ``materialised`` for a step that writes its block's scores to HBM."""
+    if materialised:
+        ctx.note("Burst without LAO (model-only variant): every ring step materialises its block's scores in HBM")
+    if acc_sends == "n":
+        ctx.note("ring-flash-attn sends its fp32 dK/dV accumulators at each of the G backward steps")
     s = ctx.shape
     rings = [list(range(s.world_size))]
     local = s.seqlen // s.world_size
@@ -176,33 +184,3 @@ def _flat(ctx: Ctx, *, default: str, materialised: bool = False, acc_sends: str 
         lambda ready: ring_forward(ctx, rings, ready, materialised=materialised, **kw),
         lambda ready: ring_backward(ctx, rings, ready, default=default, materialised=materialised,
                                     acc_sends=acc_sends, **kw))
-
-
-def burst(ctx: Ctx) -> dict:
-    return _flat(ctx, default="burst")
-
-
-def burst_nolao(ctx: Ctx) -> dict:
-    ctx.note("Burst without LAO (model-only variant): every ring step materialises its block's scores in HBM")
-    return _flat(ctx, default="burst", materialised=True)
-
-
-def ring(ctx: Ctx) -> dict:
-    return _flat(ctx, default="ring")
-
-
-def burst_no_overlap(ctx: Ctx) -> dict:
-    return _flat(ctx, default="burst", overlap=False)
-
-
-def burst_double_ring(ctx: Ctx) -> dict:
-    return _flat(ctx, default="burst", topology="double")
-
-
-def burst_double_ring_no_overlap(ctx: Ctx) -> dict:
-    return _flat(ctx, default="burst", topology="double", overlap=False)
-
-
-def ring_flash_attn(ctx: Ctx) -> dict:
-    ctx.note("ring-flash-attn sends its fp32 dK/dV accumulators at each of the G backward steps")
-    return _flat(ctx, default="ring", acc_sends="n")

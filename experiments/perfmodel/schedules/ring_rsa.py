@@ -18,12 +18,9 @@ from ..costs import FP32
 from .common import Ctx, hbm_step, ring_collective, ring_pass, sequence_parallel
 
 
-def ring_rsa_no_overlap(ctx: Ctx) -> dict:
-    ctx.note("overlap off: every ring transfer is waited for before the step computes")
-    return ring_rsa(ctx, overlap=False)
-
-
 def ring_rsa(ctx: Ctx, overlap: bool = True) -> dict:
+    if not overlap:
+        ctx.note("overlap off: every ring transfer is waited for before the step computes")
     s = ctx.shape
     G, b, d, z, e = s.world_size, s.batch, s.head_dim, s.heads, ctx.elem
     local = s.seqlen // G

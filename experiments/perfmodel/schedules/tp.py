@@ -15,7 +15,7 @@ traffic is paid and, for training, the probabilities are kept.
 """
 from __future__ import annotations
 
-from experiments.harness.flops import mask_area
+from burst_impl.flops import mask_area
 
 from ..costs import FP32
 from .common import Ctx, projections, ring_collective
@@ -76,19 +76,9 @@ def _tp(ctx: Ctx, version: str, *, flash: bool) -> dict:
     return ready
 
 
-def tp_v1(ctx: Ctx) -> dict:
-    return _tp(ctx, "v1", flash=True)
-
-
-def tp_v3(ctx: Ctx) -> dict:
-    return _tp(ctx, "v3", flash=True)
-
-
-def tp_v1_noflash(ctx: Ctx) -> dict:
-    ctx.note("TP without FlashAttention (model-only variant): scores materialised in HBM")
-    return _tp(ctx, "v1", flash=False)
-
-
-def tp_v3_noflash(ctx: Ctx) -> dict:
-    ctx.note("TP without FlashAttention (model-only variant): scores materialised in HBM")
-    return _tp(ctx, "v3", flash=False)
+def tp(ctx: Ctx, *, version: str, flash: bool = True) -> dict:
+    """Megatron TP (``Schedule("tp", {"version": ...})``); ``flash=False`` is the model-only variant
+    that materialises the scores."""
+    if not flash:
+        ctx.note("TP without FlashAttention (model-only variant): scores materialised in HBM")
+    return _tp(ctx, version, flash=flash)

@@ -15,7 +15,7 @@ per group), with Z/u query heads on N/r tokens per ring rank.
 """
 from __future__ import annotations
 
-from experiments.harness.flops import mask_area
+from burst_impl.flops import mask_area
 
 from .common import Ctx, all_to_all, sequence_parallel
 from .ring_family import ring_backward, ring_forward
@@ -107,10 +107,6 @@ def usp(ctx: Ctx, overlap: bool = True) -> dict:
     if not overlap:
         ctx.note("overlap off: every ring transfer is waited for before the step computes")
     return _ulysses_schedule(ctx, u, prefix="a2a_", topology=topology, overlap=overlap)
-
-
-def usp_no_overlap(ctx: Ctx) -> dict:
-    return usp(ctx, overlap=False)
 
 
 def _usp_degree(method, s) -> int:

@@ -1,10 +1,10 @@
 """Peak memory and time of the LM head + cross-entropy, per loss mode (forward + backward).
 
-    python -m burst_impl.loss_bench                                   # tokens 8192, hidden 1024, vocab 32K and 128K, fp32
-    python -m burst_impl.loss_bench --vocab 32768 --dtype bfloat16 --modes unfused fused
-    python -m burst_impl.loss_bench --modes fused --tiles 1024x2048 2048x2048 --vocab 32768   # tile sweep
-    python -m burst_impl.loss_bench --modes unfused fused fused_recompute --vocab 32768   # both fused paths
-    python -m burst_impl.loss_bench --json loss_bench.jsonl           # one JSON line per case, with raw samples
+    python -m experiments.benches.loss_bench                                   # tokens 8192, hidden 1024, vocab 32K and 128K, fp32
+    python -m experiments.benches.loss_bench --vocab 32768 --dtype bfloat16 --modes unfused fused
+    python -m experiments.benches.loss_bench --modes fused --tiles 1024x2048 2048x2048 --vocab 32768   # tile sweep
+    python -m experiments.benches.loss_bench --modes unfused fused fused_recompute --vocab 32768   # both fused paths
+    python -m experiments.benches.loss_bench --json loss_bench.jsonl           # one JSON line per case, with raw samples
 
 One step = zero the gradients, loss (mean), backward; d hidden and d W are
 part of the step's memory. Peak memory is the suite's measurement
@@ -35,7 +35,7 @@ from experiments.harness.env import git_info, hardware, versions
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.harness.timing import summarize, synchronize, time_steps
 
-from .loss_modes import LOSS_MODES, get_loss_mode
+from burst_impl.loss_modes import LOSS_MODES, get_loss_mode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FUSED_MODES = ("fused", "fused_recompute")      # ours: take --tiles (gradients in the forward: rows only)
@@ -179,7 +179,7 @@ def _tile(s: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m burst_impl.loss_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m experiments.benches.loss_bench", description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--vocab", type=int, nargs="+", default=[32768, 131072])

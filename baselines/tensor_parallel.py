@@ -15,7 +15,7 @@ vocabulary too; we do not, so the per-layer bytes below are all TP sends).
   (B, N/G, H). Attention and MLP each start with an all-gather of the
   sequence (backward: reduce-scatter of dX) and end with a reduce-scatter of
   the partial outputs (backward: all-gather of dY). Before attention the
-  gathered tokens are put in position order (``baselines.reorder``, local).
+  gathered tokens are put in position order (``burst_impl.reorder``, local).
 
 ``fused=True`` runs the local fused kernel on the rank's heads over all N
 tokens; ``fused=False`` materialises the (B, Z/G, N, N) scores, the paper's
@@ -37,15 +37,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from baselines import reorder
-from baselines.collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
+from burst_impl import reorder
+from burst_impl.collectives import all_gather, all_reduce_backward, all_reduce_forward, reduce_scatter
 from baselines.methods.tp import head_columns, tp_region_bytes
 from burst_impl import comm
 
-from .config import ModelConfig
-from .layers import LocalAttention, apply_rope, rope_tables
-from .model import Transformer
-from .parallel import ParallelPlan
+from burst_impl.model.config import ModelConfig
+from burst_impl.model.layers import LocalAttention, apply_rope, rope_tables
+from burst_impl.model.model import Transformer
+from burst_impl.model.parallel import ParallelPlan
 
 Tensor = torch.Tensor
 VERSIONS = ("v1", "v3")

@@ -28,7 +28,22 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
   else one node), exactly what ``count_bytes().link_dict()`` must count;
   None for adapters whose sends happen inside another package ("unclassified");
 * ``variant_of``: for a timing variant of another method (same numerics,
-  same bytes, e.g. communication/computation overlap switched off), its name.
+  same bytes, e.g. communication/computation overlap switched off), its name;
+* ``operator_backward``: for a method that IS the BurstAttention operator
+  (``burst_impl.burst_attn_func``), the backward scheme it binds ("auto",
+  "burst", "ring"): sequence-level checkpointing can cache its (O, lse) and run
+  the operator's backward from them (``burst_impl.model.checkpoint``); None: the
+  method only exposes its own autograd, and ``seq``/``whole`` checkpoint it as ``full``;
+* ``fresh_output(shape, **options)``: True when the method returns a new
+  (B, N/G, Z, d) buffer rather than the O its backward saved (Ulysses' output
+  all-to-all): the layer's output projection then keeps both (``layer_memory``);
+* ``tp_version``: for tensor-parallel layers, the Megatron flavour ("v1", "v3")
+  that the whole-model transform (``baselines.tensor_parallel``) applies;
+* ``schedule``: the performance model's schedule family and its options
+  (``Schedule``; the topology and overlap come from ``options``).
+
+The byte report lists every method that is not a timing variant (``variant_of``);
+the generated methods table (``docs/methods.md``) is one row per entry.
 
 ``options`` are the method's keyword arguments (e.g. ``ulysses_degree`` for
 ``usp``); ``method.bytes(shape, **options)``, ``method.memory(shape, **options)``,
@@ -56,6 +71,21 @@ def _always() -> bool:
     return True
 
 
+def _never(shape: AttnShape, **_) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How the performance model (``experiments/perfmodel/schedules``) builds this method's tasks:
+    ``family`` names the builder ("ring", "ring_rsa", "ulysses", "usp", "tp"), ``options`` its
+    keyword arguments (e.g. ``default="burst"`` for the ring family's backward). A method's
+    ``topology`` and ``overlap`` options reach the builder too."""
+
+    family: str
+    options: dict = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
@@ -64,7 +94,7 @@ class Method:
     comm_bytes: Callable[..., dict]
     memory_bytes: Callable[..., int]
     description: str
-    travels: str                                 # what moves, for the README table
+    travels: str                                 # what moves, for the generated methods table
     layouts: tuple[str, ...] = CHUNKED_LAYOUTS
     check: Callable[..., None] = _no_check
     available: Callable[[], bool] = _always       # external adapters: is the package importable?
@@ -80,6 +110,10 @@ class Method:
     kernel: str | None = None                     # fixed local kernel (no backend= choice), for records
     link_bytes: Callable[..., dict] | None = None
     variant_of: str | None = None
+    operator_backward: str | None = None          # the BurstAttention operator's backward it binds
+    fresh_output: Callable[..., bool] = _never
+    tp_version: str | None = None                 # "v1" / "v3" for tensor-parallel layers
+    schedule: Schedule | None = None              # None: not modelled
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -130,6 +164,21 @@ class Method:
 
     def memory(self, shape: AttnShape, **options) -> int:
         return self.memory_bytes(shape, **self._opts(options))
+
+    def layer_memory(self, shape: AttnShape, **options) -> int:
+        """Activation bytes one rank keeps for backward in this method's attention LAYER (a model).
+
+        A tensor-parallel method models its whole layer (``memory``: the gathered input X and the
+        head-sharded q, k, v, out, lse). A sequence-parallel method keeps its operator's model
+        (``memory``: q, k, v, out, lse of its shard) plus the layer input x (B, N/G, H) that the QKV
+        projection keeps for the weight gradients, plus, where its output is a fresh buffer
+        (``fresh_output``), that (B, N/G, H) output, which the output projection keeps besides the O
+        its attention saved. Weights are parameters, not counted."""
+        if self.level == "layer":
+            return int(self.memory(shape, **options))
+        shard = shape.rows * shape.heads * shape.head_dim * shape.elem_size     # (B, N/G, H)
+        out_copy = shard if self.fresh_output(shape, **self._opts(options)) else 0
+        return int(self.memory(shape, **options)) + shard + out_copy
 
     def call(self, *args, **kwargs):
         """``fn`` with the registered options as defaults (``mask`` only passed on when given)."""

@@ -1,7 +1,7 @@
 """Peak memory and time of one training step (forward + backward) per checkpoint mode, one process.
 
-    python -m burst_impl.model.checkpoint_bench                          # defaults below
-    python -m burst_impl.model.checkpoint_bench --seqlen 8192 --json ckpt.jsonl
+    python -m experiments.benches.checkpoint_bench                          # defaults below
+    python -m experiments.benches.checkpoint_bench --seqlen 8192 --json ckpt.jsonl
 
 The model is long-sequence shaped (hidden 128, 4 heads of 32, FFN 344,
 vocabulary 4096, 2 layers) so that causal attention is most of a block's
@@ -25,12 +25,12 @@ import torch
 from experiments.harness.memory import measure_peak
 from experiments.harness.timing import ratio_interval, summarize, time_steps
 
-from .checkpoint import MODES
-from .config import get_config
-from .data import batch_at, load_corpus
-from .memory import step_memory
-from .model import build_model
-from .step import loss_and_grads
+from burst_impl.model.config import CHECKPOINT_MODES as MODES
+from burst_impl.model.config import get_config
+from burst_impl.model.data import batch_at, load_corpus
+from burst_impl.model.memory import step_memory
+from burst_impl.model.model import build_model
+from burst_impl.model.step import loss_and_grads
 
 
 def bench_config(**kw):

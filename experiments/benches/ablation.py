@@ -1,7 +1,7 @@
 """BurstEngine's ablation (PAPER.md §3): the spec at the paper's size and its CPU mirror.
 
-    python -m burst_impl.model.ablation --paper                      # memory model at 14B, 1M tokens, 32 GPUs
-    python -m burst_impl.model.ablation --out /tmp/ablation.jsonl    # CPU mirror on the emulated cluster
+    python -m experiments.benches.ablation --paper                      # memory model at 14B, 1M tokens, 32 GPUs
+    python -m experiments.benches.ablation --out /tmp/ablation.jsonl    # CPU mirror on the emulated cluster
 
 The paper's ablation starts from a ring-attention training step and adds one
 feature at a time (``STEPS``, cumulative): BurstEngine's optimised backward
@@ -38,8 +38,9 @@ from pathlib import Path
 
 import torch
 
-from .config import get_config
-from .memory import step_memory
+from baselines.registry import get
+from burst_impl.model.config import get_config
+from burst_impl.model.memory import step_memory
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def paper_table() -> list[dict]:
     rows = []
     for s in STEPS:
         m = step_memory(cfg, batch=PAPER["batch"], seqlen=PAPER["seqlen"], world_size=PAPER["world_size"],
-                        method=s.method, layout=PAPER["layout"], dtype=PAPER["dtype"], weights=PAPER["weights"],
+                        method=get(s.method), layout=PAPER["layout"], dtype=PAPER["dtype"], weights=PAPER["weights"],
                         checkpoint=s.checkpoint, loss=s.loss, loss_device="cuda")   # the fused loss's GPU tiles
         rows.append(dict(step=s.name, **asdict(s), predicted_total_gib=m.total_bytes / 2 ** 30,
                          oom_80gb=m.total_bytes > PAPER["hbm_bytes"], memory=m.as_dict(), config=PAPER))
@@ -87,10 +88,10 @@ def _worker(out: str, node_size: int) -> None:
     from experiments.harness.memory import measure_peak
     from experiments.harness.timing import ratio_interval, summarize, time_steps
 
-    from .data import batch_at, load_corpus
-    from .model import build_model
-    from .sequence_parallel import sequence_parallel
-    from .step import train_step
+    from burst_impl.model.data import batch_at, load_corpus
+    from burst_impl.model.model import build_model
+    from burst_impl.model.sequence_parallel import sequence_parallel
+    from burst_impl.model.step import train_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -103,7 +104,7 @@ def _worker(out: str, node_size: int) -> None:
     rows = []
     for s in STEPS:
         cfg = replace(base, loss=s.loss, checkpoint=s.checkpoint)
-        model = sequence_parallel(build_model(cfg), s.method, layout=MIRROR["layout"], node_size=node_size)
+        model = sequence_parallel(build_model(cfg), get(s.method), layout=MIRROR["layout"], node_size=node_size)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         step = lambda: train_step(model, opt, tokens, labels)  # noqa: E731
         times = time_steps(step, warmup=MIRROR["warmup"], repeats=MIRROR["repeats"], device=torch.device("cpu"))
@@ -113,7 +114,7 @@ def _worker(out: str, node_size: int) -> None:
         dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
         first = first or times
         predicted = step_memory(cfg, batch=MIRROR["batch"], seqlen=MIRROR["seqlen"], world_size=G,
-                                method=s.method, layout=MIRROR["layout"])
+                                method=get(s.method), layout=MIRROR["layout"])
         n, t = MIRROR["batch"] * MIRROR["seqlen"], summarize(times)
         rows.append(dict(step=s.name, **asdict(s), world_size=G, node_size=node_size, mirror=MIRROR,
                          # tokens/s of the median step; p10/p90 of tokens/s are N over the p90/p10 times
@@ -137,7 +138,7 @@ def _worker(out: str, node_size: int) -> None:
 
 def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
     from experiments.cluster.emulator.emulated import EmulatedCluster
-    from experiments.cluster.profile import load_profile
+    from experiments.profiles.cluster import load_profile
 
     profile = load_profile(cluster)
     G = profile.nodes * profile.ranks_per_node
@@ -146,7 +147,7 @@ def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     with EmulatedCluster(profile) as cl:
         env.update(cl.env(G))
-        cmds = cl.launches(G, args, port=port, module="burst_impl.model.ablation")
+        cmds = cl.launches(G, args, port=port, module="experiments.benches.ablation")
         procs = [subprocess.Popen(c, cwd=repo, env=env) for c in cmds]
         rc = 0
         for p in procs:
