@@ -25,15 +25,18 @@ from burst_impl.masks import Causal, Full
 from burst_impl.shape import AttnShape
 
 MODES = ("forward", "backward", "fwd_bwd")
-_FACTOR = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}
+# The attention FLOPs of each mode as a multiple of the forward's (the convention above).
+MODE_FACTOR = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5}
+# The model-level modes (burst_impl.model.flops) in the attention convention.
+MODEL_MODE = {"train": "fwd_bwd", "prefill": "forward"}
 _PROJ_FACTOR = {"forward": 1.0, "backward": 2.0, "fwd_bwd": 3.0}
 SCOPES = {"op": "attention", "layer": "attention layer (QKV + output projections + attention)"}
 
 
 def _factor(mode: str) -> float:
-    if mode not in _FACTOR:
+    if mode not in MODE_FACTOR:
         raise ValueError(f"mode={mode!r} is unknown; choose one of {MODES}")
-    return _FACTOR[mode]
+    return MODE_FACTOR[mode]
 
 
 def entries_flops(batch: int, heads: int, head_dim: int, entries: float, mode: str = "forward") -> float:

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from burst_impl.flops import MODE_FACTOR, MODEL_MODE
+
 from .cluster.emulator.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
@@ -46,7 +48,7 @@ def _cost(c: Case) -> float:
     """Rough relative cost of a case, so the progress bar's time-left estimate is sensible."""
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
     # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
-    mode = {"forward": 1.0, "backward": 2.5, "fwd_bwd": 3.5, "prefill": 1.0, "train": 3.5}[c.mode]
+    mode = MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)]
     if c.level == "model":
         from burst_impl.model import get_config
 

@@ -54,7 +54,7 @@ def test_model_orders_modes_and_marks_oom():
     """At the paper's ablation size (14B, 1M tokens, 32 ranks, FSDP2): no checkpointing and the
     unfused logits do not fit 80 GB; seq lies between full and whole; the loss modes order."""
     cfg = get_config("burstengine_14b")
-    kw = dict(batch=1, seqlen=1 << 20, world_size=32, method="burst", dtype="bfloat16", weights="fsdp2")
+    kw = dict(batch=1, seqlen=1 << 20, world_size=32, method=get("burst"), dtype="bfloat16", weights="fsdp2")
     by_mode = {m: step_memory(cfg, checkpoint=m, loss="fused", **kw).total_bytes for m in MODES}
     assert by_mode["full"] < by_mode["seq"] < by_mode["whole"] < by_mode["none"]
     assert by_mode["none"] > 80e9

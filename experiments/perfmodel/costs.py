@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..profiles.hardware import Hardware, Link
-from burst_impl.flops import entries_flops
+from burst_impl.flops import MODE_FACTOR, entries_flops
 
 FP32 = 4
 
@@ -65,7 +65,8 @@ class CostModel:
         if mode == "fwd_bwd" or acc.attn_efficiency_forward is None:
             return fb
         f = acc.forward_efficiency(tokens)
-        return 2.5 / (3.5 / fb - 1.0 / f)
+        # the backward's efficiency, from the forward's and the combined one at the convention's factors
+        return MODE_FACTOR["backward"] / (MODE_FACTOR["fwd_bwd"] / fb - MODE_FACTOR["forward"] / f)
 
     def attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int, causal: bool,
                   mode: str, entries: float | None = None) -> tuple[float, float]:

@@ -63,7 +63,7 @@ from baselines import AttnShape, get
 from burst_impl.model.checkpoint import check_mode, method_mode
 from burst_impl.model.config import ModelConfig, get_config, layer_params, num_params
 from burst_impl.model.flops import model_flops
-from burst_impl.model.memory import step_memory
+from burst_impl.model.memory import WEIGHTS, step_memory
 
 from .costs import CostModel
 from .memory import GIB
@@ -73,7 +73,6 @@ from .schedules import builder
 from .schedules.common import Ctx, ring_collective
 from .simulator import Schedule
 
-WEIGHTS = ("replicated", "fsdp2", "tp")
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
 HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
 # Paper spec -> the model it is a layer of (PAPER.md §3); the shapes are checked against it.
