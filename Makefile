@@ -44,7 +44,7 @@ else
 	$(PIP) install -q $(TORCH_SPEC)
 	$(PIP) install -q -e '.[dev]'
 endif
-	# DeepSpeed, a test peer (README, "Peer defects"), pinned: a test shows a defect of this version.
+	# DeepSpeed, a test peer (docs/methods.md, "Peer defects"), pinned: a test shows a defect of this version.
 	# Built against the torch above: with build isolation pip would fetch a torch of its own.
 	$(PIP) install -q setuptools wheel
 	$(PIP) install -q --no-build-isolation deepspeed==0.19.8

@@ -68,10 +68,8 @@ def _all_to_all_receive_first(recv: Tensor, send: Tensor, group) -> None:
 
     gloo's own all-to-all posts, for each offset i, the send to rank r+i before the receive from
     r-i; for the pair (r, r+G/2) that is a send posted before the peer's receive, which serialises
-    the pair's two directions (see ``burst_impl.comm.Channel.start``). On the emulated 2 x 2 cluster
-    (13.8 MB/s between nodes; 6 interleaved rounds, median per rank) a 16 MiB all-to-all took
-    0.76-0.91 s with gloo's order and 0.61 s with this one, what its inter-node bytes need at the
-    link rate; at 1 and 4 MiB the two took the same time (0.03-0.04 s, 0.15-0.18 s). Same bytes,
+    the pair's two directions (see ``burst_impl.comm.Channel.start``); this order reaches the link
+    rate (measured: docs/findings.md, gloo posting order). Same bytes,
     same pieces (piece j of ``send`` to group rank j, piece j of ``recv`` from it)."""
     rank, G = comm.world(group)
     recv[rank].copy_(send[rank])

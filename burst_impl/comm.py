@@ -266,9 +266,7 @@ class Channel:
         # Receives first, then sends. NCCL groups the batch, so the order is free there; gloo posts the
         # operations one by one, and when two ranks exchange with each other (a ring of 2: the double
         # ring's outer ring over 2 nodes, USP's ring over 2 groups) a send posted before its peer's
-        # receive serialises the two directions: measured on the emulated cluster, an 8 MiB exchange
-        # took 1.10 s send-first against 0.59 s receive-first at 13.8 MB/s per direction (0.61 s
-        # expected), i.e. half the link rate.
+        # receive serialises the two directions: half the link rate (docs/findings.md).
         ops = [dist.P2POp(dist.irecv, r, self.src, self.group, self.tag) for r in recv]
         for t, kind in zip(tensors, kinds):
             ops.append(dist.P2POp(dist.isend, t, self.dst, self.group, self.tag))

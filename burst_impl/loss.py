@@ -88,11 +88,9 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Tile defaults by device type.
 #
 # Recomputing path: (chunk_tokens, chunk_vocab).
-# CPU: measured (README, "Fused LM head + cross-entropy"): at tokens 4096, hidden 1024,
-# vocab 32K, one thread, 1024 x 2048 (an 8 MiB fp32 tile, L3-resident) was the fastest of
-# 512..2048 x 1024..4096 in two sweeps (1.07x and 1.09x the unfused time; the others
-# 1.14-1.25x; differences of the order of the spread between rounds on a loaded machine,
-# so a preliminary choice). CUDA: not measured yet; 2048 x 8192 (64 MiB) keeps kernel launches a small
+# CPU: 1024 x 2048 (an 8 MiB fp32 tile, L3-resident), the fastest of 512..2048 x 1024..4096 in
+# two preliminary sweeps (docs/findings.md, fused loss tile sizes).
+# CUDA: not measured yet; 2048 x 8192 (64 MiB) keeps kernel launches a small
 # share of a step at 1M tokens while the tile stays far below the logits.
 DEFAULT_TILES = {"cpu": (1024, 2048), "cuda": (2048, 8192)}
 #
@@ -106,10 +104,8 @@ DEFAULT_TILES = {"cpu": (1024, 2048), "cuda": (2048, 8192)}
 # bandwidth. Liger's rule (a tile of about T x H elements) would take 64 rows at T = 8192, H = 1024,
 # V = 128K: eight times that traffic. So on CPU 1024 rows at V = 32K (128 MiB), 512 rows (256 MiB,
 # the floor) at V = 128K. Chunks are evened out (``balanced_rows``) so that no small last chunk
-# pays a whole re-read of d W. Measured once (loss_bench, tokens 2048, hidden 1024, V = 32K, fp32,
-# 2 threads, 2 interleaved rounds, under nice on the shared 2-core VM at load average ~1.8, so
-# preliminary): rows 256 / 512 / 1024 / 2048 took 1.02 / 0.88 / 0.91 / 0.97x the unfused time;
-# 256 is the slow one, 512..2048 differ by about the rounds' spread. V = 128K not measured.
+# pays a whole re-read of d W. A preliminary rows sweep found 256 rows slow and 512..2048 alike
+# (docs/findings.md, fused loss tile sizes).
 # CUDA: not measured; 512 MiB and at least 1024 rows (tensor cores want a large inner dimension;
 # HBM makes the re-read cheap): 1092 rows at a 123K vocabulary.
 GRAD_TILE = {"cpu": (128 << 20, 512), "cuda": (512 << 20, 1024)}

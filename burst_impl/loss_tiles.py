@@ -17,8 +17,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def upcast_operands(t: Tensor) -> bool:
     """Multiply in the compute dtype (True) or natively with fp32 output (False).
 
-    CPU BLAS has no fast half-precision GEMM (a bf16 GEMM runs 5-200x slower than
-    fp32 on an AVX2 machine), so there half operands are upcast chunk by chunk.
+    CPU BLAS has no fast half-precision GEMM (measured: docs/findings.md, fused
+    loss tile sizes), so there half operands are upcast chunk by chunk.
     On CUDA the tensor cores multiply bf16/fp16 and accumulate in fp32.
     """
     return t.device.type != "cuda" or t.dtype in (torch.float32, torch.float64)
@@ -90,7 +90,7 @@ class Tiles:
         out = self._buf[:(t1 - t0) * w.shape[0]].view(t1 - t0, w.shape[0])
         x = self.x[t0:t1]
         # mm + in-place adds, not addmm(bias or -shift[:, None], ...): on CPU the broadcast
-        # C operand is first copied into the tile, and that GEMM measured ~30% slower.
+        # C operand is first copied into the tile, and that GEMM is slower (docs/findings.md).
         if self.upcast:
             torch.mm(x, w.t(), out=out)
         else:

@@ -20,12 +20,9 @@ The attention of a segment runs in
   option there, not written yet).
 
 Why not FlexAttention on CPU: without ``torch.compile`` it materialises the
-scores. Measured (torch 2.13, 1 thread, B=1, Z=4, S=1024, d=64, causal
-window 128): 0.39 s eager FlexAttention with return_lse against 0.027 s for
-the fused causal kernel on the whole tile. Masked math on a whole 2048 tile
-(Z=8, d=64) took 5.6 s against 0.98 s for the fused kernel with the same
-additive mask, so the fused kernel with a mask on span-restricted segments
-is the exact path here.
+scores, and masked math on a whole tile is slower than the fused kernel with
+the same mask (measured: docs/findings.md, masked tile kernels), so the fused
+kernel with a mask on span-restricted segments is the exact path here.
 """
 from __future__ import annotations
 

@@ -56,25 +56,22 @@ Checked against measurement (tests/test_step_memory.py, the CPU peak of
 ``experiments/harness/memory.py``, within 15% for every checkpoint mode): one
 process; and every rank of G = 2 and 3 for ``burst`` and ``ulysses`` (zigzag,
 fused loss), where the measured peak is the all-reduce moment (3 P e to the
-byte for one bucket) or the start of the backward, as modelled. On the CPU
-ablation mirror at G = 4 (ring baseline) the measured 42.1 MiB is that
-moment (3 P e; the model without the all-reduce's copy said 28.1 MiB).
+byte for one bucket) or the start of the backward, as modelled; so is the
+CPU ablation mirror's peak at G = 4 (measured: docs/findings.md, training memory).
 
 Not counted: the CUDA context, allocator fragmentation, the tokens and labels
 (int64, B N each), and communication buffers that were not at the peak of
 the tested shapes: the rings' blocks in flight and their fp32 gradient
 accumulators (live during a block's attention backward, after its MLP has
-freed 3H + 4F per token: measured below the SwiGLU backward's moment at
-F = 2.7 H in fp32; not at F = H/3: at G = 3, ``full``, forward + backward
-without the all-reduce peaked there at 7.33 MiB against 6.11 MiB modelled
-for the SwiGLU moment, hidden in that step by the all-reduce moment, 8.73
-MiB measured and modelled; bf16 with fp32 accumulators narrows the margin too), the
+freed 3H + 4F per token: below the SwiGLU backward's moment at F = 2.7 H in
+fp32, not at F = H/3 (measured: docs/findings.md, training memory); bf16 with
+fp32 accumulators narrows the margin too), the
 all-to-all buffers of Ulysses, the ring forward's fp32 running output; and
 gloo's or NCCL's own staging, which is allocated outside torch's allocator
 (neither measured by the profiler nor by ``max_memory_allocated``). Not
 checked against measurement: FSDP2 (``gathered``), ``weights="tp"``, bf16, and the optimizer
 step's temporaries (not modelled; the mirror's step includes them, and its
-42.1 MiB peak is still the all-reduce moment).
+peak is still the all-reduce moment).
 """
 from __future__ import annotations
 
@@ -232,7 +229,7 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     cached_rows = {"seq": T - T // 2, "whole": T}.get(checkpoint, 0)
     # the final norm's saved tensors: its input and normalised x, and the weighted output, which the loss
     # keeps for its backward; the fused loss's training path does not keep it, but it is live until the end
-    # of the loss's forward, the moment the fused loss's buffers peak (measured: the same peak either way)
+    # of the loss's forward, the moment the fused loss's buffers peak (measured: docs/findings.md)
     parts = _Parts(per_block=T * (6 * H + 4 * F) * e + attn, inputs_block=T * H * e,
                    cache_block=cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads),
                    head_act=3 * T * H * e, head_grad=cfg.vocab_size * H * e,

@@ -17,7 +17,7 @@ the dilated latency of a 5 us link is tens of ms, where TCP's ACK clock, not
 the link, would bound every message (RDMA has no such clock). Where the
 kernel has no ``sch_netem`` latency is not applied at all, and records say so.
 
-Limits (README, "Emulated cluster"): the compute rate is measured once per
+Limits (docs/emulator.md): the compute rate is measured once per
 bring-up at one block size and shape, while ranks sharing cores compute
 slower when their neighbours compute and faster when they wait; gloo adds
 per-message overheads a GPU collective does not have; attention only (no

@@ -13,7 +13,7 @@ Plugins that need cgroups or accounting are off (``proctrack/linuxproc``,
 ``task/none``, no accounting): the point is the job path (sbatch, srun on
 every node, torchrun rendezvous, retries, finalize), not resource control.
 
-Packages: ``apt-get install -y slurmd slurmctld slurm-client munge`` (README).
+Packages: ``apt-get install -y slurmd slurmctld slurm-client munge`` (docs/emulator.md).
 """
 from __future__ import annotations
 
