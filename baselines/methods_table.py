@@ -7,8 +7,10 @@
 The table sits in the file between ``<!-- methods-table:start -->`` and
 ``<!-- methods-table:end -->``; everything outside the markers is left as it is.
 One row per registered method, in registry order: name, level, what travels
-(``Method.travels``), layouts, whether it takes ``mask=``, the external peer
-it wraps or is checked against, and its description.
+(``Method.travels``), layouts, whether it takes ``mask=``, its performance-model
+schedule (``Method.schedule``), what sequence-level checkpointing does with it
+(``Method.operator_backward``), the external peer it wraps or is checked
+against, and its description.
 """
 from __future__ import annotations
 
@@ -21,7 +23,15 @@ from baselines.registry import METHODS
 START = "<!-- methods-table:start -->"
 END = "<!-- methods-table:end -->"
 DEFAULT_PATH = Path(__file__).resolve().parent.parent / "docs" / "methods.md"
-COLUMNS = ("method", "level", "what travels", "layouts", "masks", "external peer", "description")
+COLUMNS = ("method", "level", "what travels", "layouts", "masks", "perf model", "seq checkpoint", "external peer",
+           "description")
+
+
+def _schedule(m) -> str:
+    if m.schedule is None:
+        return "-"
+    opts = {**m.schedule.options, **{k: v for k, v in m.options.items() if k in ("topology", "overlap")}}
+    return m.schedule.family + (" (" + ", ".join(f"{k}={v}" for k, v in opts.items()) + ")" if opts else "")
 
 
 def _cell(text: str) -> str:
@@ -38,7 +48,9 @@ def render() -> str:
         if m.bytes_by_formula:
             name += " (bytes by formula)"
         row = (name, m.level, _cell(m.travels), ", ".join(f"`{x}`" for x in m.layouts),
-               "yes" if m.masks else "no", _cell(m.external) if m.external else "-", _cell(m.description))
+               "yes" if m.masks else "no", _cell(_schedule(m)),
+               f"caches O, lse ({m.operator_backward})" if m.operator_backward else "as full",
+               _cell(m.external) if m.external else "-", _cell(m.description))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
