@@ -267,7 +267,8 @@ def _method_cases(G: int, node_size: int) -> list[dict]:
     z = 6 if G % 3 == 0 else 4
     mha, gqa = (z, z), (z, z // 2)
     ops = ["burst", "burst_qring", "burst_no_overlap", "burst_double_ring", "burst_double_ring_no_overlap", "ring",
-           "ring_rsa", "ring_rsa_no_overlap", "ulysses", "usp", "usp_no_overlap"]
+           "ring_rsa", "ring_rsa_no_overlap", "ulysses", "usp", "usp_no_overlap", "loongtrain_double_ring",
+           "loongtrain_double_ring_no_overlap"]
     cases = [dict(method=m, heads=gqa if m in ("burst", "usp", "ulysses") else mha, layout="zigzag", options={})
              for m in ops]
     cases += [dict(method=m, heads=mha, layout="contiguous", options={}, layer=True) for m in ("tp_v1", "tp_v3")]
@@ -368,7 +369,9 @@ def _usp_double_and_big_grid() -> list[dict]:
                   node_size=4),
              dict(method="burst_double_ring", heads=(4, 4), layout="striped", options={}, node_size=4),
              dict(method="burst_double_ring", heads=(4, 2), layout="zigzag", options={}, node_size=4),
-             dict(method="burst", heads=(4, 4), layout="zigzag", options={}, node_size=4)]
+             dict(method="burst", heads=(4, 4), layout="zigzag", options={}, node_size=4),
+             dict(method="loongtrain_double_ring", heads=(4, 2), layout="zigzag", options={}, node_size=4),
+             dict(method="loongtrain_double_ring", heads=(4, 4), layout="striped", options={}, node_size=4)]
     assert G == 8
     return _run_methods(cases) + [cases]
 
@@ -383,6 +386,8 @@ def test_2x4_double_ring_inside_usp_and_link_bytes(pools):
     _check_methods(results, cases, 8, 4)
     assert results[0][0]["notes"]["burst.topology"].startswith("double ring over 2 nodes x 2 ranks")
     assert results[0][2]["notes"]["burst.topology"].startswith("double ring over 2 nodes x 4 ranks")
+    assert results[0][5]["notes"]["burst.topology"].startswith("double ring over 2 nodes x 4 ranks")
+    assert results[0][5]["notes"]["burst.backward"] == "ring"
 
 
 def test_closing_note_bytes_per_link_class():
