@@ -115,3 +115,183 @@ def test_fsdp_equals_replicated(pools, world_size):
         assert abs(rep[0] - sharded[0]) <= 1e-12 * abs(rep[0])
         for n, g in rep[1].items():
             assert torch.allclose(sharded[1][n], g, rtol=0, atol=1e-12 * g.abs().max().item()), n
+
+
+# ---------------------------------------------------------------- bad input: ValueError before any byte
+
+
+def _no_backend_model():
+    """A model class whose attention does not go through AttentionInterface (as HF marks such classes)."""
+    from transformers import LlamaForCausalLM
+
+    from baselines.hf.models import tiny_config
+
+    class OwnAttentionLM(LlamaForCausalLM):
+        _supports_attention_backend = False
+
+    return OwnAttentionLM(tiny_config("llama").hf_config())
+
+
+def _bad_inputs() -> dict:
+    """{what: callable} of user errors; each must raise ValueError before communicating."""
+    import baselines.hf as hf
+    from baselines.hf.models import build
+
+    ids = global_ids()
+
+    def forward(model, method="burst", **kw):
+        hf.use_method(model, method)
+        b = hf.shard_batch(ids)
+        return model(**{**b.model_inputs(), **kw})
+
+    left = torch.ones(2, SEQLEN, dtype=torch.long)
+    left[0, :3] = 0
+    rows = positions_of(CU)
+    rows[1] = torch.arange(SEQLEN)
+    return {
+        "heads": lambda: hf.use_method(build("llama", num_attention_heads=3, num_key_value_heads=3, head_dim=16),
+                                       "ulysses"),
+        "backend": lambda: hf.use_method(_no_backend_model(), "burst"),
+        "left_padding": lambda: hf.shard_batch(ids, attention_mask=left),
+        "seqlen": lambda: hf.shard_batch(global_ids(seqlen=10)),
+        "rows_differ": lambda: hf.shard_batch(ids, position_ids=rows),
+        "cu_seqlens": lambda: hf.shard_batch(ids, cu_seqlens=(0, 5, 5, 24)),
+        "mask_to_model": lambda: forward(build("llama"), attention_mask=torch.ones(2, SEQLEN // 2, dtype=torch.long)),
+        "dropout": lambda: hf.use_method(_with_dropout(build("llama")), "burst"),
+        "window_and_docs": lambda: _packed_forward(build, hf, "mistral"),
+        "layer_method": lambda: hf.register("tp_v1"),
+        "balanced": lambda: hf.register("burst", layout="balanced"),
+    }
+
+
+def _with_dropout(model):
+    model.config.attention_dropout = 0.1
+    return model
+
+
+def _packed_forward(build, hf, family):
+    model = build(family)
+    hf.use_method(model, "burst")
+    return model(**hf.shard_batch(global_ids(), cu_seqlens=CU).model_inputs())
+
+
+def run_bad_inputs() -> dict:
+    """On every rank: {what: (ValueError message or None, bytes sent)}."""
+    from burst_impl import comm
+
+    torch.set_num_threads(1)
+    out = {}
+    for what, fn in _bad_inputs().items():
+        with comm.count_bytes() as sent:
+            try:
+                fn()
+                out[what] = (None, sent.total())
+            except ValueError as e:
+                out[what] = (str(e), sent.total())
+    return out
+
+
+# what -> words the message must contain: the parameter, its value, the rule
+BAD_INPUT_WORDS = {
+    "heads": ("num_attention_heads=3", "divisible by the Ulysses degree 2"),
+    "backend": ("OwnAttentionLM", "AttentionInterface", "_supports_attention_backend"),
+    "left_padding": ("attention_mask", "[0]", "right-padded"),
+    "seqlen": ("input_ids.shape[1] (global N)=10", "multiple of 4"),
+    "rows_differ": ("position_ids", "every row must pack the same documents"),
+    "cu_seqlens": ("cu_seqlens=(0, 5, 5, 24)", "strictly increasing"),
+    "mask_to_model": ("attention_mask of shape (2, 12)", "shard_batch"),
+    "dropout": ("config.attention_dropout=0.1", "no attention dropout"),
+    "window_and_docs": ("sliding_window=8", "documents"),
+    "layer_method": ("method='tp_v1'", "level 'op'"),
+    "balanced": ("layout='balanced'", "named layouts"),
+}
+
+
+def test_bad_input_raises_before_any_byte(pools):
+    results = pools.run(2, run_bad_inputs)
+    for rank, res in enumerate(results):
+        assert res.keys() == BAD_INPUT_WORDS.keys()
+        for what, (msg, sent) in res.items():
+            assert msg is not None, f"{what}: no ValueError on rank {rank}"
+            assert sent == 0, f"{what}: {sent} bytes sent before the ValueError on rank {rank}"
+            for word in BAD_INPUT_WORDS[what]:
+                assert word in msg, f"{what}: {word!r} not in {msg!r}"
+
+
+# ---------------------------------------------------------------- registration, the double ring, the example
+
+
+def test_register_all_names_and_single_process():
+    """Every sequence-parallel method here is registered under burst:<method>; at W = 1 each is the
+    model's own attention (adapters around peer packages, bytes by formula, are registered, not run)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import baselines.hf as hf
+    from baselines.hf.models import build
+    from baselines.registry import METHODS
+
+    names = hf.register_all()
+    assert set(names) == {m for m in hf.sp_methods() if "zigzag" in METHODS[m].layouts}
+    assert {"burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "burst_double_ring"} <= set(names)
+    assert hf.register("usp", layout="contiguous", ulysses_degree=1) == "burst:usp:contiguous:ulysses_degree=1"
+    model = build("qwen2", torch.float64, **dict(QWEN_SLIDING))
+    ids = global_ids()
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+        for method, name in names.items():
+            assert name == f"burst:{method}" and name in ALL_ATTENTION_FUNCTIONS.valid_keys()
+            if METHODS[method].bytes_by_formula:
+                continue
+            model.set_attn_implementation(name)
+            got = model(**hf.shard_batch(ids).model_inputs()).logits
+            # ring_rsa's softmax runs in fp32 (its probabilities, measured 9e-8 here): fp32's bound for it
+            tol = 1e-6 if method.startswith("ring_rsa") else 1e-12
+            assert (got - want).abs().max() <= tol * want.abs().max(), method
+
+
+def run_double_ring_topology() -> str:
+    import baselines.hf as hf
+    from baselines.hf.models import build
+    from burst_impl import comm
+
+    model = build("llama", torch.float64)
+    hf.use_method(model, "burst_double_ring", node_size=2)
+    with comm.count_bytes() as sent:
+        model(**hf.shard_batch(global_ids()).model_inputs())
+    return str(sent.notes.get("burst.topology"))
+
+
+def test_double_ring_is_double_at_w4(pools):
+    """burst_double_ring with node_size=2 at W = 4 (the parity options) really runs the double ring."""
+    for note in pools.run(4, run_double_ring_topology):
+        assert note.startswith("double ring over 2 nodes x 2 ranks"), note
+
+
+def run_example(argv: list[str]) -> tuple[int, str, str]:
+    from baselines.hf import example
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = example.main(argv)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_example_in_a_pool(pools):
+    """The example at W = 2 (a pool's group stands in for torchrun's): rank 0 prints each step's
+    loss next to the single-process loss; they agree to fp32 rounding."""
+    results = pools.run(2, run_example, ["--method", "usp", "--model", "mistral", "--steps", "3", "--fsdp"])
+    (rc, out, err), (rc1, out1, _) = results
+    assert rc == 0 and rc1 == 0 and out1 == "", (err, out1)
+    steps = [line.split() for line in out.splitlines() if line.startswith("step")]
+    assert len(steps) == 3, out
+    for s in steps:
+        loss, single = float(s[3]), float(s[5])
+        assert abs(loss - single) <= 1e-5 * abs(single), out     # fp32, 3 AdamW steps
+
+
+def test_example_user_error_exits_2():
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, "-m", "baselines.hf.example", "--method", "tp_v1"], cwd=root,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("error: method='tp_v1' is level 'layer'"), p.stderr

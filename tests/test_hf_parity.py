@@ -16,7 +16,7 @@ rank, before a byte is sent: that case is checked, not skipped.
 
 fp32 and bf16, a few cases (tolerances next to the checks): the parallel run against the fp64
 reference, beside the single-process model's own error in that dtype. ring_rsa computes its
-backward in fp32 whatever the input: its fp64 bound is fp32's (FP64_RTOL_OF).
+attention in fp32 whatever the input: its fp64 bound is fp32's (FP64_RTOL_OF).
 """
 from __future__ import annotations
 
@@ -35,9 +35,9 @@ BATCH, SEQLEN = 2, 24
 # Ulysses needs kv heads that divide W or are divisible by it (kv_replication): Qwen2's 2 over 3 ranks do not.
 REJECTED = {("qwen2", "ulysses", 3)}
 FP64_RTOL = 1e-9
-# ring_rsa's backward computes in fp32 whatever the input dtype (baselines/methods/ring_rsa.py: probs.float(),
-# q.float(), fp32 dq and dK/dV accumulators), so its fp64 gradients are fp32-accurate: the fp32 bound below
-# (2e-5; measured <= 5.0e-7), and its loss is off by up to 4.6e-10 (fp32 log-sum-exp): 2e-6, fp32's loss bound.
+# ring_rsa computes in fp32 whatever the input dtype (baselines/methods/ring_rsa.py: fp32 scores, probabilities
+# and output in the forward, fp32 dq/dK/dV in the backward), so in fp64 it is fp32-accurate: fp32's bounds
+# below (2e-6 loss, 2e-5 gradients; measured <= 4.6e-10 and 5.0e-7).
 FP64_RTOL_OF = {"ring_rsa": (2e-6, 2e-5)}
 
 

@@ -10,10 +10,13 @@ reshapes ``attn_output`` (B, S, Z, d) to (B, S, Z*d) for ``o_proj``. The suite's
 shards (B, S, Z, d): a transpose, which is a view (the methods accept any strides). Grouped-query
 attention goes in as it is (Z_kv < Z): every method handles it, no ``repeat_kv``.
 
-Masks. A registered name is not in transformers' ``AttentionMaskInterface``, so the model builds no
-mask (``masking_utils._preprocess_mask_arguments`` returns the 2-D mask it was given, None for
-None): the causal mask, the sliding window and packed documents are the suite's ``burst_impl.masks``
-over GLOBAL positions, whatever the layout. ``sliding_window=w`` (Mistral, Qwen2's sliding layers) is
+Masks. The model builds no mask: the causal mask, the sliding window and packed documents are the
+suite's ``burst_impl.masks`` over GLOBAL positions, whatever the layout. A name that is not in
+transformers' ``AttentionMaskInterface`` makes ``masking_utils._preprocess_mask_arguments`` return
+None and silently DROP a padding mask given to the model; so every name is also registered there
+with ``refuse_mask``, which returns None (no mask) and raises on a padding mask (it belongs in
+``shard_batch``). HF's packed-sequence detection, which zigzag's non-monotonic positions would
+trigger, only feeds the mask function, which ignores it. ``sliding_window=w`` (Mistral, Qwen2's sliding layers) is
 HF's ``q - w < k <= q``, i.e. ``masks.sliding_window(w - 1, 0)``; packed documents arrive as the
 keyword ``burst_mask`` (``MASK_KWARG``, a ``masks.Documents`` that ``shard_batch`` made and
 ``ShardedBatch.model_inputs`` passes to the model, which hands its kwargs down to attention).
@@ -66,6 +69,16 @@ def suite_mask(doc_mask, sliding_window, seqlen: int):
     if mask is not None:
         mask.validate(seqlen)
     return mask
+
+
+def refuse_mask(*args, attention_mask=None, **kwargs):
+    """The ``AttentionMaskInterface`` entry of every registered name: no mask (None) for the layers,
+    and a ValueError for a padding mask given to the model, which the methods would otherwise never see."""
+    if attention_mask is not None:
+        raise ValueError(f"attention_mask of shape {tuple(attention_mask.shape)} was given to the model: pass the "
+                         "GLOBAL padding mask to baselines.hf.shard_batch (right padding becomes ignored labels; "
+                         "other padding is refused there) and call the model without attention_mask")
+    return None
 
 
 def _check_call(module, query: Tensor, key: Tensor, attention_mask, dropout, kwargs) -> None:

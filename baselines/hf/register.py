@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from baselines.registry import METHODS
 
-from .attention import Binding, attention_function
+from .attention import Binding, attention_function, refuse_mask
 from .checks import check_method, check_model
 
 PREFIX = "burst:"
@@ -45,6 +45,7 @@ def default_name(binding: Binding) -> str:
 def register(method: str, layout: str = "zigzag", group=None, *, name: str | None = None, **options) -> str:
     """Register ``method`` (layout, group, options bound) in ``AttentionInterface``; its name."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     check_method(method, layout)
     binding = Binding(method, layout, group, dict(options))
@@ -53,6 +54,7 @@ def register(method: str, layout: str = "zigzag", group=None, *, name: str | Non
         raise ValueError(f"name={name!r} must start with {PREFIX!r} and contain none of '/', 'sdpa', 'flash', "
                          "'flex' (transformers treats those as Hub kernels or its own backends)")
     AttentionInterface.register(name, attention_function(binding))
+    AttentionMaskInterface.register(name, refuse_mask)       # or HF would drop a padding mask silently
     return name
 
 
