@@ -73,6 +73,16 @@ def test_packed_documents(pools, world_size, kind):
         check_pool_results(results, case, reference(case[0], kind), FP64_RTOL, FP64_RTOL)
 
 
+def test_striped_layout(pools):
+    """The striped layout (token t on rank t mod W), for the methods that take it, plain and packed."""
+    for kind in ("", "cu"):   # Mistral's window with documents is refused (test_bad_input...): Llama for Ulysses
+        uly = "mistral" if kind == "" else "llama"
+        cases = [_case(f, m, "striped", 4) for f, m in [("llama", "burst"), ("qwen2", "ring"), (uly, "ulysses")]]
+        results = pools.run(4, run_cases, cases, batch_kw(kind))
+        for case in cases:
+            check_pool_results(results, case, reference(case[0], kind), FP64_RTOL, FP64_RTOL)
+
+
 def test_masks_matter():
     """Negative controls: packing, the sliding window and padding each change the reference by > 1e-3."""
     for family, a, b in [("llama", ("cu", ()), ("", ())), ("mistral", ("", ()), ("", (("sliding_window", None),))),

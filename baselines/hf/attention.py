@@ -63,8 +63,8 @@ def suite_mask(doc_mask, sliding_window, seqlen: int):
                          "baselines.hf.shard_batch) or None")
     if doc_mask is not None and window is not None:
         raise ValueError(f"sliding_window={sliding_window} with packed documents ({MASK_KWARG}): the suite has "
-                         "no mask that is both a window and documents yet; pack fewer documents or use a "
-                         "model without sliding-window layers")
+                         "no mask that is both a window and documents yet; give shard_batch one document per "
+                         "sequence, or use a model without sliding-window layers")
     mask = doc_mask if doc_mask is not None else window
     if mask is not None:
         mask.validate(seqlen)
