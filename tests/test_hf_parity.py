@@ -77,7 +77,7 @@ def rel_errors(got: tuple, want: tuple) -> tuple[float, float, str]:
 def run_cases(cases: list[tuple], batch_kw: dict | None = None) -> dict:
     """On every rank: {case: (loss, grads on rank 0 / None) or ("error", message, bytes sent)} for
     cases (family, method, layout, dtype, options, variant, fsdp)."""
-    import baselines.hf as hf
+    from baselines import hf
     from baselines.hf.models import build
     from burst_impl import comm
 

@@ -72,7 +72,7 @@ def batch_at(step: int, batch: int, seqlen: int, vocab: int = 64) -> torch.Tenso
 
 
 def train(args: Args) -> None:
-    import baselines.hf as hf
+    from baselines import hf
     from baselines.hf.models import build
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
