@@ -42,10 +42,18 @@ def default_name(binding: Binding) -> str:
     return name + _group_tag(binding.group)
 
 
+def _interfaces():
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        raise ImportError(f"baselines.hf needs transformers (the [hf] extra: pip install -e '.[hf]'): {e}") from e
+    return AttentionInterface, AttentionMaskInterface
+
+
 def register(method: str, layout: str = "zigzag", group=None, *, name: str | None = None, **options) -> str:
     """Register ``method`` (layout, group, options bound) in ``AttentionInterface``; its name."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
+    AttentionInterface, AttentionMaskInterface = _interfaces()
 
     check_method(method, layout)
     binding = Binding(method, layout, group, dict(options))
