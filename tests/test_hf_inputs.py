@@ -42,7 +42,8 @@ def right_padding() -> torch.Tensor:
 
 def batch_kw(kind: str) -> dict:
     return {"cu": dict(cu_seqlens=CU), "pos": dict(position_ids=positions_of(CU)),
-            "pad": dict(attention_mask=right_padding()), "": {}}[kind]
+            "pad": dict(attention_mask=right_padding()),
+            "offset": dict(position_ids=torch.arange(SEQLEN) + torch.tensor([[0], [7]])), "": {}}[kind]
 
 
 @functools.lru_cache(maxsize=16)
@@ -102,12 +103,15 @@ def test_sliding_window_layers(pools, world_size):
         check_pool_results(results, case, reference("qwen2", "", QWEN_SLIDING), *tol)
 
 
-def test_right_padding(pools):
-    """A right-padded row: no mask needed under causal attention, its pad labels ignored."""
+@pytest.mark.parametrize("kind", ["pad", "offset"])
+def test_right_padding_and_offsets(pools, kind):
+    """A right-padded row (no mask needed under causal attention, its pad labels ignored); rows whose
+    positions start at different offsets (one document each, accepted per row; RoPE scores depend on
+    position differences only, so this checks that such input is taken, not that offsets matter)."""
     cases = [_case("llama", "burst", "zigzag", 3), _case("mistral", "ulysses", "zigzag", 3)]
-    results = pools.run(3, run_cases, cases, batch_kw("pad"))
+    results = pools.run(3, run_cases, cases, batch_kw(kind))
     for case in cases:
-        check_pool_results(results, case, reference(case[0], "pad"), FP64_RTOL, FP64_RTOL)
+        check_pool_results(results, case, reference(case[0], kind), FP64_RTOL, FP64_RTOL)
 
 
 # ---------------------------------------------------------------- FSDP2

@@ -74,8 +74,11 @@ def _right_padding_lengths(attention_mask: Tensor) -> Tensor | None:
 
 
 def _documents_from_positions(position_ids: Tensor, n: int) -> list[int]:
-    """cu_seqlens of HF's packing convention: a document starts where position_ids[t] != [t-1] + 1."""
+    """cu_seqlens of HF's packing convention: a document starts where position_ids[t] != [t-1] + 1.
+    Rows without a restart may have different offsets (one document each); packed rows must agree."""
     pos = position_ids.reshape(-1, n)
+    if bool((pos[:, 1:] == pos[:, :-1] + 1).all()):
+        return [0, n]
     if not bool((pos == pos[:1]).all()):
         raise ValueError("position_ids differ between batch rows: the methods take one document mask for the "
                          "whole batch, so every row must pack the same documents (or use batch size 1)")
@@ -103,8 +106,8 @@ def _documents(position_ids, cu_seqlens, b: int, n: int) -> tuple[Tensor, list[i
         if position_ids.numel() not in (n, b * n):
             raise ValueError(f"position_ids of shape {tuple(position_ids.shape)} must be (B, N), (1, N) or (N,) "
                              f"for input_ids (B={b}, N={n})")
-        pos = position_ids.reshape(-1, n)[0].cpu()
-        cu = _documents_from_positions(position_ids.cpu(), n)
+        pos = position_ids.reshape(-1, n).cpu()
+        cu = _documents_from_positions(pos, n)
     else:
         pos, cu = torch.arange(n), None
     if cu is not None and len(cu) == 2:
