@@ -86,10 +86,10 @@ def train(args: Args) -> None:
     single_opt = torch.optim.AdamW(single.parameters(), lr=args.lr) if single is not None else None
     if rank == 0:
         print(f"{args.model} ({dtype}), attn_implementation={name!r}, W={world}, layout={args.layout}, "
-              f"N={args.seqlen}, B={args.batch}{', FSDP2' if args.fsdp else ''}", flush=True)
+              f"N={args.seqlen}, B={args.batch}{', FSDP2' if args.fsdp and dist.is_initialized() else ''}", flush=True)
     for step in range(args.steps):
         ids = batch_at(step, args.batch, args.seqlen)
-        loss, _ = hf.sp_loss_and_grads(model, ids, layout=args.layout, fsdp=args.fsdp)
+        loss, _ = hf.sp_loss_and_grads(model, ids, layout=args.layout, fsdp=args.fsdp, grads=False)
         opt.step()
         if single is not None:
             ref, _ = hf.single_loss_and_grads(single, ids)

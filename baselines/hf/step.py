@@ -17,15 +17,17 @@ Tensor = torch.Tensor
 
 
 def sp_loss_and_grads(model, input_ids: Tensor, labels: Tensor | None = None, *, layout: str = "zigzag",
-                      group=None, fsdp: bool = False, **batch_kw) -> tuple[Tensor, dict[str, Tensor]]:
-    """(global mean loss, {name: full gradient}) of one step on this rank's shard of the batch."""
+                      group=None, fsdp: bool = False, grads: bool = True,
+                      **batch_kw) -> tuple[Tensor, dict[str, Tensor]]:
+    """(global mean loss, {name: full gradient}) of one step on this rank's shard of the batch.
+    ``grads=False``: {} instead (no all-gather of FSDP2 gradient shards; the optimizer needs none)."""
     batch = shard_batch(input_ids, labels, layout=layout, group=group, **batch_kw)
     model.zero_grad(set_to_none=True)
     loss = global_loss(model(**batch.model_inputs()).logits, batch.labels, group)
     loss.backward()
     if not fsdp:
         sync_grads(model, group)
-    return loss.detach(), full_grads(model)
+    return loss.detach(), full_grads(model) if grads else {}
 
 
 def single_loss_and_grads(model, input_ids: Tensor, labels: Tensor | None = None, *,
