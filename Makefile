@@ -35,14 +35,15 @@ ifeq ($(HAS_GPU),1)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch
 	$(PY) -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(VENV)/torch-pin.txt
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ' cannot use CUDA here')"
-	$(PIP) install -q -c $(VENV)/torch-pin.txt -e '.[dev]'
+	$(PIP) install -q -c $(VENV)/torch-pin.txt -e '.[dev,hf]'
 	# The GPU extras (flash-attn, ring-flash-attn, xformers), built against that torch.
 	$(PIP) install -q setuptools wheel ninja packaging psutil
 	$(PIP) install -q -c $(VENV)/torch-pin.txt --no-build-isolation -e '.[gpu]'
 else
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -e '.[dev]'
+	echo '$(TORCH_SPEC)' > $(VENV)/torch-pin.txt
+	$(PIP) install -q -c $(VENV)/torch-pin.txt -e '.[dev,hf]'
 endif
 	# DeepSpeed, a test peer (docs/methods.md, "Peer defects"), pinned: a test shows a defect of this version.
 	# Built against the torch above: with build isolation pip would fetch a torch of its own.
