@@ -50,7 +50,10 @@ endif
 	$(PIP) install -q --no-build-isolation deepspeed==0.19.8
 	touch $(STAMP)
 
+# The linters first (ruff's rules and the import floors, both configured in pyproject.toml), then the tests.
 test: $(STAMP)
+	$(VENV)/bin/ruff check burst_impl baselines experiments tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # `make reproduce`: the CPU preset end to end, measured on this machine: results/<machine>/ and
