@@ -69,8 +69,8 @@ class AttnShape:
     head_dim: int = _axis("d, head dimension", "d{}", 128, check=_positive)
     world_size: int = _axis("G, ranks in the sequence-parallel group", "G{}", 1, check=_positive)
     dtype: str = _axis("input dtype", "{}", "bfloat16", check=_one_of(DTYPES), default="bfloat16")
-    causal: bool = _axis("causal mask (else full); with a mask: intersected with it", lambda v: "causal" if v else "full",
-                         True, default=True)
+    causal: bool = _axis("causal mask (else full); with a mask: intersected with it",
+                         lambda v: "causal" if v else "full", True, default=True)
     layout: str = _axis("how tokens are split over ranks ('balanced[:K]': balanced chunks for the mask)",
                         lambda v: v.replace(":", "-"),
                         "contiguous", check=_layout_rule, default="contiguous")

@@ -208,7 +208,8 @@ def step_harness(out: Path, specs: list[dict], name: str) -> Step:
         write_resolved(s, out)
     batches = plan(preset, results_root=out, force=True, retry_failed=False)
     counts = run_local(preset, batches, results_root=out)
-    recs = [r for s in parsed for r in R.latest_by_case(R.read_records(R.experiment_dir(out, s.name) / R.RESULTS_FILE)).values()]
+    recs = [r for s in parsed
+            for r in R.latest_by_case(R.read_records(R.experiment_dir(out, s.name) / R.RESULTS_FILE)).values()]
     bad = [r for r in recs if r["status"] in ("failed", "oom")]
     details = {"counts": counts, "kernels": sorted({str(r.get("kernel")) for r in recs if r["status"] == "ok"}),
                "process_group": sorted({r["config"].get("backend", "") for r in recs if r["status"] == "ok"}),
@@ -238,7 +239,8 @@ def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, de
     details = {"figure": str(fig) if fig else None, f"tflops_causal_fwd_bwd_N{max(seqlens)}": best,
                "oom": sorted({f"{r['method']} N={r['seqlen']}" for r in recs if r["status"] == "oom"})}
     if bad:
-        return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]), details=details)
+        return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]),
+                    details=details)
     return Step("sweep", "ok" if best or fig else "skipped", "" if fig else "no kernel could run", details=details)
 
 

@@ -155,7 +155,8 @@ def _speedup(baseline: str):
 
         keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
-        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None) for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
+        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None)
+                for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
         ok["speedup"] = [r["ratio"] if r else math.nan for r in rows]
         ok["speedup_lo"] = [r["lo"] if r else math.nan for r in rows]
         ok["speedup_hi"] = [r["hi"] if r else math.nan for r in rows]
@@ -339,8 +340,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
         scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
         files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
-                                  f"throughput: {scope} FLOPs / {scope} time" + (" (QKV, output projections and attention)"
-                                                                                if scope == "attention layer" else ""),
+                                  f"throughput: {scope} FLOPs / {scope} time"
+                                  + (" (QKV, output projections and attention)" if scope == "attention layer" else ""),
                                   meta,
                                   out / f"tflops_vs_seqlen{sfx}.png", logy=False))
         if "mem_peak_bytes" in df:

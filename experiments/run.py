@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({total - n} already have results from this machine and commit{'' if not args.force else '; --force'})")
     via_slurm = {s.profile.via_slurm for s in preset.specs}
     if len(via_slurm) > 1:
-        raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or emulated-torchrun "
-                         "ones; use --cluster to run it on one of them")
+        raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or "
+                         "emulated-torchrun ones; use --cluster to run it on one of them")
     if not args.dry_run:
         for spec in preset.specs:
             write_resolved(spec, results_root)

@@ -64,7 +64,8 @@ PAPER = dict(model="burstengine_14b", batch=1, seqlen=1 << 20, world_size=32, dt
 # The mirror: 2 layers of hidden 256 with a 4096-word vocabulary (the logits are 16x the hidden
 # states, as 120K vs 5120 in the paper's model), 1024 tokens over 4 ranks (the emulated links are
 # scaled to this machine's compute: a few MB/s under load, so each step's rings take seconds).
-MIRROR = dict(model="cpu_small", n_layers=2, vocab_size=4096, batch=1, seqlen=1024, layout="zigzag", warmup=1, repeats=4)
+MIRROR = dict(model="cpu_small", n_layers=2, vocab_size=4096, batch=1, seqlen=1024, layout="zigzag", warmup=1,
+              repeats=4)
 
 
 def paper_table() -> list[dict]:

@@ -2,7 +2,7 @@
 
     python -m experiments.cluster up a100_roce_emu            # bring up, show, hold until Ctrl-C, tear down
     python -m experiments.cluster up a100_roce_emu --detach   # leave it up (remove with `down`)
-    python -m experiments.cluster show                        # emulated clusters on this machine: topology, rates, bytes per class
+    python -m experiments.cluster show                        # emulated clusters here: topology, rates, bytes per class
     python -m experiments.cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
     python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
     python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.detach:
             if cl.topo:
                 netns.write_state(cl.topo, owner_pid=0, detached=True)
-                cl._down = True          # noqa: SLF001 - leave it up on purpose
+                cl._down = True          # leave it up on purpose
             print(f"left up; remove with: python -m experiments.cluster down {cl.topo.run_id if cl.topo else ''}")
             return 0
         try:

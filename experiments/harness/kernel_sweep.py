@@ -197,7 +197,8 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     r0 = ok[0]
-    failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records if r["status"] in ("oom", "failed")})
+    failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records
+                     if r["status"] in ("oom", "failed")})
     skipped = sorted({f"{r['method']}: {r['reason'].split(';')[0][:110]}" for r in records if r["status"] == "skipped"})
     fig.suptitle(f"Local attention kernels on {device_name}: TFLOP/s vs sequence length (measured "
                  f"{str(r0['timestamp'])[:10]})\nB={r0['batch']}, Z={r0['heads']}, d={r0['head_dim']}, {r0['dtype']}; "

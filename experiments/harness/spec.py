@@ -35,7 +35,8 @@ machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
 the reason. ``auto`` in the list is the automatic choice (no ``backend=``, no
 suffix in the case name), e.g. ``kernels: [auto, math]`` for a row with the
 method's usual kernel beside one with materialised scores (the papers'
-"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
+"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``).
+A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
@@ -220,7 +221,8 @@ class Spec:
     kernels: tuple[str, ...] = field(default=(), metadata={"check": _check_kernels})   # (): automatic
     warmup: int = field(default=2, metadata={"check": _at_least(0)})
     repeats: int = field(default=10, metadata={"check": _at_least(1)})
-    max_repeats: int | None = field(default=None, metadata={"check": lambda v: v is not None and _at_least(1)(v) or None})
+    max_repeats: int | None = field(default=None,
+                                    metadata={"check": lambda v: v is not None and _at_least(1)(v) or None})
     ci_target: float = field(default=0.05, metadata={"check": lambda v: None if 0 < v < 1 else
                                                      f"{v!r} must be a relative half-width in (0, 1), e.g. 0.05"})
     interleave: bool = True

@@ -60,7 +60,10 @@ def experiment_name(spec: Spec, hw: Hardware, override: str | None) -> str:
 
 def hardware_record(hw: Hardware, world_size: int) -> dict:
     place = Placement.of(hw, world_size)
-    link = (lambda lk: None if lk is None else dataclasses.asdict(lk))
+
+    def link(lk):
+        return None if lk is None else dataclasses.asdict(lk)
+
     return {
         # short: figure titles print it whole
         "summary": f"MODELLED: {hw.name}, {place.nodes} node{'s' if place.nodes > 1 else ''} x "

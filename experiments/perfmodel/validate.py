@@ -122,7 +122,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True) -> list[dict]:
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "critical_comm_s": b["critical_comm_s"], "critical_compute_s": b["critical_compute_s"],
+                     "load_scale": k, "critical_comm_s": b["critical_comm_s"],
+                     "critical_compute_s": b["critical_compute_s"],
                      "samples": list(c.rec.get("time_samples_s") or [])})
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 
