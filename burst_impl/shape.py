@@ -25,6 +25,7 @@ import torch
 
 from . import masks
 from .layout import LAYOUT_NAMES, check_seqlen, is_balanced_name
+from .balance import resolve_layout
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -109,7 +110,6 @@ class AttnShape:
     @property
     def resolved_layout(self):
         """``layout``, with ``"balanced[:K]"`` resolved for ``attn_mask`` (a ``layout.ChunkLayout``)."""
-        from .balance import resolve_layout
         return resolve_layout(self.layout, self.attn_mask, self.seqlen, self.world_size)
 
     @property

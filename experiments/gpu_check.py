@@ -48,6 +48,10 @@ from .harness import env
 from .harness import kernel_sweep as KS
 from .harness import results as R
 from .harness.env import REPO
+from burst_impl.kernels import BACKENDS
+from burst_impl.kernels import xformers as xf
+from .harness.spec import Preset, parse_spec
+from .run import plan, run_local, write_resolved
 
 STEPS = ("packages", "tests", "harness", "multi", "sweep")
 CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa")
@@ -119,8 +123,6 @@ def package_report(importer: Callable[[str], object] = importlib.import_module,
         except Exception as e:  # noqa: BLE001 - any failure to import is the answer
             row.update(importable=False, detail=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         rows.append(row)
-    from burst_impl.kernels import BACKENDS
-    from burst_impl.kernels import xformers as xf
 
     for row in rows:
         if row["package"] == "xformers" and row["importable"]:
@@ -199,9 +201,6 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
 
 def step_harness(out: Path, specs: list[dict], name: str) -> Step:
     """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
-    from .harness.spec import Preset, parse_spec
-    from .run import plan, run_local, write_resolved
-
     parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
     preset = Preset(name=f"gpu_check_{name}", path="<gpu_check>", specs=tuple(parsed))
     for s in parsed:

@@ -28,7 +28,6 @@ import math
 import textwrap
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
 
@@ -36,11 +35,16 @@ from burst_impl.shape import AttnShape
 
 from baselines.registry import METHODS
 
-from .figstyle import _PALETTE, _method_order, save_figure, style
+from .figstyle import _PALETTE, _method_order, save_figure, style  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
+from matplotlib.patches import Patch
 from .figure_parts import hw_and_date, log2_x, mark_bad, source, status_legend
 from .harness import axes
 from .harness import results as R
 from .plots_model import draw_model_experiment
+from burst_impl.flops import case_flops
+from .harness.env import REPO, repo_relative
+from .harness.summary import speedup_of
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
@@ -151,8 +155,6 @@ def _time_label(df: pd.DataFrame) -> str:
 
 def _speedup(baseline: str):
     def f(ok: pd.DataFrame, part: pd.DataFrame, method: str) -> pd.DataFrame:
-        from .harness.summary import speedup_of
-
         keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
         rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None)
@@ -203,7 +205,6 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         for b, h in zip(bars, hatches):
             b.set_hatch(h)
     if by_formula.any():
-        from matplotlib.patches import Patch
         ax.add_artist(ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="xx",
                                                label="recorded from a formula by the adapter (not counted): "
                                                      + ", ".join(sel.index[by_formula]))],
@@ -323,8 +324,6 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
         # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
 
-        from burst_impl.flops import case_flops
-
         ok = df["status"] == "ok"
         def flops_of(r: dict) -> tuple[float, str]:
             try:   # "block": the old name of "layer"; a level without a formula here keeps its record's value
@@ -374,8 +373,6 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
 
 def _origin(results_root: Path) -> str:
     """The results folder a figure was drawn from, relative to the repository (e.g. 'results/reference/<machine>')."""
-    from .harness.env import repo_relative
-
     return repo_relative(results_root)
 
 
@@ -392,8 +389,6 @@ def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .harness.env import REPO
-
     ap = argparse.ArgumentParser(prog="python -m experiments.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiments", nargs="*", help="experiment names (default: all under --results)")

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from . import figure_parts as FP
-from .figstyle import _method_order, color, save_figure
+from .figstyle import _method_order, color, save_figure  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
 from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}

@@ -37,10 +37,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from baselines.registry import get
 from burst_impl.model.config import get_config
 from burst_impl.model.memory import step_memory
+from burst_impl.model.data import batch_at, load_corpus
+from burst_impl.model.model import build_model
+from burst_impl.model.sequence_parallel import sequence_parallel
+from burst_impl.model.step import train_step
+from experiments.cluster.emulator.emulated import EmulatedCluster
+from experiments.harness.memory import measure_peak
+from experiments.harness.timing import ratio_interval, summarize, time_steps
+from experiments.profiles.cluster import load_profile
 
 
 @dataclass(frozen=True)
@@ -84,16 +93,6 @@ def paper_table() -> list[dict]:
 
 
 def _worker(out: str, node_size: int) -> None:
-    import torch.distributed as dist
-
-    from experiments.harness.memory import measure_peak
-    from experiments.harness.timing import ratio_interval, summarize, time_steps
-
-    from burst_impl.model.data import batch_at, load_corpus
-    from burst_impl.model.model import build_model
-    from burst_impl.model.sequence_parallel import sequence_parallel
-    from burst_impl.model.step import train_step
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, G = dist.get_rank(), dist.get_world_size()
@@ -138,9 +137,6 @@ def _worker(out: str, node_size: int) -> None:
 
 
 def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
-    from experiments.cluster.emulator.emulated import EmulatedCluster
-    from experiments.profiles.cluster import load_profile
-
     profile = load_profile(cluster)
     G = profile.nodes * profile.ranks_per_node
     args = ["--worker", "--out", str(out), "--node-size", str(profile.ranks_per_node)]

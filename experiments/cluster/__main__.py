@@ -24,6 +24,7 @@ import time
 from .emulator import netns, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
+from .report import ratios_of, report, with_model
 
 
 def _profile(name: str, rates: str | None):
@@ -148,16 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rid}: removed {len(netns.teardown(rid))} namespace(s)")
         return 0
     if args.cmd == "report":
-        from .report import report, with_model
-
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
             out = with_model(out, args.results)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     if args.cmd == "ratios":
-        from .report import ratios_of
-
         out = ratios_of(args.experiment, results_root=args.results, ref=args.ref, level=args.level)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0

@@ -35,6 +35,8 @@ from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
+from ..figstyle import save_figure  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
 
 TORCH_SDPA = "torch_sdpa"        # torch.nn.functional.scaled_dot_product_attention, the yardstick
 MODES = ("forward", "fwd_bwd")
@@ -162,9 +164,6 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
 
 def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
-    from ..figstyle import save_figure      # first: it selects the Agg backend
-    import matplotlib.pyplot as plt
-
     ok = [r for r in records if r["status"] == "ok"]
     if not ok:
         return None

@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+import pandas as pd
+
 from . import axes, env
 from .axes import AXES
 from .spec import Case
@@ -179,8 +181,6 @@ def result_roots(base: Path | str = RESULTS_BASE) -> list[Path]:
 
 def load_results(results_root: Path | str, experiment: str | None = None):
     """A pandas DataFrame of the newest record per case (all experiments, or one)."""
-    import pandas as pd
-
     root = Path(results_root)
     dirs = [root / experiment] if experiment else sorted(p for p in root.iterdir() if p.is_dir())
     rows = []
