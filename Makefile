@@ -63,13 +63,11 @@ test: $(STAMP)
 # preset (a named list of specs: experiments/presets/<name>.yaml, e.g. a100_8, a100_32, a800_32,
 # whose specs run on SLURM cluster profiles); CLUSTER=<name> runs every spec of the preset on that
 # cluster profile (experiments/clusters/<name>.yaml); RUN_ARGS passes options (--dry-run, --force).
-# PROFILE= is the old name of PRESET= and still works.
 PRESET ?= cpu
 CLUSTER ?=
 RUN_ARGS ?=
-ifdef PROFILE
-$(warning PROFILE=$(PROFILE) is deprecated: it picks a preset, so call it PRESET=$(PROFILE))
-PRESET := $(PROFILE)
+ifeq ($(origin PROFILE),command line)
+$(error PROFILE= was renamed PRESET=: make reproduce PRESET=$(PROFILE))
 endif
 
 reproduce: $(STAMP)

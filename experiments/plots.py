@@ -326,8 +326,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
 
         ok = df["status"] == "ok"
         def flops_of(r: dict) -> tuple[float, str]:
-            try:   # "block": the old name of "layer"; a level without a formula here keeps its record's value
-                return case_flops({"block": "layer"}.get(r["level"], r["level"]), _record_shape(r), r["mode"])
+            try:   # a level without a formula here keeps its record's value
+                return case_flops(r["level"], _record_shape(r), r["mode"])
             except ValueError:
                 return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
                     str(r.get("flops_scope") or r["level"])

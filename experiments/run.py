@@ -259,13 +259,24 @@ def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wai
     return counts
 
 
+class _Renamed(argparse.Action):
+    """An option that was renamed: using it is an error naming the new name."""
+
+    def __init__(self, option_strings, dest, new: str, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was renamed {self.new}; use {self.new} {values}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="preset name (experiments/presets/<name>.yaml), spec name or spec file")
-    ap.add_argument("--cluster", "--target", dest="cluster",
-                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>); "
-                         "--target is its old name")
+    ap.add_argument("--cluster", dest="cluster",
+                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>)")
+    ap.add_argument("--target", action=_Renamed, new="--cluster", help=argparse.SUPPRESS)
     ap.add_argument("--results", default=None,
                     help="results root (default: results/<machine>/, machine = this machine's hardware slug or "
                          "the SLURM cluster profile)")

@@ -15,7 +15,8 @@ from experiments.harness import results as R
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.profiles.cluster import load_profile
 from experiments.cluster.slurm import render_sbatch
-from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
+from experiments.harness.env import REPO
+from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_preset, load_spec, parse_spec
 from experiments.harness.timing import quantile, summarize, time_steps
 
 GOOD = {
@@ -107,15 +108,36 @@ def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
     assert f"key {key!r}" in msg and rule in msg, msg
 
 
-def test_old_key_and_level_names_still_load(tmp_path):
-    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) load, with a deprecation warning."""
-    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+def test_old_key_and_level_names_are_errors_naming_the_new_ones(tmp_path):
+    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) no longer load."""
+    raw = dict(GOOD)
     raw["target"] = raw.pop("cluster")
-    with pytest.warns(DeprecationWarning):
-        spec = parse_spec(raw, "old.yaml")
-    assert spec.cluster == "cpu" and spec.measure.level == "layer"
-    with pytest.raises(ValueError, match="key 'target': is the old name of 'cluster'"):
-        parse_spec(dict(GOOD, target="cpu"), "both.yaml")
+    with pytest.raises(ValueError, match="old.yaml: key 'target': was renamed 'cluster'"):
+        parse_spec(raw, "old.yaml")
+    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+    with pytest.raises(ValueError, match="key 'measure.level': 'block' was renamed 'layer'"):
+        parse_spec(raw, "old.yaml")
+    preset = tmp_path / "old_preset.yaml"
+    preset.write_text(yaml.safe_dump({"specs": ["cpu/cpu_fig2_train.yaml"], "target": "cpu"}))
+    with pytest.raises(ValueError, match="key 'target': was renamed 'cluster'"):
+        load_preset(preset)
+
+
+def test_old_cluster_option_is_an_error_naming_the_new_one(capsys):
+    from experiments.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["cpu", "--target", "cpu", "--dry-run"])
+    assert e.value.code == 2 and "--target was renamed --cluster" in capsys.readouterr().err
+
+
+def test_records_of_the_old_level_name_read_as_layer(tmp_path):
+    """Committed reference records (results/reference/cpu2-amd-epyc) carry ``"level": "block"``."""
+    p = tmp_path / "results.jsonl"
+    p.write_text(json.dumps({"case_id": "a", "level": "block"}) + "\n" + json.dumps({"case_id": "b", "level": "op"}))
+    assert [r["level"] for r in R.read_records(p)] == ["layer", "op"]
+    old = R.read_records(REPO / "results/reference/cpu2-amd-epyc/cpu_fig3_train/results.jsonl")
+    assert old and {r["level"] for r in old} == {"layer"}
 
 
 def test_missing_required_key(tmp_path):

@@ -55,11 +55,6 @@ def case_id(method: str, level: str, mode: str, shape: AttnShape) -> str:
     return ".".join(p for p in parts if p)
 
 
-def shape_label(shape: AttnShape, skip: tuple[str, ...] = ()) -> str:
-    """A short description of a shape for figure titles (axes in ``skip`` left out)."""
-    return ", ".join(f"{a}={getattr(shape, a)}" for a in AXES if a not in skip)
-
-
 def parse_sweep(raw: Any, err: Err) -> dict[str, tuple]:
     """``sweep:`` mapping -> {axis: tuple of values}, every axis present (defaults filled in)."""
     if not isinstance(raw, dict):

@@ -125,6 +125,11 @@ def append_record(results_root: Path | str, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+# Levels of records written before the level was renamed (``"block"``: the committed reference runs
+# results/reference/cpu2-amd-epyc/{cpu_fig3_train,cpu_fig4a_scaling,cpu_fig4b_batch}), read as today's.
+_OLD_LEVELS = {"block": "layer"}
+
+
 def read_records(path: Path | str) -> list[dict]:
     """Every record of a results.jsonl (a torn last line, from a killed writer, is ignored)."""
     p = Path(path)
@@ -136,9 +141,12 @@ def read_records(path: Path | str) -> list[dict]:
         if not line:
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(rec, dict) and rec.get("level") in _OLD_LEVELS:
+            rec["level"] = _OLD_LEVELS[rec["level"]]
+        out.append(rec)
     return out
 
 
