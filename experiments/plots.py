@@ -31,8 +31,6 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from burst_impl.shape import AttnShape
-
 from baselines.registry import METHODS
 
 from .figstyle import _PALETTE, _method_order, save_figure, style  # first: it selects the Agg backend
@@ -231,14 +229,6 @@ def _mask_name(r) -> str:
     return r["mask"] if isinstance(r.get("mask"), str) and r["mask"] else ("causal" if r["causal"] else "full")
 
 
-def _record_shape(r: dict) -> AttnShape:
-    """The problem shape of a result record (its mask too: the FLOPs count the live entries)."""
-    kv, mask = r.get("kv_heads"), r.get("mask")
-    return AttnShape(int(r["batch"]), int(r["seqlen"]), int(r["heads"]),
-                     int(kv) if kv is not None and kv == kv else int(r["heads"]), int(r["head_dim"]),
-                     int(r["world_size"]), causal=bool(r["causal"]), mask=mask if isinstance(mask, str) else "")
-
-
 def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
                 per_method: bool = True, second: str | None = None, errbars: bool = False) -> Path | None:
     """Grouped bars: x = mask, one bar per layout; one panel per (world size, method), or per world
@@ -327,7 +317,7 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         ok = df["status"] == "ok"
         def flops_of(r: dict) -> tuple[float, str]:
             try:   # a level without a formula here keeps its record's value
-                return case_flops(r["level"], _record_shape(r), r["mode"])
+                return case_flops(r["level"], axes.shape_from(r), r["mode"])
             except ValueError:
                 return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
                     str(r.get("flops_scope") or r["level"])

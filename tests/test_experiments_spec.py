@@ -1,6 +1,7 @@
 """Experiment harness, no processes launched: specs, FLOPs, timing/memory helpers, records, SLURM."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -311,3 +312,23 @@ def test_dry_run_prints_commands(tmp_path, capsys):
     assert main(["a100_32", "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=4" in out and "sbatch --parsable" in out
+
+
+def test_one_function_builds_the_shape_of_a_case_a_record_and_a_dataframe_row():
+    """``axes.shape_from``: Case.from_dict and the figures' FLOPs both build their AttnShape with it."""
+    import pandas as pd
+
+    from experiments.harness.axes import shape_from
+
+    spec = parse_spec(GOOD, "good.yaml")
+    for case in spec.cases():
+        assert shape_from(case.to_dict()) == case.shape
+    shape = AttnShape(2, 1024, 8, 2, 32, 4, dtype="float32", causal=False, layout="zigzag", mask="window:64:0")
+    rec = {**dataclasses.asdict(shape), "case_id": "x", "status": "ok"}
+    old = {k: v for k, v in rec.items() if k not in ("mask", "layout")}      # written before those axes
+    rows = pd.DataFrame([rec, old]).to_dict("records")      # numpy scalars; NaN where a column is missing
+    assert shape_from(rows[0]) == shape
+    assert shape_from(rows[1]) == shape.replace(mask="", layout="contiguous")
+    mha = pd.DataFrame([{**rec, "kv_heads": None}, rec]).to_dict("records")[0]    # kv_heads NaN: = heads (MHA)
+    assert shape_from(mha) == shape.replace(kv_heads=8)
+    assert all(type(getattr(shape_from(rows[0]), a)) is type(getattr(shape, a)) for a in rec if a in shape.__dict__)

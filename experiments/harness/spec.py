@@ -174,7 +174,7 @@ class Case:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
-        shape = AttnShape(**{a: d[a] for a in axes.AXES if a in d})
+        shape = axes.shape_from(d)
         return cls(shape=shape, **{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
