@@ -106,7 +106,7 @@ def _worker(out: str, node_size: int) -> None:
         cfg = replace(base, loss=s.loss, checkpoint=s.checkpoint)
         model = sequence_parallel(build_model(cfg), get(s.method), layout=MIRROR["layout"], node_size=node_size)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        step = lambda: train_step(model, opt, tokens, labels)  # noqa: E731
+        step = lambda: train_step(model, opt, tokens, labels)  # noqa: E731 - the timed closure over this step
         times = time_steps(step, warmup=MIRROR["warmup"], repeats=MIRROR["repeats"], device=torch.device("cpu"))
         opt.zero_grad(set_to_none=True)
         peak = measure_peak(step, torch.device("cpu")).peak_bytes   # every rank: the step has collectives

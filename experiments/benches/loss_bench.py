@@ -128,7 +128,7 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
                 records[c]["samples_s"] += time_steps(b.step, warmup=0, repeats=1, device=device)
                 if device.type == "cpu":
                     records[c].setdefault("cpu_samples_s", []).append(time.process_time() - cpu0)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on without this case
                 built.pop(c)
                 records[c].update(status="oom" if is_oom(e) else "failed", reason=f"{type(e).__name__}: {e}")
         log(f"  round {r + 1}/{repeats} done")

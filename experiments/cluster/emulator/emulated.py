@@ -182,7 +182,7 @@ class EmulatedCluster:
                     pass
             try:
                 atexit.unregister(self.down)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort while tearing down
                 pass
 
     # ------------------------------------------------------------ use
