@@ -51,7 +51,10 @@ endif
 	$(PIP) install -q --no-build-isolation deepspeed==0.19.8
 	touch $(STAMP)
 
+# The linters first (ruff's rules and the import floors, both configured in pyproject.toml), then the tests.
 test: $(STAMP)
+	$(VENV)/bin/ruff check burst_impl baselines experiments tests benchmarks
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # `make reproduce`: the CPU preset end to end, measured on this machine: results/<machine>/ and
@@ -61,13 +64,11 @@ test: $(STAMP)
 # preset (a named list of specs: experiments/presets/<name>.yaml, e.g. a100_8, a100_32, a800_32,
 # whose specs run on SLURM cluster profiles); CLUSTER=<name> runs every spec of the preset on that
 # cluster profile (experiments/clusters/<name>.yaml); RUN_ARGS passes options (--dry-run, --force).
-# PROFILE= is the old name of PRESET= and still works.
 PRESET ?= cpu
 CLUSTER ?=
 RUN_ARGS ?=
-ifdef PROFILE
-$(warning PROFILE=$(PROFILE) is deprecated: it picks a preset, so call it PRESET=$(PROFILE))
-PRESET := $(PROFILE)
+ifeq ($(origin PROFILE),command line)
+$(error PROFILE= was renamed PRESET=: make reproduce PRESET=$(PROFILE))
 endif
 
 reproduce: $(STAMP)

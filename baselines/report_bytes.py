@@ -28,6 +28,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from baselines.registry import METHODS, get
+from baselines.layer import layer_forward, layer_input, make_layer
+from burst_impl import comm
+from burst_impl.layout import shard
+from burst_impl.shape import AttnShape
 
 
 
@@ -37,8 +41,6 @@ def default_methods() -> list[str]:
 
 
 def _shape(a, G):
-    from burst_impl.shape import AttnShape
-
     return AttnShape(a.batch, a.seqlen, a.heads, a.kv_heads, a.head_dim, G, dtype=a.dtype,
                      causal=not a.non_causal, layout=a.layout)
 
@@ -51,10 +53,6 @@ def _options(name: str, ulysses_degree: int | None) -> dict:
 
 
 def _measure(name: str, shape, options: dict) -> dict:
-    from baselines.layer import layer_forward, layer_input, make_layer
-    from burst_impl import comm
-    from burst_impl.layout import shard
-
     rank, G = dist.get_rank(), dist.get_world_size()
     method = get(name)
     g = torch.Generator().manual_seed(0)

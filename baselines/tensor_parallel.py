@@ -156,7 +156,8 @@ def tensor_parallel(model: Transformer, version: str, *, group=None, layout: str
     for i, block in enumerate(model.layers):
         block.attention = TPAttention(block.attention, model.cfg, plan, version, fused, backend)
         block.feed_forward = TPFeedForward(block.feed_forward, model.cfg, plan, version)
-        for mod, prefix in ((block.attention, f"layers.{i}.attention"), (block.feed_forward, f"layers.{i}.feed_forward")):
+        for mod, prefix in ((block.attention, f"layers.{i}.attention"),
+                            (block.feed_forward, f"layers.{i}.feed_forward")):
             index.update({f"{prefix}.{n}.weight": di for n, di in mod.index.items()})
     # V3: the replicated weights (embedding, norms, head) saw only this rank's tokens.
     plan.reduce_grads = () if version == "v1" else tuple(n for n, _ in model.named_parameters() if n not in index)

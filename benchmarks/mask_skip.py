@@ -116,7 +116,7 @@ def main(argv=None) -> int:
         res = box.get(timeout=3600)
         for p in procs:
             p.join()
-    from experiments.harness.env import git_info, hardware, versions   # noqa: PLC0415 - only rank 0 writes
+    from experiments.harness.env import git_info, hardware, versions   # only rank 0 writes
     res["environment"] = dict(git=git_info(), versions=versions(), hardware=hardware(res["config"]["world_size"]),
                               load_average=os.getloadavg())
     out = Path(args.out)

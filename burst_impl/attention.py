@@ -39,7 +39,7 @@ import torch
 
 from . import comm, masks, volume
 from .balance import resolve_layout
-from .comm import AccumulatorRing, circulate  # noqa: F401 - the ring helpers live in comm; re-exported
+from .comm import AccumulatorRing, circulate  # the ring helpers live in comm; re-exported
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
 from .layout import check_seqlen

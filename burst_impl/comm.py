@@ -299,11 +299,6 @@ class Pending:
         self._reqs, self._keep = [], None
 
 
-def _drain(pending: "Pending | None") -> None:
-    if pending is not None:
-        pending.drain()
-
-
 # ---------------------------------------------------------------- transports
 
 

@@ -44,7 +44,6 @@ import torch
 
 Tensor = torch.Tensor
 
-MASK_KINDS = ("full", "causal", "window", "docs", "bsparse")
 # A (q run, k run) pair with more documents than this becomes one "varlen" piece (diagonal) or a
 # dense piece, instead of one causal piece per document: fewer kernel calls for many short documents.
 MAX_DOC_PIECES = 8

@@ -25,6 +25,7 @@ import torch
 
 from . import masks
 from .layout import LAYOUT_NAMES, check_seqlen, is_balanced_name
+from .balance import resolve_layout
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
@@ -69,8 +70,8 @@ class AttnShape:
     head_dim: int = _axis("d, head dimension", "d{}", 128, check=_positive)
     world_size: int = _axis("G, ranks in the sequence-parallel group", "G{}", 1, check=_positive)
     dtype: str = _axis("input dtype", "{}", "bfloat16", check=_one_of(DTYPES), default="bfloat16")
-    causal: bool = _axis("causal mask (else full); with a mask: intersected with it", lambda v: "causal" if v else "full",
-                         True, default=True)
+    causal: bool = _axis("causal mask (else full); with a mask: intersected with it",
+                         lambda v: "causal" if v else "full", True, default=True)
     layout: str = _axis("how tokens are split over ranks ('balanced[:K]': balanced chunks for the mask)",
                         lambda v: v.replace(":", "-"),
                         "contiguous", check=_layout_rule, default="contiguous")
@@ -109,7 +110,6 @@ class AttnShape:
     @property
     def resolved_layout(self):
         """``layout``, with ``"balanced[:K]"`` resolved for ``attn_mask`` (a ``layout.ChunkLayout``)."""
-        from .balance import resolve_layout
         return resolve_layout(self.layout, self.attn_mask, self.seqlen, self.world_size)
 
     @property

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
 
 from . import comm
@@ -89,8 +90,6 @@ def _subgroup(ranks: list[int], parent):
 
 
 def comm_device(group):
-    import torch
-
     return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" \
         else torch.device("cpu")
 

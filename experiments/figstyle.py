@@ -11,9 +11,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.pyplot as plt  # after the backend is chosen
 
-from baselines.registry import METHODS  # noqa: E402
+from baselines.registry import METHODS
 
 _PALETTE = plt.get_cmap("tab10").colors
 _MARKERS = "osD^vP*X<>hp"

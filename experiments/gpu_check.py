@@ -48,6 +48,10 @@ from .harness import env
 from .harness import kernel_sweep as KS
 from .harness import results as R
 from .harness.env import REPO
+from burst_impl.kernels import BACKENDS
+from burst_impl.kernels import xformers as xf
+from .harness.spec import Preset, parse_spec
+from .run import plan, run_local, write_resolved
 
 STEPS = ("packages", "tests", "harness", "multi", "sweep")
 CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa")
@@ -119,8 +123,6 @@ def package_report(importer: Callable[[str], object] = importlib.import_module,
         except Exception as e:  # noqa: BLE001 - any failure to import is the answer
             row.update(importable=False, detail=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         rows.append(row)
-    from burst_impl.kernels import BACKENDS
-    from burst_impl.kernels import xformers as xf
 
     for row in rows:
         if row["package"] == "xformers" and row["importable"]:
@@ -199,16 +201,14 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
 
 def step_harness(out: Path, specs: list[dict], name: str) -> Step:
     """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
-    from .harness.spec import Preset, parse_spec
-    from .run import plan, run_local, write_resolved
-
     parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
     preset = Preset(name=f"gpu_check_{name}", path="<gpu_check>", specs=tuple(parsed))
     for s in parsed:
         write_resolved(s, out)
     batches = plan(preset, results_root=out, force=True, retry_failed=False)
     counts = run_local(preset, batches, results_root=out)
-    recs = [r for s in parsed for r in R.latest_by_case(R.read_records(R.experiment_dir(out, s.name) / R.RESULTS_FILE)).values()]
+    recs = [r for s in parsed
+            for r in R.latest_by_case(R.read_records(R.experiment_dir(out, s.name) / R.RESULTS_FILE)).values()]
     bad = [r for r in recs if r["status"] in ("failed", "oom")]
     details = {"counts": counts, "kernels": sorted({str(r.get("kernel")) for r in recs if r["status"] == "ok"}),
                "process_group": sorted({r["config"].get("backend", "") for r in recs if r["status"] == "ok"}),
@@ -238,7 +238,8 @@ def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, de
     details = {"figure": str(fig) if fig else None, f"tflops_causal_fwd_bwd_N{max(seqlens)}": best,
                "oom": sorted({f"{r['method']} N={r['seqlen']}" for r in recs if r["status"] == "oom"})}
     if bad:
-        return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]), details=details)
+        return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]),
+                    details=details)
     return Step("sweep", "ok" if best or fig else "skipped", "" if fig else "no kernel could run", details=details)
 
 

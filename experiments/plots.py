@@ -28,19 +28,21 @@ import math
 import textwrap
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 import yaml
 
-from burst_impl.shape import AttnShape
-
 from baselines.registry import METHODS
 
-from .figstyle import _PALETTE, _method_order, save_figure, style
+from .figstyle import _PALETTE, _method_order, save_figure, style  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
+from matplotlib.patches import Patch
 from .figure_parts import hw_and_date, log2_x, mark_bad, source, status_legend
 from .harness import axes
 from .harness import results as R
 from .plots_model import draw_model_experiment
+from burst_impl.flops import case_flops
+from .harness.env import REPO, repo_relative
+from .harness.summary import speedup_of
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
@@ -151,11 +153,10 @@ def _time_label(df: pd.DataFrame) -> str:
 
 def _speedup(baseline: str):
     def f(ok: pd.DataFrame, part: pd.DataFrame, method: str) -> pd.DataFrame:
-        from .harness.summary import speedup_of
-
         keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
-        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None) for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
+        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None)
+                for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
         ok["speedup"] = [r["ratio"] if r else math.nan for r in rows]
         ok["speedup_lo"] = [r["lo"] if r else math.nan for r in rows]
         ok["speedup_hi"] = [r["hi"] if r else math.nan for r in rows]
@@ -202,7 +203,6 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         for b, h in zip(bars, hatches):
             b.set_hatch(h)
     if by_formula.any():
-        from matplotlib.patches import Patch
         ax.add_artist(ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="xx",
                                                label="recorded from a formula by the adapter (not counted): "
                                                      + ", ".join(sel.index[by_formula]))],
@@ -227,14 +227,6 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
 
 def _mask_name(r) -> str:
     return r["mask"] if isinstance(r.get("mask"), str) and r["mask"] else ("causal" if r["causal"] else "full")
-
-
-def _record_shape(r: dict) -> AttnShape:
-    """The problem shape of a result record (its mask too: the FLOPs count the live entries)."""
-    kv, mask = r.get("kv_heads"), r.get("mask")
-    return AttnShape(int(r["batch"]), int(r["seqlen"]), int(r["heads"]),
-                     int(kv) if kv is not None and kv == kv else int(r["heads"]), int(r["head_dim"]),
-                     int(r["world_size"]), causal=bool(r["causal"]), mask=mask if isinstance(mask, str) else "")
 
 
 def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
@@ -322,12 +314,10 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
         # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
 
-        from burst_impl.flops import case_flops
-
         ok = df["status"] == "ok"
         def flops_of(r: dict) -> tuple[float, str]:
-            try:   # "block": the old name of "layer"; a level without a formula here keeps its record's value
-                return case_flops({"block": "layer"}.get(r["level"], r["level"]), _record_shape(r), r["mode"])
+            try:   # a level without a formula here keeps its record's value
+                return case_flops(r["level"], axes.shape_from(r), r["mode"])
             except ValueError:
                 return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
                     str(r.get("flops_scope") or r["level"])
@@ -339,8 +329,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
         scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
         files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
-                                  f"throughput: {scope} FLOPs / {scope} time" + (" (QKV, output projections and attention)"
-                                                                                if scope == "attention layer" else ""),
+                                  f"throughput: {scope} FLOPs / {scope} time"
+                                  + (" (QKV, output projections and attention)" if scope == "attention layer" else ""),
                                   meta,
                                   out / f"tflops_vs_seqlen{sfx}.png", logy=False))
         if "mem_peak_bytes" in df:
@@ -373,8 +363,6 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
 
 def _origin(results_root: Path) -> str:
     """The results folder a figure was drawn from, relative to the repository (e.g. 'results/reference/<machine>')."""
-    from .harness.env import repo_relative
-
     return repo_relative(results_root)
 
 
@@ -391,8 +379,6 @@ def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .harness.env import REPO
-
     ap = argparse.ArgumentParser(prog="python -m experiments.plots", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiments", nargs="*", help="experiment names (default: all under --results)")

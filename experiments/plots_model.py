@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from . import figure_parts as FP
-from .figstyle import _method_order, color, save_figure
+from .figstyle import _method_order, color, save_figure  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
 from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
@@ -207,8 +207,8 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
     cols = [color(m) for m in ok["method"]]
-    a1.bar(xs, ok["tok_rank"], color=cols, yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]],
-           capsize=4)
+    a1.bar(xs, ok["tok_rank"], color=cols,
+           yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]], capsize=4)
     a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
     if "mem_total_gib" in ok:
         state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)

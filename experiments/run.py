@@ -32,6 +32,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 import yaml
+from rich.console import Console
+from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+from rich.text import Text
 
 from burst_impl.flops import MODE_FACTOR, MODEL_MODE
 
@@ -42,6 +45,10 @@ from .harness import results as R
 from .harness.env import REPO, machine_slug
 from .harness.launch import run_batch, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
+from burst_impl.model import get_config
+from .cluster.report import NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model
+from .harness.summary import write_summary
+from .plots import draw_all
 
 
 def _cost(c: Case) -> float:
@@ -50,8 +57,6 @@ def _cost(c: Case) -> float:
     # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
     mode = MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)]
     if c.level == "model":
-        from burst_impl.model import get_config
-
         work *= get_config(c.model).n_layers
     reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap
     return 1.0 + (c.warmup + reps + 3) * mode * work / 2e9
@@ -86,11 +91,6 @@ def write_resolved(spec: Spec, results_root: Path) -> None:
 
 
 def _progress():
-    from rich.console import Console
-    from rich.progress import (BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn)
-
-    import os
-
     # Logs (make reproduce > log) are not terminals: keep one line per case readable there too.
     console = Console(stderr=False, width=None if os.isatty(1) else 150)
     # Everything shown comes from outside rich's markup language (spec names, case ids, exception
@@ -132,8 +132,6 @@ def run_local(preset: Preset, batches, *, results_root: Path) -> dict[str, int]:
 
 
 def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> dict[str, int]:
-    from rich.text import Text
-
     console, progress = _progress()
     total_cases = sum(len(v) for v in batches.values())
     counts = {s: 0 for s in R.STATUSES}
@@ -263,13 +261,24 @@ def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wai
     return counts
 
 
+class _Renamed(argparse.Action):
+    """An option that was renamed: using it is an error naming the new name."""
+
+    def __init__(self, option_strings, dest, new: str, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was renamed {self.new}; use {self.new} {values}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="preset name (experiments/presets/<name>.yaml), spec name or spec file")
-    ap.add_argument("--cluster", "--target", dest="cluster",
-                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>); "
-                         "--target is its old name")
+    ap.add_argument("--cluster", dest="cluster",
+                    help="override the specs' cluster profile (cpu, local or experiments/clusters/<name>)")
+    ap.add_argument("--target", action=_Renamed, new="--cluster", help=argparse.SUPPRESS)
     ap.add_argument("--results", default=None,
                     help="results root (default: results/<machine>/, machine = this machine's hardware slug or "
                          "the SLURM cluster profile)")
@@ -299,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({total - n} already have results from this machine and commit{'' if not args.force else '; --force'})")
     via_slurm = {s.profile.via_slurm for s in preset.specs}
     if len(via_slurm) > 1:
-        raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or emulated-torchrun "
-                         "ones; use --cluster to run it on one of them")
+        raise SystemExit("a preset must not mix SLURM cluster profiles (real or emulated) with local or "
+                         "emulated-torchrun ones; use --cluster to run it on one of them")
     if not args.dry_run:
         for spec in preset.specs:
             write_resolved(spec, results_root)
@@ -326,16 +335,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     print(f"done in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
-    from .harness.summary import write_summary
-
     for spec in preset.specs:
         if (R.experiment_dir(args.results, spec.name) / R.RESULTS_FILE).exists():
             print(write_summary(args.results, spec.name, spec.baseline))
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
-        from .cluster.report import figure
-        from .plots import draw_all
-
         files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
         files += [figure(rep, Path(args.plots) / rep["experiment"] / "emulated_vs_modelled.png") for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
@@ -344,8 +348,6 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
-    from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report, with_model
-
     out = []
     for spec in preset.specs:
         # The report predicts attention steps from bytes and attention FLOPs; model-level records carry their own.

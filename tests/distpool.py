@@ -99,7 +99,7 @@ class DistPool:
         for t in self.tasks:
             try:
                 t.put(None)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort: the worker may be gone
                 pass
         for p in self.procs:
             p.join(timeout=2)

@@ -32,7 +32,8 @@ def attention_reference(q, k, v, do, causal, softmax_scale=None, backend="refere
     if mask is not None:
         n = q.shape[1]
         m = masks.resolve(causal, mask, n)
-        tile, causal = TileMask("dense", n, n, rows_fn=lambda a, b: m.allowed(torch.arange(a, b), torch.arange(n))), False
+        tile = TileMask("dense", n, n, rows_fn=lambda a, b: m.allowed(torch.arange(a, b), torch.arange(n)))
+        causal = False
     out, lse = attn_forward(q, k, v, causal=causal, scale=scale, backend=backend, mask=tile)
     dq, dk, dv = attn_backward(do, q, k, v, lse, compute_delta(do, out), causal=causal, scale=scale,
                                backend=backend, mask=tile)

@@ -21,7 +21,8 @@ from tests.refs import attention_reference, make_inputs, max_err
 
 from baselines.methods.deepspeed_ulysses import deepspeed_available
 
-needs_deepspeed = pytest.mark.skipif(not deepspeed_available(), reason="deepspeed not installed (make venv installs it)")
+needs_deepspeed = pytest.mark.skipif(not deepspeed_available(),
+                                     reason="deepspeed not installed (make venv installs it)")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -82,7 +82,8 @@ def test_checkpoint_modes_exact(pools, method, loss, world_size):
             if res["seq"]["effective"] == "seq":
                 loss_ar = 2 * 16 * (world_size - 1) // world_size
                 attn = none - loss_ar
-                assert seq - none == attn // 2, f"{method}: seq must resend half the forward ring ({seq - none} != {attn // 2})"
+                assert seq - none == attn // 2, \
+                    f"{method}: seq must resend half the forward ring ({seq - none} != {attn // 2})"
                 assert whole == none, f"{method}: whole must not recompute attention"
 
 

@@ -6,7 +6,6 @@ import copy
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -255,6 +254,7 @@ def test_records_name_their_cluster(monkeypatch):
 
 def test_a_dead_ranks_cause_beats_its_peers_lost_connections(tmp_path):
     c = _case(0)
-    R.write_rank_error(tmp_path, c, 0, "failed", "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [10.77.1.10]")
+    R.write_rank_error(tmp_path, c, 0, "failed",
+                       "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [10.77.1.10]")
     R.write_rank_error(tmp_path, c, 3, "failed", "RuntimeError: injected failure")
     assert R.failure_from_errors(tmp_path, c, "x") == ("failed", "rank 3: RuntimeError: injected failure")

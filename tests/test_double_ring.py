@@ -202,7 +202,7 @@ class _Logged:
 
 def _transport_events(topology: str, node_size: int, overlap: bool, subgroups: bool = False):
     """One pass with an accumulator on every rank: the event log, the accumulated totals and the bytes."""
-    rank, G = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     nodes = Nodes.of(None, node_size)
     ring = DoubleRing(None, nodes, overlap=overlap, subgroups=subgroups) if topology == "double" else \
         comm.Ring(None, nodes=nodes, overlap=overlap)

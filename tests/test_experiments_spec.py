@@ -1,6 +1,7 @@
 """Experiment harness, no processes launched: specs, FLOPs, timing/memory helpers, records, SLURM."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -15,7 +16,8 @@ from experiments.harness import results as R
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.profiles.cluster import load_profile
 from experiments.cluster.slurm import render_sbatch
-from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
+from experiments.harness.env import REPO
+from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_preset, load_spec, parse_spec
 from experiments.harness.timing import quantile, summarize, time_steps
 
 GOOD = {
@@ -107,15 +109,36 @@ def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
     assert f"key {key!r}" in msg and rule in msg, msg
 
 
-def test_old_key_and_level_names_still_load(tmp_path):
-    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) load, with a deprecation warning."""
-    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+def test_old_key_and_level_names_are_errors_naming_the_new_ones(tmp_path):
+    """``target:`` (now ``cluster:``) and ``level: block`` (now ``layer``) no longer load."""
+    raw = dict(GOOD)
     raw["target"] = raw.pop("cluster")
-    with pytest.warns(DeprecationWarning):
-        spec = parse_spec(raw, "old.yaml")
-    assert spec.cluster == "cpu" and spec.measure.level == "layer"
-    with pytest.raises(ValueError, match="key 'target': is the old name of 'cluster'"):
-        parse_spec(dict(GOOD, target="cpu"), "both.yaml")
+    with pytest.raises(ValueError, match="old.yaml: key 'target': was renamed 'cluster'"):
+        parse_spec(raw, "old.yaml")
+    raw = dict(GOOD, methods=["burst", "tp_v1"], measure={"modes": ["fwd_bwd"], "level": "block"})
+    with pytest.raises(ValueError, match="key 'measure.level': 'block' was renamed 'layer'"):
+        parse_spec(raw, "old.yaml")
+    preset = tmp_path / "old_preset.yaml"
+    preset.write_text(yaml.safe_dump({"specs": ["cpu/cpu_fig2_train.yaml"], "target": "cpu"}))
+    with pytest.raises(ValueError, match="key 'target': was renamed 'cluster'"):
+        load_preset(preset)
+
+
+def test_old_cluster_option_is_an_error_naming_the_new_one(capsys):
+    from experiments.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["cpu", "--target", "cpu", "--dry-run"])
+    assert e.value.code == 2 and "--target was renamed --cluster" in capsys.readouterr().err
+
+
+def test_records_of_the_old_level_name_read_as_layer(tmp_path):
+    """Committed reference records (results/reference/cpu2-amd-epyc) carry ``"level": "block"``."""
+    p = tmp_path / "results.jsonl"
+    p.write_text(json.dumps({"case_id": "a", "level": "block"}) + "\n" + json.dumps({"case_id": "b", "level": "op"}))
+    assert [r["level"] for r in R.read_records(p)] == ["layer", "op"]
+    old = R.read_records(REPO / "results/reference/cpu2-amd-epyc/cpu_fig3_train/results.jsonl")
+    assert old and {r["level"] for r in old} == {"layer"}
 
 
 def test_missing_required_key(tmp_path):
@@ -289,3 +312,23 @@ def test_dry_run_prints_commands(tmp_path, capsys):
     assert main(["a100_32", "--dry-run", "--results", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "#SBATCH --nodes=4" in out and "sbatch --parsable" in out
+
+
+def test_one_function_builds_the_shape_of_a_case_a_record_and_a_dataframe_row():
+    """``axes.shape_from``: Case.from_dict and the figures' FLOPs both build their AttnShape with it."""
+    import pandas as pd
+
+    from experiments.harness.axes import shape_from
+
+    spec = parse_spec(GOOD, "good.yaml")
+    for case in spec.cases():
+        assert shape_from(case.to_dict()) == case.shape
+    shape = AttnShape(2, 1024, 8, 2, 32, 4, dtype="float32", causal=False, layout="zigzag", mask="window:64:0")
+    rec = {**dataclasses.asdict(shape), "case_id": "x", "status": "ok"}
+    old = {k: v for k, v in rec.items() if k not in ("mask", "layout")}      # written before those axes
+    rows = pd.DataFrame([rec, old]).to_dict("records")      # numpy scalars; NaN where a column is missing
+    assert shape_from(rows[0]) == shape
+    assert shape_from(rows[1]) == shape.replace(mask="", layout="contiguous")
+    mha = pd.DataFrame([{**rec, "kv_heads": None}, rec]).to_dict("records")[0]    # kv_heads NaN: = heads (MHA)
+    assert shape_from(mha) == shape.replace(kv_heads=8)
+    assert all(type(getattr(shape_from(rows[0]), a)) is type(getattr(shape, a)) for a in rec if a in shape.__dict__)

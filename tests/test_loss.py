@@ -92,7 +92,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("reduction,gif", PATHS, ids=PATH_IDS)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-H{c[1]}-V{c[2]}-c{c[3]}x{c[4]}{'-bias' if c[5] else ''}")
+@pytest.mark.parametrize("case", CASES,
+                         ids=lambda c: f"T{c[0]}-H{c[1]}-V{c[2]}-c{c[3]}x{c[4]}{'-bias' if c[5] else ''}")
 def test_fp64_exact(case, reduction, gif):
     shape, H, V, ct, cv, bias = case
     hidden, weight, labels, b = _problem(shape, H, V, torch.float64, bias=bias)

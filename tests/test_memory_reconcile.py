@@ -2,7 +2,8 @@
 
 The bytes autograd keeps for backward (``memory.saved_for_backward``, weights excluded) are measured
 for every registered method that runs here, at op level and in the attention layer (TP: its layer),
-at world sizes 3 (an odd one) and 4 (where USP's Ulysses degree is > 1), and compared with the formula (``Method.memory``; in the layer
+at world sizes 3 (an odd one) and 4 (where USP's Ulysses degree is > 1), and compared with the formula
+(``Method.memory``; in the layer
 ``Method.layer_memory``, which adds the layer input each SP method keeps and TP's
 gathered input is already in TP's formula).
 

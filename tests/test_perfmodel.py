@@ -29,7 +29,7 @@ REL = 1e-9   # the toy HBM makes elementwise tasks ~1e-15 s next to ~1e-4 s of c
 
 def toy(*, nodes=1, per_node=2, intra_bytes_s=1e10, inter_bytes_s=1e8, peak=1.0):
     """Hardware with round numbers: rates in bytes/s (gbits_s = 8 * rate / 1e9), zero latency."""
-    link = lambda rate: {"kind": "nvlink", "gbits_s": 8 * rate / 1e9, "latency_us": 0}  # noqa: E731
+    link = lambda rate: {"kind": "nvlink", "gbits_s": 8 * rate / 1e9, "latency_us": 0}  # noqa: E731 - one line
     raw = {"name": "toy", "nodes": nodes, "devices_per_node": per_node, "nics_per_node": per_node,
            "accelerator": {"name": "toy", "peak_tflops": {"bfloat16": peak}, "hbm_gib": 80,
                            "hbm_gbytes_s": 1e12, "attn_efficiency": [[1, 1.0]], "gemm_efficiency": 1.0},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 
 import matplotlib
 import pandas as pd
@@ -206,7 +205,7 @@ def _fig_records(tmp_path, statuses: dict) -> "pd.DataFrame":
 def test_skipped_and_oom_cases_are_marked_not_dropped(tmp_path):
     import matplotlib.pyplot as plt
 
-    from experiments import figure_parts, plots
+    from experiments import figure_parts
 
     df = _fig_records(tmp_path, {("burst", 64): "ok", ("burst", 128): "oom", ("ring", 64): "skipped",
                                  ("ring", 128): "failed"})

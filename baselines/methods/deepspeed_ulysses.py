@@ -8,6 +8,9 @@ Contiguous layout only, and Z_kv divisible by G (no kv replication here).
 """
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -27,8 +30,8 @@ Tensor = torch.Tensor
 
 def deepspeed_available() -> bool:
     try:
-        import deepspeed.sequence.layer  # noqa: F401
-    except Exception:  # noqa: BLE001
+        import deepspeed.sequence.layer  # noqa: F401, PLC0415 (optional dependency)
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
         return False
     return True
 
@@ -52,10 +55,8 @@ STALE_LOCK_S = 600
 
 
 def _clear_stale_build_lock(name: str = "deepspeed_shm_comm") -> None:
-    import time
-    from pathlib import Path
-
-    from torch.utils.cpp_extension import _get_build_directory
+    # cpp_extension imports setuptools, which is not a dependency; only DeepSpeed's JIT build needs it here
+    from torch.utils.cpp_extension import _get_build_directory  # noqa: PLC0415 (optional dependency)
 
     lock = Path(_get_build_directory(name, verbose=False)) / "lock"
     try:
@@ -69,7 +70,7 @@ def _clear_stale_build_lock(name: str = "deepspeed_shm_comm") -> None:
 
 
 def _ensure_deepspeed_comm() -> None:
-    import deepspeed.comm as dscomm
+    import deepspeed.comm as dscomm  # noqa: PLC0415 (optional dependency)
 
     if not dscomm.is_initialized():
         _clear_stale_build_lock()
@@ -93,7 +94,7 @@ def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool =
     if kv_replication(q.shape[2], k.shape[2], G) != 1:
         raise ValueError(f"kv_heads={k.shape[2]} must be divisible by the group size {G} for the "
                          "DeepSpeed adapter (we do not replicate kv heads for it)")
-    from deepspeed.sequence.layer import DistributedAttention
+    from deepspeed.sequence.layer import DistributedAttention  # noqa: PLC0415 (optional dependency)
 
     _ensure_deepspeed_comm()
     pg = group if group is not None else dist.group.WORLD

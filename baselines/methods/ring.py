@@ -45,7 +45,8 @@ METHODS = (Method(
     name="ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func, comm_bytes=ring_comm_bytes,
     memory_bytes=ring_family_memory, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "ring"),
-    description="Blockwise ring attention (ring-flash-attn / Megatron CP style), = Burst forward + K/V-circulating backward",
+    description="Blockwise ring attention (ring-flash-attn / Megatron CP style), "
+                "= Burst forward + K/V-circulating backward",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32)",
     external="PyTorch context parallel (_templated_ring_attention), forward",
 ),)

@@ -90,7 +90,7 @@ class TileMask:
             return ok
         if self.kind == "varlen":
             cu = torch.tensor(self.cu)
-            doc = lambda t: torch.bucketize(t, cu, right=True)  # noqa: E731
+            doc = lambda t: torch.bucketize(t, cu, right=True)  # noqa: E731 - a one-line helper of this branch
             return (doc(i) == doc(j)) & (j <= i)
         raise ValueError(f"TileMask kind={self.kind!r} is unknown")
 

@@ -25,7 +25,8 @@ def _scores(q, k, causal, scale, tile_mask=None):
 def forward(q, k, v, causal, scale, tile_mask=None):
     s = _scores(q, k, causal, scale, tile_mask)
     lse = torch.logsumexp(s, dim=-1)  # (B, Z, Sq); -inf for a row with no live key
-    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(nan=0.0)    # such a row: P = 0, out = 0 (out of place: exp saves its output for autograd)
+    # such a row: P = 0, out = 0 (out of place: exp saves its output for autograd)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(nan=0.0)
     vh = expand_kv(v.double().transpose(1, 2), q.shape[2], dim=1)
     out = (p @ vh).transpose(1, 2)
     return out.to(q.dtype), lse

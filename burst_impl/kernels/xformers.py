@@ -55,7 +55,7 @@ _state = {"reason": ""}
 
 def _fmha():
     """The ``xformers.ops.fmha`` module (one place, so tests can put a fake here)."""
-    from xformers.ops import fmha
+    from xformers.ops import fmha  # noqa: PLC0415 (optional dependency)
 
     return fmha
 

@@ -16,6 +16,7 @@ draws the same batch for the same arguments and keeps its own tokens.
 from __future__ import annotations
 
 import functools
+from pydoc_data.topics import topics
 
 import torch
 
@@ -41,8 +42,6 @@ def markov_tokens(vocab_size: int, n_tokens: int, *, seed: int = 0, branching: i
 @functools.lru_cache(maxsize=1)
 def pydoc_tokens() -> Tensor:
     """The bytes of CPython's pydoc topic texts (sorted by topic) as int64 token ids."""
-    from pydoc_data.topics import topics
-
     text = "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int64)
 

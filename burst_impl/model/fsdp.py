@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from .parallel import plan_of
 
 
 def _mesh(group, device_type: str):
-    from torch.distributed.device_mesh import DeviceMesh
-
     return DeviceMesh.from_group(group if group is not None else dist.group.WORLD, device_type)
 
 
@@ -45,7 +44,8 @@ def shard_weights(model, *, reshard_after_forward: bool = True, mp_policy=None):
 
     ``mp_policy``: an FSDP2 ``MixedPrecisionPolicy`` (e.g. bf16 compute, fp32 reduce) for GPU runs.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # public in torch.distributed.fsdp from torch 2.6; pyproject allows torch>=2.4
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415 (optional dependency)
 
     plan = plan_of(model)
     if plan.kind != "sp":

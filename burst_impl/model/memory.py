@@ -252,7 +252,8 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
 
 def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: Method | None, attn: int,
                      loss: str, loss_chunks, loss_device: str, parts: _Parts) -> _Parts:
-    """``weights="tp"``: ``parts`` with the per-block, input, cache, head and logits bytes per rank under Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
+    """``weights="tp"``: ``parts`` with the per-block, input, cache, head and logits bytes per rank under
+    Megatron tensor parallelism over G ranks (``method`` tp_v1 or tp_v3).
 
     A rank holds the hidden states of all N tokens (V1) or of its N/G shard (V3: ``layer_input``
     "sequence"), 1/G of the heads and of the FFN columns, and (as Megatron, and as the performance

@@ -33,6 +33,7 @@ from torch import nn
 from .checkpoint import run_block
 from .config import ModelConfig
 from .layers import RMSNorm, TransformerBlock, rope_tables
+from burst_impl.loss_modes import get_loss_mode
 
 Tensor = torch.Tensor
 IGNORE_INDEX = -100
@@ -56,7 +57,6 @@ def loss_fn_for(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
     (Liger and CCE need CUDA and their package)."""
     if name == "unfused":
         return cross_entropy_sum
-    from burst_impl.loss_modes import get_loss_mode
 
     mode = get_loss_mode(name)
     if not mode.available():

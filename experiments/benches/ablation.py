@@ -37,10 +37,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from baselines.registry import get
 from burst_impl.model.config import get_config
 from burst_impl.model.memory import step_memory
+from burst_impl.model.data import batch_at, load_corpus
+from burst_impl.model.model import build_model
+from burst_impl.model.sequence_parallel import sequence_parallel
+from burst_impl.model.step import train_step
+from experiments.cluster.emulator.emulated import EmulatedCluster
+from experiments.harness.memory import measure_peak
+from experiments.harness.timing import ratio_interval, summarize, time_steps
+from experiments.profiles.cluster import load_profile
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,8 @@ PAPER = dict(model="burstengine_14b", batch=1, seqlen=1 << 20, world_size=32, dt
 # The mirror: 2 layers of hidden 256 with a 4096-word vocabulary (the logits are 16x the hidden
 # states, as 120K vs 5120 in the paper's model), 1024 tokens over 4 ranks (the emulated links are
 # scaled to this machine's compute: a few MB/s under load, so each step's rings take seconds).
-MIRROR = dict(model="cpu_small", n_layers=2, vocab_size=4096, batch=1, seqlen=1024, layout="zigzag", warmup=1, repeats=4)
+MIRROR = dict(model="cpu_small", n_layers=2, vocab_size=4096, batch=1, seqlen=1024, layout="zigzag", warmup=1,
+              repeats=4)
 
 
 def paper_table() -> list[dict]:
@@ -83,16 +93,6 @@ def paper_table() -> list[dict]:
 
 
 def _worker(out: str, node_size: int) -> None:
-    import torch.distributed as dist
-
-    from experiments.harness.memory import measure_peak
-    from experiments.harness.timing import ratio_interval, summarize, time_steps
-
-    from burst_impl.model.data import batch_at, load_corpus
-    from burst_impl.model.model import build_model
-    from burst_impl.model.sequence_parallel import sequence_parallel
-    from burst_impl.model.step import train_step
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, G = dist.get_rank(), dist.get_world_size()
@@ -106,7 +106,7 @@ def _worker(out: str, node_size: int) -> None:
         cfg = replace(base, loss=s.loss, checkpoint=s.checkpoint)
         model = sequence_parallel(build_model(cfg), get(s.method), layout=MIRROR["layout"], node_size=node_size)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        step = lambda: train_step(model, opt, tokens, labels)  # noqa: E731
+        step = lambda: train_step(model, opt, tokens, labels)  # noqa: E731 - the timed closure over this step
         times = time_steps(step, warmup=MIRROR["warmup"], repeats=MIRROR["repeats"], device=torch.device("cpu"))
         opt.zero_grad(set_to_none=True)
         peak = measure_peak(step, torch.device("cpu")).peak_bytes   # every rank: the step has collectives
@@ -137,9 +137,6 @@ def _worker(out: str, node_size: int) -> None:
 
 
 def run_mirror(out: Path, cluster: str, port: int = 29871) -> int:
-    from experiments.cluster.emulator.emulated import EmulatedCluster
-    from experiments.profiles.cluster import load_profile
-
     profile = load_profile(cluster)
     G = profile.nodes * profile.ranks_per_node
     args = ["--worker", "--out", str(out), "--node-size", str(profile.ranks_per_node)]

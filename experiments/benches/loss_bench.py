@@ -1,10 +1,10 @@
 """Peak memory and time of the LM head + cross-entropy, per loss mode (forward + backward).
 
-    python -m experiments.benches.loss_bench                                   # tokens 8192, hidden 1024, vocab 32K and 128K, fp32
+    python -m experiments.benches.loss_bench        # tokens 8192, hidden 1024, vocab 32K and 128K, fp32
     python -m experiments.benches.loss_bench --vocab 32768 --dtype bfloat16 --modes unfused fused
     python -m experiments.benches.loss_bench --modes fused --tiles 1024x2048 2048x2048 --vocab 32768   # tile sweep
     python -m experiments.benches.loss_bench --modes unfused fused fused_recompute --vocab 32768   # both fused paths
-    python -m experiments.benches.loss_bench --json loss_bench.jsonl           # one JSON line per case, with raw samples
+    python -m experiments.benches.loss_bench --json loss_bench.jsonl   # one JSON line per case, with raw samples
 
 One step = zero the gradients, loss (mean), backward; d hidden and d W are
 part of the step's memory. Peak memory is the suite's measurement
@@ -128,7 +128,7 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
                 records[c]["samples_s"] += time_steps(b.step, warmup=0, repeats=1, device=device)
                 if device.type == "cpu":
                     records[c].setdefault("cpu_samples_s", []).append(time.process_time() - cpu0)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on without this case
                 built.pop(c)
                 records[c].update(status="oom" if is_oom(e) else "failed", reason=f"{type(e).__name__}: {e}")
         log(f"  round {r + 1}/{repeats} done")
@@ -151,7 +151,8 @@ def run(cases: list[LossCase], device: torch.device, *, warmup: int, repeats: in
 
 
 def table(records: list[dict]) -> str:
-    head = ("| mode | vocab | dtype | peak MiB | x unfused | time median s [p10, p90] | x unfused | CPU s | x unfused |\n"
+    head = ("| mode | vocab | dtype | peak MiB | x unfused | time median s [p10, p90] | x unfused "
+            "| CPU s | x unfused |\n"
             "|---|---:|---|---:|---:|---|---:|---:|---:|")
     rows = []
     for r in records:

@@ -2,7 +2,7 @@
 
     python -m experiments.cluster up a100_roce_emu            # bring up, show, hold until Ctrl-C, tear down
     python -m experiments.cluster up a100_roce_emu --detach   # leave it up (remove with `down`)
-    python -m experiments.cluster show                        # emulated clusters on this machine: topology, rates, bytes per class
+    python -m experiments.cluster show                        # emulated clusters here: topology, rates, bytes per class
     python -m experiments.cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
     python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
     python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
@@ -24,6 +24,7 @@ import time
 from .emulator import netns, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
+from .report import ratios_of, report, with_model
 
 
 def _profile(name: str, rates: str | None):
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.detach:
             if cl.topo:
                 netns.write_state(cl.topo, owner_pid=0, detached=True)
-                cl._down = True          # noqa: SLF001 - leave it up on purpose
+                cl._down = True          # leave it up on purpose
             print(f"left up; remove with: python -m experiments.cluster down {cl.topo.run_id if cl.topo else ''}")
             return 0
         try:
@@ -148,16 +149,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rid}: removed {len(netns.teardown(rid))} namespace(s)")
         return 0
     if args.cmd == "report":
-        from .report import report, with_model
-
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
             out = with_model(out, args.results)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     if args.cmd == "ratios":
-        from .report import ratios_of
-
         out = ratios_of(args.experiment, results_root=args.results, ref=args.ref, level=args.level)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0

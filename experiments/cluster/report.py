@@ -28,13 +28,19 @@ communication). The hidden fraction's interval maps the gain's: median(on) x (ga
 from __future__ import annotations
 
 import math
+import statistics
+import textwrap
 from pathlib import Path
 
 from burst_impl.shape import AttnShape
 
+from ..figstyle import save_figure  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
+
 from ..harness import results as R
 from burst_impl.flops import attention_flops
 from ..harness.timing import ratio_interval
+from ..perfmodel.validate import validate_experiment
 
 NO_OVERLAP = "_no_overlap"
 
@@ -114,8 +120,6 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
 def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
     """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.validate``:
     this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
-    from ..perfmodel.validate import validate_experiment
-
     root = _root(results_root)
     model = validate_experiment(root, rep["experiment"], **kw)
     return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
@@ -132,11 +136,6 @@ def loopback_twin(preset, spec) -> str | None:
 
 def figure(rep: dict, out: Path) -> Path:
     """Measured median step time per method (bars, [min, max] whiskers) next to the two modelled bounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = rep["rows"]
     ns = sorted({r["seqlen"] for r in rows})
     fig, axes = plt.subplots(1, len(ns), figsize=(max(8.0, 4.5 * len(ns) + 2), 4.6), squeeze=False)
@@ -159,14 +158,11 @@ def figure(rep: dict, out: Path) -> Path:
         ax.set_ylabel("seconds per step (fwd+bwd)")
         ax.grid(True, axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    import textwrap
 
     r0 = rep["rows"][0]
     fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
                  + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
     fig.tight_layout()
-    from ..figstyle import save_figure
-
     return save_figure(fig, out)
 
 
@@ -178,8 +174,6 @@ def _ok_by_case(records) -> dict[tuple[int, str], dict]:
 
 
 def _median(xs) -> float:
-    import statistics
-
     return statistics.median(xs) if xs else math.nan
 
 

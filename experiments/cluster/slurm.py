@@ -121,7 +121,7 @@ def node_setup_lines(profile: Profile) -> list[str]:
         venv = _venv_of(profile.python)
         lines += [x.format(venv=venv, python=profile.python) for x in GPU_NODE_SETUP]
     lines += list(profile.node_setup)
-    lines.append(f"echo \"node $SLURM_NODEID ($(hostname)) ready\"")
+    lines.append("echo \"node $SLURM_NODEID ($(hostname)) ready\"")
     return lines
 
 

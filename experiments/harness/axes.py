@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Iterator
+import math
+from typing import Any, Iterator, Mapping
 
 from burst_impl.shape import AttnShape
 
 from .schema import Err, as_tuple, check_keys, check_type, field_types
 
 _FIELDS = {f.name: f for f in dataclasses.fields(AttnShape)}
+_TYPES = field_types(AttnShape)
 AXES: tuple[str, ...] = tuple(_FIELDS)
 REQUIRED: tuple[str, ...] = tuple(n for n, f in _FIELDS.items() if "sweep_default" not in f.metadata)
 # Case names lead with the two axes every figure is about; cases are generated world size
@@ -33,6 +35,26 @@ def human(n: int) -> str:
     if n >= 1024 and n % 1024 == 0:
         return f"{n >> 10}K"
     return str(n)
+
+
+def shape_from(d: Mapping[str, Any]) -> AttnShape:
+    """The ``AttnShape`` of a case dict, a result record or a DataFrame row of records: every field of
+    ``AttnShape`` that ``d`` has. A field that is absent, None or NaN (a record written before the axis
+    existed; a column that only other records have) takes the dataclass's default, and ``kv_heads`` then
+    ``heads`` (MHA). NumPy scalars (DataFrame rows) become Python values; an int field whose column holds
+    NaN elsewhere (pandas then stores floats) becomes an int again."""
+    kw = {}
+    for name, typ in _TYPES.items():
+        v = d.get(name)
+        if hasattr(v, "item"):
+            v = v.item()
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        if typ is int and isinstance(v, float) and v.is_integer():
+            v = int(v)
+        kw[name] = v
+    kw.setdefault("kv_heads", kw.get("heads"))
+    return AttnShape(**kw)
 
 
 def default(axis: str) -> Any:
@@ -53,11 +75,6 @@ def case_id(method: str, level: str, mode: str, shape: AttnShape) -> str:
     """Stable key for resume: what is measured, not how often."""
     parts = [method, level, mode] + [label(a, getattr(shape, a)) for a in ID_ORDER]
     return ".".join(p for p in parts if p)
-
-
-def shape_label(shape: AttnShape, skip: tuple[str, ...] = ()) -> str:
-    """A short description of a shape for figure titles (axes in ``skip`` left out)."""
-    return ", ".join(f"{a}={getattr(shape, a)}" for a in AXES if a not in skip)
 
 
 def parse_sweep(raw: Any, err: Err) -> dict[str, tuple]:

@@ -35,6 +35,8 @@ from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
+from ..figstyle import save_figure  # first: it selects the Agg backend
+import matplotlib.pyplot as plt  # after figstyle
 
 TORCH_SDPA = "torch_sdpa"        # torch.nn.functional.scaled_dot_product_attention, the yardstick
 MODES = ("forward", "fwd_bwd")
@@ -162,9 +164,6 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
 
 def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
-    from ..figstyle import save_figure      # first: it selects the Agg backend
-    import matplotlib.pyplot as plt
-
     ok = [r for r in records if r["status"] == "ok"]
     if not ok:
         return None
@@ -197,7 +196,8 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     r0 = ok[0]
-    failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records if r["status"] in ("oom", "failed")})
+    failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records
+                     if r["status"] in ("oom", "failed")})
     skipped = sorted({f"{r['method']}: {r['reason'].split(';')[0][:110]}" for r in records if r["status"] == "skipped"})
     fig.suptitle(f"Local attention kernels on {device_name}: TFLOP/s vs sequence length (measured "
                  f"{str(r0['timestamp'])[:10]})\nB={r0['batch']}, Z={r0['heads']}, d={r0['head_dim']}, {r0['dtype']}; "

@@ -27,6 +27,7 @@ from .memory import measure_peak, saved_for_backward
 from .spec import Case
 from .steps import Step, build_step, kernel_used
 from .timing import RepeatPolicy, barrier, summarize, time_interleaved
+from .model_record import model_fields
 
 # Share of a group's wall-clock budget (sum of its cases' timeouts.case_s) that timing rounds may use:
 # the rest covers building the steps, the memory and byte steps (CPU memory profiling is slow) and noise.
@@ -160,8 +161,6 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
     rec.update(stats)
     rec["time_samples_s"] = samples
     if case.level == "model":
-        from .model_record import model_fields
-
         rec.update(model_fields(case, step.context, med, per_rank, device))
     else:
         flops, scope = case_flops(case.level, shape, case.mode)

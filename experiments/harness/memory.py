@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch._C._profiler import _EventType
+from torch.profiler import ProfilerActivity, profile
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,6 @@ class MemoryPeak:
 
 
 def _cpu_peak(fn: Callable[[], object]) -> int:
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # silence kineto's start/stop chatter
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False,
                  with_stack=False) as prof:

@@ -32,6 +32,8 @@ from . import results as R
 from burst_impl.flops import tflops_per_s, tokens_per_s
 from .model_steps import ModelRun, layer_bytes
 from .spec import Case
+from ..profiles.cluster import load_profile
+from ..profiles.hardware import known_hardware, load_hardware
 
 FLOPS_CONVENTION = ("6 x matmul params x tokens (train; prefill 2x, LM head on the last token) + attention "
                     "4BN^2Zd per layer forward, causal halved, x3.5 forward+backward; recomputation not counted")
@@ -40,8 +42,6 @@ FLOPS_CONVENTION = ("6 x matmul params x tokens (train; prefill 2x, LM head on t
 def _by_gpu_name(dtype: str, device: torch.device) -> tuple[float | None, str]:
     """The peak of the hardware profiles whose accelerator is this GPU's model (A100, H100, ...), when
     they agree on it (SXM and PCIe parts of one model may not: then no MFU)."""
-    from ..profiles.hardware import known_hardware, load_hardware
-
     gpu = torch.cuda.get_device_name(device)
     model = next((w for w in re.split(r"[\s-]+", gpu) if re.fullmatch(r"[A-Z]+\d{2,4}[A-Z]?", w)), None)
     peaks = {}
@@ -62,9 +62,6 @@ def peak_flops(dtype: str, device: torch.device) -> tuple[float | None, str]:
         return None, "no MFU on CPU: no published peak for this CPU (model TFLOP/s per rank recorded)"
     name = R.cluster_info(1).get("profile")
     try:
-        from ..profiles.hardware import load_hardware
-        from ..profiles.cluster import load_profile
-
         hw = load_profile(name).hardware if name else None
         acc = load_hardware(hw).accelerator if hw else None
     except ValueError:

@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+import pandas as pd
+
 from . import axes, env
 from .axes import AXES
 from .spec import Case
@@ -123,6 +125,11 @@ def append_record(results_root: Path | str, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+# Levels of records written before the level was renamed (``"block"``: the committed reference runs
+# results/reference/cpu2-amd-epyc/{cpu_fig3_train,cpu_fig4a_scaling,cpu_fig4b_batch}), read as today's.
+_OLD_LEVELS = {"block": "layer"}
+
+
 def read_records(path: Path | str) -> list[dict]:
     """Every record of a results.jsonl (a torn last line, from a killed writer, is ignored)."""
     p = Path(path)
@@ -134,9 +141,12 @@ def read_records(path: Path | str) -> list[dict]:
         if not line:
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if isinstance(rec, dict) and rec.get("level") in _OLD_LEVELS:
+            rec["level"] = _OLD_LEVELS[rec["level"]]
+        out.append(rec)
     return out
 
 
@@ -179,8 +189,6 @@ def result_roots(base: Path | str = RESULTS_BASE) -> list[Path]:
 
 def load_results(results_root: Path | str, experiment: str | None = None):
     """A pandas DataFrame of the newest record per case (all experiments, or one)."""
-    import pandas as pd
-
     root = Path(results_root)
     dirs = [root / experiment] if experiment else sorted(p for p in root.iterdir() if p.is_dir())
     rows = []

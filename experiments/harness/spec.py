@@ -35,7 +35,8 @@ machine (not installed, a CUDA kernel without a GPU) makes the case skipped with
 the reason. ``auto`` in the list is the automatic choice (no ``backend=``, no
 suffix in the case name), e.g. ``kernels: [auto, math]`` for a row with the
 method's usual kernel beside one with materialised scores (the papers'
-"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``). A method name must be registered in ``baselines.METHODS``.
+"without LAO / FlashAttention"). Every record names the kernel that ran (``kernel``).
+A method name must be registered in ``baselines.METHODS``.
 A registered method that cannot run on this machine (an adapter whose package
 is missing) has its cases recorded as skipped with the reason
 (``Method.problem``); skipped cases are re-evaluated by every run.
@@ -56,7 +57,6 @@ still accepted.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,9 @@ from .schema import FileErr, check_keys, fields_from, from_mapping, plain
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
 # op: the operator on local shards; layer: the attention layer; model: a whole decoder (model_cases.py)
 LEVELS = ("op", "layer", "model")
-# Old names still accepted in YAML, mapped to the current ones (with a DeprecationWarning).
-_LEVEL_ALIASES = {"block": "layer"}
-_KEY_ALIASES = {"target": "cluster"}
+# Names the spec format no longer has: a file that uses one fails, naming the current one.
+_RENAMED_LEVELS = {"block": "layer"}
+_RENAMED_KEYS = {"target": "cluster"}
 
 
 def _one_of(choices):
@@ -174,7 +174,7 @@ class Case:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Case":
-        shape = AttnShape(**{a: d[a] for a in axes.AXES if a in d})
+        shape = axes.shape_from(d)
         return cls(shape=shape, **{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
 
 
@@ -220,7 +220,8 @@ class Spec:
     kernels: tuple[str, ...] = field(default=(), metadata={"check": _check_kernels})   # (): automatic
     warmup: int = field(default=2, metadata={"check": _at_least(0)})
     repeats: int = field(default=10, metadata={"check": _at_least(1)})
-    max_repeats: int | None = field(default=None, metadata={"check": lambda v: v is not None and _at_least(1)(v) or None})
+    max_repeats: int | None = field(default=None,
+                                    metadata={"check": lambda v: v is not None and _at_least(1)(v) or None})
     ci_target: float = field(default=0.05, metadata={"check": lambda v: None if 0 < v < 1 else
                                                      f"{v!r} must be a relative half-width in (0, 1), e.g. 0.05"})
     interleave: bool = True
@@ -253,16 +254,16 @@ def _cluster_problem(name: str) -> str | None:
 # ---------------------------------------------------------------- loading
 
 
-def _renamed(raw: dict, aliases: dict, err, prefix: str = "") -> dict:
-    out = dict(raw)
-    for old, new in aliases.items():
-        if old in out:
-            if new in out:
-                raise err(prefix + old, f"is the old name of {new!r}; give only {new!r}")
-            warnings.warn(f"{getattr(err, 'path', '')}: key {prefix + old!r} is deprecated; call it {new!r}",
-                          DeprecationWarning, stacklevel=3)
-            out[new] = out.pop(old)
-    return out
+def _check_renamed(raw: dict, err) -> None:
+    """ValueError for a key or level of the format's old names (``_RENAMED_KEYS``, ``_RENAMED_LEVELS``)."""
+    for old, new in _RENAMED_KEYS.items():
+        if old in raw:
+            raise err(old, f"was renamed {new!r}; call it {new!r}")
+    measure = raw.get("measure")
+    level = measure.get("level") if isinstance(measure, dict) else None
+    if isinstance(level, str) and level in _RENAMED_LEVELS:
+        raise err("measure.level", f"{level!r} was renamed {_RENAMED_LEVELS[level]!r}; call it "
+                                   f"{_RENAMED_LEVELS[level]!r}")
 
 
 def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None = None) -> Spec:
@@ -270,14 +271,10 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
     err = FileErr(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a spec must be a YAML mapping")
-    raw = _renamed(raw, _KEY_ALIASES, err)
+    _check_renamed(raw, err)
+    raw = dict(raw)
     if cluster:
         raw["cluster"] = cluster
-    measure = raw.get("measure") or {}
-    if isinstance(measure, dict) and measure.get("level") in _LEVEL_ALIASES:
-        warnings.warn(f"{path}: measure.level {measure['level']!r} is deprecated; call it "
-                      f"{_LEVEL_ALIASES[measure['level']]!r}", DeprecationWarning, stacklevel=2)
-        raw["measure"] = dict(measure, level=_LEVEL_ALIASES[measure["level"]])
     kw = fields_from(Spec, {k: v for k, v in raw.items() if k != "sweep"}, err, skip=("sweep", "path"))
     if "sweep" not in raw:
         raise err("sweep", "is required")
@@ -434,7 +431,9 @@ def resolve_spec_path(name: str) -> Path:
 def load_preset(path: Path | str, *, cluster: str | None = None) -> Preset:
     p = Path(path)
     err = FileErr(p)
-    raw = _renamed(yaml.safe_load(p.read_text()) or {}, _KEY_ALIASES, err)
+    raw = yaml.safe_load(p.read_text()) or {}
+    if isinstance(raw, dict):
+        _check_renamed(raw, err)
     pf = from_mapping(_PresetFile, raw, err)
     specs = tuple(load_spec(EXPERIMENTS_DIR / s, cluster=cluster or pf.cluster) for s in pf.specs)
     names = [s.name for s in specs]

@@ -11,7 +11,6 @@ Modes (PAPER.md, FLOP convention):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch

@@ -105,7 +105,8 @@ def write_summary(results_root: Path | str, experiment: str, baseline: str | Non
             "no_interval": len(ok) - len(widths), "repeat_stop": stops, "ratios": rat, "code_path_flags": flags}
     (R.experiment_dir(results_root, experiment) / "summary.json").write_text(json.dumps(data, indent=1))
     lines = [f"{experiment}: {len(ok)} ok case(s); median interval +-"
-             + (f"{data['ci_halfwidth_rel']['median'] * 100:.1f}% (widest +-{data['ci_halfwidth_rel']['max'] * 100:.1f}%)"
+             + (f"{data['ci_halfwidth_rel']['median'] * 100:.1f}% "
+                f"(widest +-{data['ci_halfwidth_rel']['max'] * 100:.1f}%)"
                 if widths else "n/a") + f"; repeats stopped by {stops}"]
     if rat:
         unresolved = sum(not r["resolved"] for r in rat)

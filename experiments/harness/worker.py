@@ -162,7 +162,7 @@ def run_group(cases: list[Case], *, rank: int, world: int, device: torch.device,
                          shape_checked=_shape_checked_once, inject=_inject)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", required=True, help="JSON list of cases (experiments.harness.spec.Case dicts)")
     ap.add_argument("--results", default="results", help="results root directory")
@@ -171,16 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-failed", action="store_true")
     ap.add_argument("--finalize-only", action="store_true",
                     help="record started-but-unfinished cases as failed and exit (end of a SLURM job)")
-    args = ap.parse_args(argv)
-    cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
-    rank, world, local_rank = _rank_world()
-    root = args.results
+    return ap.parse_args(argv)
 
-    if args.finalize_only:
-        R.finalize_unfinished(root, cases, "the job ended before the case finished (crash or time limit)")
-        return 0
 
-    device = _device(args.device, local_rank)
+def _set_up(kind: str, cases: list[Case], world: int, local_rank: int) -> torch.device:
+    """This rank's device, its CPU threads (the cores shared by the local ranks), and the process group."""
+    device = _device(kind, local_rank)
     if device.type == "cpu":
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, local_world)))
@@ -189,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
                                 timeout=datetime.timedelta(seconds=pg_timeout),
                                 device_id=device if device.type == "cuda" else None)
-    # Rank 0 settles what an earlier launch left unfinished, then decides what to run.
+    return device
+
+
+def _pending(args: argparse.Namespace, cases: list[Case], rank: int, world: int) -> list[Case]:
+    """The cases to run: rank 0 settles what an earlier launch left unfinished, then decides; every rank
+    gets its list."""
+    root = args.results
     if rank == 0:
         R.finalize_unfinished(root, cases, "the process ended before the case finished "
                                            "(killed, crashed, or over the launch's time limit)")
@@ -202,35 +204,81 @@ def main(argv: list[str] | None = None) -> int:
         box = [pending]
         dist.broadcast_object_list(box, src=0)
         pending = box[0]
-    todo = [Case.from_dict(d) for d in pending]
+    return [Case.from_dict(d) for d in pending]
+
+
+def _runnable(part: list[Case], root, rank: int, world: int) -> list[Case]:
+    """The cases of ``part`` that can run in this launch; the others recorded as skipped (rank 0)."""
+    runnable = []
+    for case in part:
+        if case.world_size != world:
+            if rank == 0:
+                R.append_record(root, R.base_record(
+                    case, "skipped", f"launched with world size {world}, case needs {case.world_size}"))
+            continue
+        problem = case_problem(case)
+        if problem:
+            if rank == 0:
+                R.append_record(root, R.base_record(case, "skipped", problem))
+            continue
+        runnable.append(case)
+    return runnable
+
+
+def _start_group(runnable: list[Case], root, rank: int, world: int, device: torch.device) -> None:
+    """Markers of the started cases (rank 0, with the group's budget), then every rank together."""
+    budget = sum(c.case_timeout_s for c in runnable)
+    if rank == 0:
+        for case in runnable:
+            R.clear_work(root, case)
+            R.write_marker(root, case, budget, [c.case_id for c in runnable])
+    if world > 1:
+        barrier(dist.group.WORLD, device)
+
+
+def _fail_group(e: BaseException, runnable: list[Case], current: Current, root, rank: int) -> None:
+    """Called in the ``except`` of a group that raised: records the failure, then ends the process."""
+    case = current.case or runnable[0]
+    status = "oom" if is_oom(e) else "failed"
+    tb = traceback.format_exc(limit=4)
+    reason = f"{type(e).__name__}: {str(e)[:800]}"
+    R.write_rank_error(root, case, rank, status, reason)
+    print(f"rank {rank}: {case.case_id} {status}: {reason}\n{tb}", file=sys.stderr, flush=True)
+    # Rank 0 records the failure itself when it can (and when its error is a cause, not a lost
+    # peer: then another rank's case is the culprit); the driver (or the next launch) finalises
+    # it otherwise from the .err files.
+    if rank == 0 and (len(runnable) == 1 or not R.peer_lost(reason)):
+        time.sleep(1.0)  # let other ranks' .err files land (an OOM elsewhere explains our error)
+        st, why = R.failure_from_errors(root, case, reason)
+        R.append_record(root, R.base_record(case, st, why))
+        R.clear_work(root, case)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_CASE_FAILED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
+    rank, world, local_rank = _rank_world()
+    root = args.results
+
+    if args.finalize_only:
+        R.finalize_unfinished(root, cases, "the job ended before the case finished (crash or time limit)")
+        return 0
+
+    device = _set_up(args.device, cases, world, local_rank)
+    todo = _pending(args, cases, rank, world)
 
     _warm_up_imports()
     dog = Watchdog(root, rank)
     done_n = 0
     for part in groups(todo):
-        runnable = []
-        for case in part:
-            if case.world_size != world:
-                if rank == 0:
-                    R.append_record(root, R.base_record(
-                        case, "skipped", f"launched with world size {world}, case needs {case.world_size}"))
-                continue
-            problem = case_problem(case)
-            if problem:
-                if rank == 0:
-                    R.append_record(root, R.base_record(case, "skipped", problem))
-                continue
-            runnable.append(case)
+        runnable = _runnable(part, root, rank, world)
         done_n += len(part) - len(runnable)
         if not runnable:
             continue
-        budget = sum(c.case_timeout_s for c in runnable)
-        if rank == 0:
-            for case in runnable:
-                R.clear_work(root, case)
-                R.write_marker(root, case, budget, [c.case_id for c in runnable])
-        if world > 1:
-            barrier(dist.group.WORLD, device)
+        _start_group(runnable, root, rank, world, device)
         log(f"[{done_n + 1}-{done_n + len(runnable)}/{len(todo)}] {runnable[0].experiment}: "
             + ", ".join(c.case_id for c in runnable))
         current = Current(root=root, rank=rank)
@@ -238,23 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             recs = run_group(runnable, rank=rank, world=world, device=device, current=current)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a record
-            case = current.case or runnable[0]
-            status = "oom" if is_oom(e) else "failed"
-            tb = traceback.format_exc(limit=4)
-            reason = f"{type(e).__name__}: {str(e)[:800]}"
-            R.write_rank_error(root, case, rank, status, reason)
-            print(f"rank {rank}: {case.case_id} {status}: {reason}\n{tb}", file=sys.stderr, flush=True)
-            # Rank 0 records the failure itself when it can (and when its error is a cause, not a lost
-            # peer: then another rank's case is the culprit); the driver (or the next launch) finalises
-            # it otherwise from the .err files.
-            if rank == 0 and (len(runnable) == 1 or not R.peer_lost(reason)):
-                time.sleep(1.0)  # let other ranks' .err files land (an OOM elsewhere explains our error)
-                st, why = R.failure_from_errors(root, case, reason)
-                R.append_record(root, R.base_record(case, st, why))
-                R.clear_work(root, case)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_CASE_FAILED)
+            _fail_group(e, runnable, current, root, rank)
         finally:
             dog.disarm()
         done_n += len(runnable)

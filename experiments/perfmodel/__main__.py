@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from ..harness.spec import load_any
 from .jobs import run_jobs

@@ -39,7 +39,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from .costs import CostModel
+from burst_impl import kernels
+from burst_impl.shape import DTYPES
 
 HBM = ("hbm",)
 HBM_ELEMENTS = 1 << 23            # 32 MiB fp32 per operand: far larger than any cache of this machine
@@ -174,11 +178,6 @@ def needed(cases, hardware, *, predict) -> set:
 
 def _runner(key: tuple):
     """A zero-argument callable doing the work of ``key`` once (tensors made here, outside the timing)."""
-    import torch
-
-    from burst_impl import kernels
-    from burst_impl.shape import DTYPES
-
     g = torch.Generator().manual_seed(0)
     if key[0] == "attention":
         _, b, z, d, rows, cols, causal, mode, dtype = key
@@ -242,8 +241,6 @@ def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: flo
     """Seconds per call of each key in each round; before each (round, key) every process waits for the
     others (``go.<round>.<i>``). Rounds spread every key over the measurement's length, so a change of
     this machine's load while it runs (other jobs) falls on every key alike instead of on a few."""
-    import torch
-
     torch.set_num_threads(threads)
     fns = [_runner(key) for key in keys]
     for fn in fns:

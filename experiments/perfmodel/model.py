@@ -70,9 +70,11 @@ class Prediction:
         if not self.memory["oom"]:
             return ""
         m = self.memory
+        largest = (max(m['transient_buffers'].items(), key=lambda kv: kv[1])[0] if m['transient_buffers']
+                   else 'kept activations')
         return (f"modelled peak {m['total_bytes'] / 2**30:.1f} GiB per rank exceeds the "
                 f"{m['capacity_bytes'] / 2**30:.0f} GiB of {self.hardware.accelerator.name} "
-                f"(largest: {max(m['transient_buffers'].items(), key=lambda kv: kv[1])[0] if m['transient_buffers'] else 'kept activations'})")
+                f"(largest: {largest})")
 
 
 def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardware: Hardware | str,

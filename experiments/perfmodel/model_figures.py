@@ -30,6 +30,8 @@ from ..harness.spec import Case, Spec
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
 from .predict import VARIANTS_FILE, _record, _write_jsonl, spec_hardware
 from .schedules import VARIANTS
+from .. import plots
+from .tables import write_model_table
 
 SUFFIX = "_model_level"
 BE_HARDWARE = "a800_ib_4x8"         # BurstEngine's cluster: 4 x 8 A800 + InfiniBand
@@ -71,8 +73,6 @@ def _records(exp: str, items, hw) -> list[dict]:
 
 def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_root: Path, draw: bool,
            hw, variants: list[dict] = ()) -> list[Path]:
-    from .tables import write_model_table
-
     out = results_root / exp
     _write_jsonl(out / "results.jsonl", records)
     if variants:                      # model-only variants: the tables, not the figures (as at attention level)
@@ -82,8 +82,6 @@ def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_
                                                            sort_keys=False))
     files = [out / "results.jsonl", out / "spec.resolved.yaml"]
     if draw:
-        from .. import plots
-
         files.extend(plots.draw_experiment(results_root, plots_root, exp))
     files.append(write_model_table(exp, meta, hw, records + list(variants), plots_root / exp))
     return files

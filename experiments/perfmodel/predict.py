@@ -35,6 +35,8 @@ from .model import ASSUMPTIONS, Prediction, predict_case
 from .placement import Placement
 from .schedules import VARIANTS
 from ..harness.env import repo_relative
+from . import tables
+from .. import plots
 
 RESULTS_ROOT = REPO / "results" / "modelled"
 PLOTS_ROOT = REPO / "plots" / "modelled"
@@ -60,7 +62,10 @@ def experiment_name(spec: Spec, hw: Hardware, override: str | None) -> str:
 
 def hardware_record(hw: Hardware, world_size: int) -> dict:
     place = Placement.of(hw, world_size)
-    link = (lambda lk: None if lk is None else dataclasses.asdict(lk))
+
+    def link(lk):
+        return None if lk is None else dataclasses.asdict(lk)
+
     return {
         # short: figure titles print it whole
         "summary": f"MODELLED: {hw.name}, {place.nodes} node{'s' if place.nodes > 1 else ''} x "
@@ -158,8 +163,6 @@ def _write_jsonl(path: Path, records: list[dict]) -> None:
 def write_experiment(spec: Spec, *, hardware: str | None = None, results_root: Path | str = RESULTS_ROOT,
                      plots_root: Path | str = PLOTS_ROOT, draw: bool = True, variants: bool = True) -> list[Path]:
     """Records, resolved spec, figures and tables of one spec; returns the files written."""
-    from . import tables
-
     results_root, plots_root = Path(results_root), Path(plots_root)
     hw = spec_hardware(spec, hardware)
     exp, records, extra = predict_spec(spec, hardware, variants=variants)
@@ -173,8 +176,6 @@ def write_experiment(spec: Spec, *, hardware: str | None = None, results_root: P
     (out / "spec.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
     files.append(out / "spec.resolved.yaml")
     if draw:
-        from .. import plots
-
         files.extend(plots.draw_experiment(results_root, plots_root, exp))
     files.append(tables.write_table(spec, exp, hw, records, extra, plots_root / exp))
     return files

@@ -17,6 +17,7 @@ from ..harness.env import repo_relative
 from ..harness.spec import Spec
 from .model import ASSUMPTIONS
 from .schedules import VARIANTS
+from .model_level import ASSUMPTIONS as MODEL_ASSUMPTIONS
 
 X_AXES = ("seqlen", "world_size", "batch")
 MODE_TEXT = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward + backward"}
@@ -165,8 +166,6 @@ _PREFILL_NOTE = ("Prefill memory: the weights, the attention layer's modelled pe
 
 def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[dict], out_dir: Path) -> Path:
     """``table_modelled.md`` of a model-level experiment (``model_figures.py``)."""
-    from .model_level import ASSUMPTIONS as MODEL_ASSUMPTIONS
-
     r0 = records[0]
     mode = "prefill (forward, first-token latency)" if r0["mode"] == "forward" else "training step (forward + backward)"
     out = [f"# {experiment}: {meta.get('paper_ref', '')} — MODELLED, whole model",

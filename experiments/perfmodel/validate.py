@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import os
+import dataclasses
+from pathlib import Path
 
 from baselines import AttnShape
 
@@ -29,6 +31,8 @@ from ..profiles.hardware import Accelerator, Hardware, Link
 from burst_impl.flops import attention_flops
 from .measured import KernelTimes, MeasuredCosts, needed
 from .model import predict_case
+from ..harness import results as R
+from .measured import measure
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout", "mask")
@@ -122,7 +126,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True) -> list[dict]:
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "critical_comm_s": b["critical_comm_s"], "critical_compute_s": b["critical_compute_s"],
+                     "load_scale": k, "critical_comm_s": b["critical_comm_s"],
+                     "critical_compute_s": b["critical_compute_s"],
                      "samples": list(c.rec.get("time_samples_s") or [])})
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 
@@ -165,12 +170,6 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     the run had ranks, as many threads each as the worker used) and added to it.
     ``require_calibration``: refuse a run with given link rates and no compute calibration (nothing
     then carries the table to the run's load; ``experiments.run`` skips those, e.g. the emulator's tests)."""
-    import dataclasses
-    from pathlib import Path
-
-    from ..harness import results as R
-    from .measured import measure
-
     out = R.experiment_dir(Path(results_root), experiment)
     records = list(R.latest_by_case(R.read_records(out / R.RESULTS_FILE)).values())
     cases = _cases(records)

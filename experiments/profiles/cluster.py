@@ -27,6 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from .hardware import load_hardware
+
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "clusters"
 SCHEDULERS = ("local", "slurm", "emulated")
 LAUNCHERS = ("torchrun", "slurm")
@@ -190,8 +192,6 @@ def _validate(p, raw: dict) -> None:
 
 
 def _validate_emulated(p, raw: dict) -> None:
-    from .hardware import load_hardware
-
     if raw["device"] != "cpu":
         raise _err(p, "device", f"{raw['device']!r}: emulated nodes run CPU ranks; use device: cpu")
     if not raw.get("hardware"):
@@ -231,8 +231,6 @@ def parse_profile(raw, p: str | Path = "<memory>") -> Profile:
     _validate(p, raw)
     prof = Profile(**raw, path=str(p))
     if prof.hardware is not None:
-        from .hardware import load_hardware
-
         hw = load_hardware(prof.hardware)   # ValueError naming the file and key if it is wrong
         if prof.scheduler == "slurm" and (hw.nodes, hw.devices_per_node) != (prof.nodes, prof.gpus_per_node):
             raise _err(p, "nodes", f"nodes={prof.nodes} x gpus_per_node={prof.gpus_per_node} disagree with "

@@ -36,6 +36,7 @@ from . import cpuquota, emulation, netns, shaping
 from ...profiles.hardware import load_hardware
 from ...profiles.cluster import Profile
 from .rankexec import ENV as RANK_NETNS_ENV
+from .slurmd import Slurm
 
 CLUSTER_ENV = "EXPERIMENTS_CLUSTER"   # JSON read by experiments.harness.results.base_record
 
@@ -103,8 +104,6 @@ class EmulatedCluster:
                           links["inter"].shape if "inter" in links else one, netem=bool(netem))
             netns.write_state(self.topo, profile=p.name, scaling=self.scaling.to_dict(), work=str(self.work))
             if p.launcher == "slurm":
-                from .slurmd import Slurm
-
                 self.slurm = Slurm(self.topo, self.work)
                 self.slurm.start()
         except BaseException:
@@ -183,7 +182,7 @@ class EmulatedCluster:
                     pass
             try:
                 atexit.unregister(self.down)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - best effort while tearing down
                 pass
 
     # ------------------------------------------------------------ use

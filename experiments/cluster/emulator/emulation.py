@@ -37,8 +37,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 from ...profiles.hardware import Hardware
 from .shaping import LinkShape
+from burst_impl import kernels
+from burst_impl.flops import attention_flops
+from burst_impl.shape import DTYPES, AttnShape
+from .cpuquota import join
 
 DEFAULT_LATENCY_CAP_US = 2000.0
 
@@ -147,12 +153,6 @@ def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] |
 def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
            seconds: float) -> float:
     """FLOP/s of fwd+bwd of one full tokens x tokens block, timed while the other processes run too."""
-    import torch
-
-    from burst_impl import kernels
-    from burst_impl.shape import DTYPES, AttnShape
-    from burst_impl.flops import attention_flops
-
     torch.set_num_threads(threads)
     dt = DTYPES[dtype]
     g = torch.Generator().manual_seed(0)
@@ -193,8 +193,6 @@ def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: in
             ps.append(subprocess.Popen([c.replace("{id}", str(i)) for c in cmd], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, env=env))
             if cgroups:           # before the benchmark starts timing (it waits for "go")
-                from .cpuquota import join
-
                 join(cgroups[i], ps[-1].pid)
         try:
             deadline = time.monotonic() + timeout_s

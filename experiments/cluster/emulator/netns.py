@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .cpuquota import remove as remove_cgroups  # the ranks' cpu cgroups, once their processes are gone
+
 PREFIX = "bemu"
 NETNS_DIR = Path("/var/run/netns")
 STATE_DIR = Path("/run/burst-emu")
@@ -300,7 +302,6 @@ def teardown(run_id: str, *, grace_s: float = 5.0) -> list[str]:
         if _alive(int(extra)):
             pids.append(int(extra))
     kill_pids(pids, grace_s)
-    from .cpuquota import remove as remove_cgroups   # the ranks' cpu cgroups, once their processes are gone
 
     remove_cgroups(run_id)
     # Ranks before nodes before the fabric: deleting a namespace destroys its end of each veth pair.

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+import re
 
 from . import netns
 
@@ -100,8 +101,6 @@ def shape(topo: netns.Topology, intra: LinkShape, inter: LinkShape, *, netem: bo
 
 def class_stats(ns: str, dev: str = "eth0") -> dict[str, dict]:
     """Bytes and packets sent per class of one rank, ``{"1:10": {"bytes": ..., "packets": ...}, ...}``."""
-    import re
-
     out = netns.exec_in(ns, ["tc", "-s", "class", "show", "dev", dev], check=False).stdout
     stats, handle = {}, None
     for line in out.splitlines():

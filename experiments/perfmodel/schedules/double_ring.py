@@ -120,7 +120,8 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
             for ring, i, g, plan in members:
                 route = plan.acc_finish()[k]
                 if route.then not in ("own", "keep"):
-                    post("acc", g, route.then, n + k, acc_parts[acc_count[g]], [P[g, n - 1], P[peer[g, route.then, 1], n - 1]])
+                    post("acc", g, route.then, n + k, acc_parts[acc_count[g]],
+                         [P[g, n - 1], P[peer[g, route.then, 1], n - 1]])
                     acc_count[g] += 1
     for ring, i, g, plan in members:
         end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1))], rank=g, phase=phase)

@@ -19,6 +19,7 @@ from burst_impl.flops import mask_area
 
 from .common import Ctx, all_to_all, sequence_parallel
 from .ring_family import ring_backward, ring_forward
+from baselines.registry import get
 
 
 def _kv_rep(heads: int, kv_heads: int, degree: int) -> int:
@@ -94,8 +95,6 @@ def ulysses(ctx: Ctx) -> dict:
 
 
 def usp(ctx: Ctx, overlap: bool = True) -> dict:
-    from baselines.registry import get
-
     s = ctx.shape
     u = ctx.options.get("ulysses_degree")
     if u is None:
