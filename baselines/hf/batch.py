@@ -150,6 +150,8 @@ def shard_batch(input_ids: Tensor, labels: Tensor | None = None, *, layout: str 
         check_seqlen(input_ids.shape[1], layout, world_size, name="input_ids.shape[1] (global N)")
     pos, target, cu = global_inputs(input_ids, labels, attention_mask=attention_mask, position_ids=position_ids,
                                     cu_seqlens=cu_seqlens, ignore_index=ignore_index)
-    cut = lambda x: shard(x, layout, rank, world_size)
+    def cut(x):
+        return shard(x, layout, rank, world_size)
+
     return ShardedBatch(cut(input_ids), cut(pos), cut(target), None if cu is None else masks.documents(cu),
                         layout, rank, world_size)

@@ -72,8 +72,10 @@ def batch_at(step: int, batch: int, seqlen: int, vocab: int = 64) -> torch.Tenso
 
 
 def train(args: Args) -> None:
-    from baselines import hf
-    from baselines.hf.models import build
+    # transformers (the optional [hf] extra) is imported only when a run starts, so that a user
+    # error in the arguments is answered before that import
+    from baselines import hf  # noqa: PLC0415 (optional dependency: transformers)
+    from baselines.hf.models import build  # noqa: PLC0415 (optional dependency: transformers)
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     dtype = DTYPES[args.dtype]

@@ -24,8 +24,9 @@ def decoder_layers(model) -> torch.nn.ModuleList:
 
 def shard_model(model, group=None, *, reshard_after_forward: bool = True, mp_policy=None):
     """Shard ``model``'s weights over ``group`` with FSDP2, in place; no-op without a process group."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    # public only from torch 2.6 (pyproject allows 2.4), as burst_impl/model/fsdp.py
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415 (torch >= 2.6 only)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415 (torch >= 2.6 only)
 
     if not dist.is_initialized():
         return model

@@ -34,7 +34,7 @@ class TinyConfig:
     max_window_layers: int | None = None     # Qwen2: layers >= this one use the sliding window
 
     def hf_config(self):
-        import transformers
+        import transformers  # noqa: PLC0415 (optional dependency)
 
         kw = {k: v for k, v in asdict(self).items() if k not in ("family", "sliding_window", "max_window_layers")}
         kw.update(tie_word_embeddings=False, attention_dropout=0.0)
@@ -65,7 +65,7 @@ def tiny_config(family: str, **overrides) -> TinyConfig:
 def build(family: str, dtype: torch.dtype = torch.float32, seed: int = 0, attn_implementation: str = "sdpa",
           **overrides):
     """The causal LM of ``tiny_config(family, **overrides)`` with seeded weights, in ``dtype``."""
-    import transformers
+    import transformers  # noqa: PLC0415 (optional dependency)
 
     cfg = tiny_config(family, **overrides).hf_config()
     cfg._attn_implementation = attn_implementation

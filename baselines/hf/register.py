@@ -44,8 +44,8 @@ def default_name(binding: Binding) -> str:
 
 def _interfaces():
     try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
+        from transformers import AttentionInterface  # noqa: PLC0415 (optional dependency)
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415 (optional dependency)
     except ImportError as e:
         raise ImportError(f"baselines.hf needs transformers (the [hf] extra: pip install -e '.[hf]'): {e}") from e
     return AttentionInterface, AttentionMaskInterface
