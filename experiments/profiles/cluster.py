@@ -58,6 +58,9 @@ class Profile:
     hardware: str | None = None      # the hardware profile it is made of (experiments/hardware/<name>.yaml)
     # emulated only
     ranks_per_node: int = 0
+    # NICs per emulated node (0: one per rank, every rank shaped at its per-rank share, the pre-NIC
+    # convention); ranks_per_node / nics_per_node consecutive ranks share one shaped NIC (emulator/shaping.py)
+    nics_per_node: int = 0
     launcher: str = "torchrun"
     link_rates: dict | None = None   # {intra: bytes/s, inter: bytes/s}: given rates, no calibration
     latency_cap_us: float = 2000.0
@@ -67,6 +70,11 @@ class Profile:
     @property
     def per_node(self) -> int:
         return self.ranks_per_node if self.scheduler == "emulated" else self.gpus_per_node
+
+    @property
+    def ranks_per_nic(self) -> int:
+        """Ranks of an emulated node sharing one NIC (1 where every rank has its own)."""
+        return self.ranks_per_node // self.nics_per_node if self.nics_per_node else 1
 
     @property
     def via_slurm(self) -> bool:
@@ -151,7 +159,7 @@ def _validate(p, raw: dict) -> None:
     if raw["device"] not in ("cpu", "cuda", "auto"):
         raise _err(p, "device", f"{raw['device']!r} must be 'cpu', 'cuda' or 'auto'")
     for key, low in (("nodes", 1), ("gpus_per_node", 0), ("cpus_per_gpu", 1), ("max_local_world", 1),
-                     ("ranks_per_node", 0), ("master_port", 1024), ("calibration_tokens", 1)):
+                     ("ranks_per_node", 0), ("master_port", 1024), ("calibration_tokens", 1), ("nics_per_node", 0)):
         _int(p, raw, key, low)
     if raw.get("master_port", 0) > 65535 - 2000 - 10:
         raise _err(p, "master_port", f"{raw['master_port']} leaves no room for per-job ports (<= 63525)")
@@ -184,9 +192,27 @@ def _validate(p, raw: dict) -> None:
                 raise _err(p, key, "must be at least 1 for SLURM")
     if raw["scheduler"] == "emulated":
         _validate_emulated(p, raw)
-    elif any(k in raw for k in ("ranks_per_node", "link_rates", "calibration_tokens", "launcher")):
-        bad = next(k for k in ("ranks_per_node", "link_rates", "calibration_tokens", "launcher") if k in raw)
+    elif any(k in raw for k in _EMULATED_ONLY):
+        bad = next(k for k in _EMULATED_ONLY if k in raw)
         raise _err(p, bad, "only applies to scheduler: emulated")
+
+
+_EMULATED_ONLY = ("ranks_per_node", "nics_per_node", "link_rates", "calibration_tokens", "launcher")
+
+
+def _validate_nics(p, raw: dict, hw) -> None:
+    """An emulated node's NICs: they divide its ranks evenly, and no NIC carries more ranks than one of
+    the hardware's does (its rate is ranks_per_nic x the per-rank share, so more ranks would make a lone
+    flow faster than the real NIC)."""
+    nics, per_node = raw.get("nics_per_node", 0), raw["ranks_per_node"]
+    if not nics:
+        return
+    if nics > per_node or per_node % nics:
+        raise _err(p, "nics_per_node", f"{nics} must divide ranks_per_node={per_node} (every NIC shared by "
+                                       "the same number of ranks, at least one)")
+    if hw.inter is not None and per_node // nics > hw.ranks_per_nic:
+        raise _err(p, "nics_per_node", f"{nics} puts {per_node // nics} ranks on one NIC, more than the "
+                                       f"{hw.ranks_per_nic} of hardware {hw.name!r} (inter.shared_by)")
 
 
 def _validate_emulated(p, raw: dict) -> None:
@@ -203,6 +229,7 @@ def _validate_emulated(p, raw: dict) -> None:
     hw = load_hardware(raw["hardware"])
     if raw.get("nodes", 1) > 1 and hw.inter is None:
         raise _err(p, "nodes", f"{raw['nodes']} nodes need an inter-node link, and hardware {hw.name!r} has none")
+    _validate_nics(p, raw, hw)
     rates = raw.get("link_rates")
     if rates is not None:
         if not isinstance(rates, dict):

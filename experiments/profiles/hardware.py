@@ -146,22 +146,23 @@ class Hardware:
                              f"(devices_per_node of hardware {self.name!r})")
         return local_rank // self.ranks_per_nic
 
-    def inter_flow_bytes_per_s(self, flows: int = 1) -> float:
+    def inter_flow_bytes_per_s(self, flows: int = 1, ranks_per_nic: int | None = None) -> float:
         """Bytes/s of one inter-node flow while ``flows`` flows (itself included) cross on its NIC: the
-        NIC's rate split evenly, and on PCIe nodes at most the GPU's own PCIe link."""
+        NIC's rate split evenly, and on PCIe nodes at most the GPU's own PCIe link.
+
+        ``ranks_per_nic`` (default: the profile's): a NIC behind that many ranks, carrying that many
+        per-rank shares (an emulated node slice, ``experiments.cluster``; at the profile's own value
+        it is the physical NIC, ``inter.nic_bytes_per_s``)."""
         if self.inter is None:
             raise ValueError(f"hardware {self.name!r} has no inter-node link")
-        if isinstance(flows, bool) or not isinstance(flows, int) or flows < 1:
-            raise ValueError(f"flows={flows!r} must be an integer >= 1 (the flows sharing one NIC)")
-        rate = self.inter.nic_bytes_per_s / min(flows, self.ranks_per_nic)
+        q = self.ranks_per_nic if ranks_per_nic is None else ranks_per_nic
+        for key, v in (("flows", flows), ("ranks_per_nic", q)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key}={v!r} must be an integer >= 1")
+        rate = q * self.inter.bytes_per_s / min(flows, q)
         if self.intra.kind == "pcie":
             rate = min(rate, self.intra.bytes_per_s)
         return rate
-
-    def link(self, same_node: bool) -> Link:
-        if same_node or self.inter is None:
-            return self.intra
-        return self.inter
 
 
 def _err(path, key: str, rule: str) -> ValueError:
