@@ -267,6 +267,31 @@ def parse_profile(raw, p: str | Path = "<memory>") -> Profile:
     return prof
 
 
+def emulated_target(prof: Profile):
+    """The hardware an emulated profile stands for, at its own shape: ``prof.nodes`` nodes of
+    ``ranks_per_node`` devices of its hardware profile, ``ranks_per_nic`` of them per NIC, each NIC
+    carrying that many of the hardware's per-rank shares (as the emulator shapes it, before the time
+    dilation): what the performance model predicts an emulated run on (``experiments.perfmodel``)."""
+    import dataclasses
+
+    from .hardware import load_hardware
+
+    if prof.scheduler != "emulated":
+        raise ValueError(f"cluster={prof.name!r} has scheduler={prof.scheduler!r}; only an emulated profile "
+                         "reshapes its hardware")
+    hw = load_hardware(prof.hardware)
+    q = prof.ranks_per_nic
+    inter = None
+    if hw.inter is not None and prof.nodes > 1:
+        # per-rank share unchanged (bytes_per_s), NIC = q shares (nic_bytes_per_s)
+        inter = dataclasses.replace(hw.inter, gbits_s=hw.inter.gbits_s * q / hw.inter.shared_by, shared_by=q,
+                                    source=f"{hw.inter.source}; emulated NIC of {q} per-rank share(s) ({prof.name})")
+    return dataclasses.replace(hw, name=prof.name, nodes=prof.nodes, devices_per_node=prof.ranks_per_node,
+                               nics_per_node=prof.ranks_per_node // q, inter=inter, path=prof.path,
+                               description=f"{hw.name} as emulated by {prof.name}: {prof.nodes} nodes x "
+                                           f"{prof.ranks_per_node} ranks, {q} rank(s) per NIC")
+
+
 def load_profile(name_or_path: str) -> Profile:
     if name_or_path in BUILTIN:
         return BUILTIN[name_or_path]

@@ -164,6 +164,11 @@ class Hardware:
             rate = min(rate, self.intra.bytes_per_s)
         return rate
 
+    def link(self, same_node: bool) -> Link:
+        if same_node or self.inter is None:
+            return self.intra
+        return self.inter
+
 
 def _err(path, key: str, rule: str) -> ValueError:
     return ValueError(f"{path}: key {key!r}: {rule}")
