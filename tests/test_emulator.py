@@ -80,6 +80,39 @@ def test_up_shape_measure_down(tmp_path):
     _assert_gone(rid)
 
 
+def test_shared_nic_a_lone_flow_gets_the_nic_concurrent_flows_split_it(tmp_path):
+    """Both ranks of a node behind ONE NIC of 2 x 2.5e5 bytes/s (shaped on the node's uplink): one rank
+    alone gets the whole NIC, both at once half each, every flow within 15% (low rates: the sender never
+    lacks CPU on a loaded machine, and concurrent senders start together, selftest.send)."""
+    prof = parse_profile(yaml.safe_load(_profile(tmp_path, nics_per_node=1,
+                                                 link_rates={"intra": 4e6, "inter": 2.5e5}).read_text()), "emu.yaml")
+    with EmulatedCluster(prof, log=lambda *_: None) as cl:
+        rid = cl.topo.run_id
+        res = selftest.measure_nic(cl.topo, 2, seconds=1.0)
+        (lone,), conc = res["lone"]["flows"], res["concurrent"]["flows"]
+        assert abs(lone["bytes_per_s"] / 5e5 - 1) < 0.15, res
+        assert len(conc) == 2 and all(abs(f["bytes_per_s"] / 2.5e5 - 1) < 0.15 for f in conc), res
+        up = shaping.class_stats(cl.topo.node(0), "uplink")       # the bytes went through NIC 0's class
+        assert up["1:100"]["bytes"] > 1e6 and up["1:1000"]["bytes"] > 5e5 and up["1:1001"]["bytes"] > 2e5, up
+        info = cl.info(4)
+        assert info["nics_per_node"] == 1 and info["links"]["inter"]["ranks_per_nic"] == 2
+        assert info["links"]["inter"]["nic_bytes_per_s"] == 5e5 == info["links"]["inter"]["lone_bytes_per_s"]
+    _assert_gone(rid)
+
+
+def test_failure_shaping_a_nic_removes_everything(tmp_path, monkeypatch):
+    prof = parse_profile(yaml.safe_load(_profile(tmp_path, nics_per_node=1).read_text()), "emu.yaml")
+    real = shaping.nic_commands
+    monkeypatch.setattr(shaping, "nic_commands",
+                        lambda *a, **k: real(*a, **k) + [["qdisc", "add", "dev", "nosuchnic", "root", "htb"]])
+    before = set(netns.run_ids())
+    cl = EmulatedCluster(prof, log=lambda *_: None)
+    with pytest.raises(netns.NetnsError, match="nosuchnic"):
+        cl.up()
+    assert set(netns.run_ids()) == before
+    _assert_gone(cl.topo.run_id)
+
+
 def test_failure_half_way_removes_everything(tmp_path, monkeypatch):
     prof = parse_profile(yaml.safe_load(_profile(tmp_path).read_text()), "emu.yaml")
     real = shaping.rank_commands

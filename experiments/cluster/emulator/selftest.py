@@ -115,7 +115,7 @@ def measure_flows(topo: netns.Topology, flows: list, seconds: float, python: str
             cmd = netns.nsenter(topo.rank(di, dk), [python, "-m", "experiments.cluster.emulator.selftest", "serve",
                                                     topo.rank_addr(di, dk), str(port + n), str(seconds)])
             servers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        start_at = time.time() + 2.0 + 0.3 * len(flows)     # after every sender has started and connected
+        start_at = time.time() + 1.5 + 0.2 * len(flows)     # after every sender has started and connected
         for n, (cls, (si, sk), (di, dk)) in enumerate(flows):
             cmd = netns.nsenter(topo.rank(si, sk), [python, "-m", "experiments.cluster.emulator.selftest", "send",
                                                     topo.rank_addr(di, dk), str(port + n), str(seconds),
