@@ -68,6 +68,10 @@ def show(cl: EmulatedCluster | None = None) -> None:
                 sent = ", ".join(f"{name} {cls[h]['bytes']} B" for h, name in
                                  (("1:10", "intra"), ("1:20", "inter"), ("1:30", "other")) if h in cls)
                 print(f"  n{i}r{k} sent: {sent}")
+            up = shaping.class_stats(f"{rid}-n{i}", "uplink")       # NIC classes exist only where ranks share one
+            nics = sorted(h for h in up if h.startswith("1:") and 100 <= int(h[2:] or 0) < 1000)
+            if nics:
+                print(f"  n{i} NICs sent: " + ", ".join(f"NIC {int(h[2:]) - 100} {up[h]['bytes']} B" for h in nics))
 
 
 def _selftest(prof, seconds: float) -> int:
