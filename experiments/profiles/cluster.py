@@ -10,7 +10,9 @@ schedulers:
 * ``emulated``: ``nodes`` x ``ranks_per_node`` CPU ranks on this machine, each
   node a network namespace with links shaped to scale ``hardware`` (a
   hardware profile, ``hardware.py``) down to this machine's compute rate
-  (``emulator/emulation.py``). ``launcher: torchrun`` starts one torchrun per node
+  (``emulator/emulation.py``), ``nics_per_node`` NICs per node shared by its ranks
+  (default one per rank; ``emulated_target`` is the hardware at that shape,
+  for the performance model). ``launcher: torchrun`` starts one torchrun per node
   namespace; ``launcher: slurm`` runs munge, slurmctld and one slurmd per node
   inside the namespaces and submits the very job script a real cluster gets;
 * ``local``: the built-ins.
