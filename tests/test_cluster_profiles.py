@@ -61,6 +61,8 @@ def test_shipped_profiles_load():
     (lambda d: d.update(env={"NCCL IB": "x"}), "env.NCCL IB"),
     (lambda d: d.update(speed=3), "speed"),
     (lambda d: d.update(scheduler="pbs"), "scheduler"),
+    (lambda d: d.update(nics_per_node=3), "nics_per_node"),            # 3 NICs for 2 ranks
+    (lambda d: d.update(nics_per_node=-1), "nics_per_node"),
 ])
 def test_bad_profiles_name_file_and_key(edit, key):
     raw = yaml.safe_load((PROFILE_DIR / "a100_roce_emu.yaml").read_text())
@@ -74,6 +76,44 @@ def test_emulated_keys_are_refused_elsewhere():
     raw = yaml.safe_load((PROFILE_DIR / "a100_32.yaml").read_text())
     with pytest.raises(ValueError, match="key 'ranks_per_node': only applies to scheduler: emulated"):
         parse_profile({**raw, "ranks_per_node": 2}, "x.yaml")
+    with pytest.raises(ValueError, match="key 'nics_per_node': only applies to scheduler: emulated"):
+        parse_profile({**raw, "nics_per_node": 2}, "x.yaml")
+
+
+# ---------------------------------------------------------------- NICs of emulated nodes
+
+
+def test_nic_profiles_load_and_their_nics():
+    conv = {n: load_profile(n) for n in ("a100_roce_emu", "a100_roce_emu_nic2", "a800_ib_emu_2x4",
+                                         "a800_ib_emu_2x4_nic2")}
+    assert [(p.nodes, p.ranks_per_node, p.ranks_per_nic) for p in conv.values()] == [
+        (2, 2, 1), (2, 2, 2), (2, 4, 1), (2, 4, 2)]
+    assert conv["a800_ib_emu_2x4"].hardware == conv["a800_ib_emu_2x4_nic2"].hardware == "a800_ib_4x8"
+
+
+def test_an_emulated_nic_carries_no_more_ranks_than_the_hardwares():
+    raw = yaml.safe_load((PROFILE_DIR / "a800_ib_emu_2x4_nic2.yaml").read_text())
+    # 4 ranks on one NIC: the A800 has 2 GPUs per HCA, so a lone flow would outrun the real HCA
+    with pytest.raises(ValueError, match=r"bad\.yaml: key 'nics_per_node': 1 puts 4 ranks on one NIC, more than the 2"):
+        parse_profile({**raw, "nics_per_node": 1}, "bad.yaml")
+    with pytest.raises(ValueError, match=r"key 'nics_per_node': 3 must divide ranks_per_node=4"):
+        parse_profile({**raw, "nics_per_node": 3}, "bad.yaml")
+
+
+def test_emulated_target_keeps_the_per_rank_share_and_widens_the_nic():
+    from experiments.profiles.cluster import emulated_target
+
+    hw = load_hardware("a800_ib_4x8")
+    per_rank = emulated_target(load_profile("a800_ib_emu_2x4"))
+    shared = emulated_target(load_profile("a800_ib_emu_2x4_nic2"))
+    for t in (per_rank, shared):
+        assert (t.nodes, t.devices_per_node) == (2, 4)
+        assert t.inter.bytes_per_s == pytest.approx(hw.inter.bytes_per_s)      # every rank crossing: the share
+    assert (per_rank.nics, shared.nics) == (4, 2)
+    assert per_rank.inter_flow_bytes_per_s(1) == pytest.approx(hw.inter.bytes_per_s)   # a lone flow: the share
+    assert shared.inter_flow_bytes_per_s(1) == pytest.approx(hw.inter.nic_bytes_per_s)  # a lone flow: the HCA
+    with pytest.raises(ValueError, match="scheduler='slurm'"):
+        emulated_target(load_profile("a800_32"))
 
 
 def test_time_limits():
@@ -102,6 +142,15 @@ def test_scaling_rule_arithmetic():
     assert s2.links["inter"].latency_us == 100 and "capped" in s2.links["inter"].latency_note
     with pytest.raises(ValueError, match="dtype='int8'"):
         emulation.scale(hw, emulation.Calibration(1024, 8, 32, "int8", 1, 1, (1e9,)))
+    # two ranks per emulated NIC: the NIC is two per-rank shares, a lone flow gets it (below PCIe here)
+    s3 = emulation.scale(hw, cal, ranks_per_nic=2)
+    assert s3.links["inter"].bytes_s == pytest.approx(s.links["inter"].bytes_s)
+    assert s3.links["inter"].nic_bytes_s == pytest.approx(2 * s.links["inter"].bytes_s)
+    assert s3.links["inter"].lone_shape.bytes_per_s == pytest.approx(2 * s.links["inter"].bytes_s)
+    assert s.links["inter"].lone_shape.bytes_per_s == pytest.approx(s.links["inter"].bytes_s)   # its own NIC
+    # four per NIC would give a lone flow 30 GB/s: capped at the GPU's 24 GB/s PCIe link (scaled)
+    s4 = emulation.scale(hw, cal, ranks_per_nic=4)
+    assert s4.links["inter"].lone_shape.bytes_per_s == pytest.approx(s.links["intra"].bytes_s)
 
 
 def test_shaping_commands():
@@ -119,6 +168,26 @@ def test_shaping_commands():
     assert any("parent 1:20 handle 20: netem delay 300us" in t for t in with_netem)
     with pytest.raises(ValueError, match="bytes_per_s"):
         shaping.LinkShape(0)
+
+
+def test_nic_shaping_commands():
+    """Two NICs of two ranks: one HTB class per NIC at its rate, a leaf per rank (its share assured, the
+    NIC as ceiling) chosen by source address, ACKs and the node's own traffic unshaped."""
+    nic = shaping.NicShape(2, shaping.LinkShape(1e6), shaping.LinkShape(1e6))
+    addrs = ["10.77.0.10", "10.77.0.11", "10.77.0.12", "10.77.0.13"]
+    text = [" ".join(c) for c in shaping.nic_commands(addrs, nic)]
+    full, half = round(1e6 * 1514 / 1448 * 8), round(5e5 * 1514 / 1448 * 8)
+    assert text[0] == "qdisc add dev uplink root handle 1: htb default 30"
+    for n in (0, 1):
+        assert any(f"parent 1: classid 1:{100 + n} htb rate {full}bit ceil {full}bit" in t for t in text)
+    for k, a in enumerate(addrs):
+        assert any(f"parent 1:{100 + k // 2} classid 1:{1000 + k} htb rate {half}bit ceil {full}bit" in t for t in text)
+        assert any(f"match ip src {a}/32 flowid 1:{1000 + k}" in t for t in text)
+    assert any("flowid 1:30" in t and "at 33" in t for t in text)          # pure ACKs bypass the NIC
+    with pytest.raises(ValueError, match="ranks_per_nic=2 must divide the node's 3 ranks"):
+        shaping.nic_commands(addrs[:3], nic)
+    with pytest.raises(ValueError, match="ranks_per_nic=0"):
+        shaping.NicShape(0, shaping.LinkShape(1e6), shaping.LinkShape(1e6))
 
 
 def test_fallback_says_so(monkeypatch):

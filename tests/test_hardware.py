@@ -71,3 +71,52 @@ def test_forward_table_is_optional():
 def test_unknown_name_lists_known():
     with pytest.raises(ValueError, match="known: .*a800_ib_4x8"):
         load_hardware("nope")
+
+
+# ---------------------------------------------------------------- NICs
+
+
+def test_nics_and_the_rank_to_nic_map():
+    a800, roce, h100 = (load_hardware(n) for n in ("a800_ib_4x8", "a100_pcie_roce_4x8", "h100_sxm_ib_4x8"))
+    assert (a800.nics, a800.ranks_per_nic) == (4, 2) and [a800.nic_of(k) for k in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert (roce.nics, roce.ranks_per_nic) == (1, 8) and {roce.nic_of(k) for k in range(8)} == {0}
+    assert (h100.nics, h100.ranks_per_nic) == (8, 1)
+    with pytest.raises(ValueError, match="local_rank=8"):
+        a800.nic_of(8)
+
+
+def test_a_lone_flow_gets_the_nic_and_concurrent_flows_split_it():
+    a800 = load_hardware("a800_ib_4x8")
+    hca = 200e9 / 8 * 0.85
+    assert a800.inter.nic_bytes_per_s == pytest.approx(hca)
+    assert a800.inter_flow_bytes_per_s(1) == pytest.approx(hca)
+    assert a800.inter_flow_bytes_per_s(2) == pytest.approx(hca / 2) == pytest.approx(a800.inter.bytes_per_s)
+    # a one-NIC PCIe node: a lone flow is capped by the GPU's own PCIe link, 8 flows split the NIC
+    roce = load_hardware("a100_pcie_roce_4x8")
+    assert roce.inter_flow_bytes_per_s(1) == pytest.approx(roce.intra.bytes_per_s)      # 24 GB/s < 60 GB/s
+    assert roce.inter_flow_bytes_per_s(8) == pytest.approx(600e9 / 8 * 0.8 / 8)
+    # an emulated node slice: a NIC of q per-rank shares
+    assert roce.inter_flow_bytes_per_s(1, ranks_per_nic=2) == pytest.approx(2 * roce.inter.bytes_per_s)
+    with pytest.raises(ValueError, match="flows=0"):
+        a800.inter_flow_bytes_per_s(0)
+
+
+@pytest.mark.parametrize("edit,key,rule", [
+    (lambda d: d.update(nics_per_node=3), "nics_per_node", "must divide devices_per_node=8"),
+    (lambda d: d.update(nics_per_node=16), "nics_per_node", "must divide devices_per_node=8"),
+    (lambda d: d.update(nics_per_node=-1), "nics_per_node", "integer >= 0"),
+    (lambda d: d.update(nics_per_node=2.0), "nics_per_node", "integer >= 0"),
+    (lambda d: d.update(nics_per_node=8), "inter.shared_by", "disagrees with devices_per_node=8 / nics_per_node=8"),
+    (lambda d: (d.pop("nics_per_node"), d["inter"].update(shared_by=3)), "inter.shared_by", "must divide"),
+])
+def test_bad_nic_counts_name_the_key_value_and_rule(edit, key, rule):
+    raw = copy.deepcopy(yaml.safe_load((HARDWARE_DIR / "a800_ib_4x8.yaml").read_text()))
+    edit(raw)
+    with pytest.raises(ValueError, match=rf"key '{key}': .*{rule}"):
+        parse_hardware(raw, "bad.yaml")
+
+
+def test_nics_derived_from_shared_by_when_absent():
+    raw = copy.deepcopy(yaml.safe_load((HARDWARE_DIR / "a800_ib_4x8.yaml").read_text()))
+    raw.pop("nics_per_node")
+    assert parse_hardware(raw, "x.yaml").nics_per_node == 4

@@ -163,6 +163,51 @@ def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():
     assert cost.rate(False, 8) == nic / 2 == hw.inter.bytes_per_s   # everyone crosses: the profile's share
 
 
+def _nic_hw(per_node: int, nics: int, share: float = 2.5e7):
+    """2 nodes of ``per_node`` ranks behind ``nics`` NICs, each rank's share ``share`` bytes/s (a NIC: q shares)."""
+    q = per_node // nics
+    return parse_hardware({"name": "nic", "nodes": 2, "devices_per_node": per_node, "nics_per_node": nics,
+                           "accelerator": {"name": "a", "peak_tflops": {"bfloat16": 1.0}, "hbm_gib": 80,
+                                           "hbm_gbytes_s": 1e12, "attn_efficiency": [[1, 1.0]]},
+                           "intra": {"kind": "nvlink", "gbits_s": 80, "latency_us": 0},
+                           "inter": {"kind": "infiniband", "gbits_s": 8 * share * q / 1e9, "latency_us": 0,
+                                     "shared_by": q}}, "nic.yaml")
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_nic_rule_a_lone_flow_gets_the_nic_k_concurrent_flows_one_kth(k):
+    cost = CostModel(_nic_hw(per_node=4, nics=1))
+    assert cost.rate(False, k) == pytest.approx(1e8 / k)
+    assert cost.transfer(1e6, False, k) == pytest.approx(1e6 / (1e8 / k))
+    assert cost.rate(True, k) == pytest.approx(1e10)                    # intra-node: per rank, never shared
+
+
+def test_crossing_counts_flows_per_nic():
+    """Which NIC a rank crosses on is the profile's map (consecutive local ranks share one)."""
+    place = Placement.of(_nic_hw(per_node=4, nics=2), 8)
+    assert [place.nic(g) for g in range(8)] == [(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0), (1, 1), (1, 1)]
+    flat = [(g, (g + 1) % 8) for g in range(8)]                             # only local rank 3 crosses
+    assert place.crossing(flat) == {(0, 1): 1, (1, 1): 1}
+    double = [(g, (g + 4) % 8) for g in range(8)]                           # every rank crosses
+    assert place.crossing(double) == {(0, 0): 2, (0, 1): 2, (1, 0): 2, (1, 1): 2}
+    assert place.crossing([(0, 4), (1, 5)]) == {(0, 0): 2}                 # both on NIC 0: they split it
+    assert place.crossing([(0, 4), (2, 6)]) == {(0, 0): 1, (0, 1): 1}      # one per NIC: each gets a NIC
+
+
+def test_flat_ring_crossing_hop_is_faster_on_a_shared_nic_double_ring_is_not():
+    """Same per-rank share (every rank crossing), different wiring: the flat ring's lone crossing hop gets the
+    whole shared NIC (2 shares), so its pass runs at up to twice the rate; the double ring, whose ranks all
+    cross at once, sees the per-rank share either way."""
+    s = shape(8, 8 * 1024, Z=8, d=64, causal=True, layout="zigzag")
+    per_rank, shared = _nic_hw(per_node=4, nics=4, share=5e7), _nic_hw(per_node=4, nics=2, share=5e7)
+    assert per_rank.inter.bytes_per_s == pytest.approx(shared.inter.bytes_per_s)       # same share
+    assert shared.inter.nic_bytes_per_s == pytest.approx(2 * per_rank.inter.nic_bytes_per_s)
+    t = {(m, hw.nics): predict_case(m, s, mode="forward", level="op", hardware=hw).time_s
+         for m in ("burst", "burst_double_ring") for hw in (per_rank, shared)}
+    assert t["burst", 2] < t["burst", 4]
+    assert t["burst_double_ring", 2] == pytest.approx(t["burst_double_ring", 4], rel=1e-9)
+
+
 # ---------------------------------------------------------------- sources of truth
 
 

@@ -56,6 +56,11 @@ def show(cl: EmulatedCluster | None = None) -> None:
             print(f"  {k:5s} {v['bytes_s'] / 1e6:10.4g} MB/s per rank (target {v['kind']} "
                   f"{v['target_bytes_s'] / 1e9:.3g} GB/s); latency {v['latency_us']:.0f} us applied, "
                   f"{v['latency_dilated_us']:.0f} us dilated {v['latency_note']}")
+        inter = (st.get("scaling", {}) or {}).get("links", {}).get("inter") or {}
+        if inter.get("ranks_per_nic", 1) > 1:
+            nic = inter["bytes_s"] * inter["ranks_per_nic"]
+            print(f"  NICs: {inter['ranks_per_nic']} ranks per NIC of {nic / 1e6:.4g} MB/s (a lone flow "
+                  f"{(inter.get('lone_bytes_s') or nic) / 1e6:.4g} MB/s), shaped on each node's uplink")
         if st.get("scaling", {}).get("dilation"):
             print(f"  time dilation {st['scaling']['dilation']:.4g}x")
         for i in range(topo.get("nodes", 0)):
@@ -64,6 +69,10 @@ def show(cl: EmulatedCluster | None = None) -> None:
                 sent = ", ".join(f"{name} {cls[h]['bytes']} B" for h, name in
                                  (("1:10", "intra"), ("1:20", "inter"), ("1:30", "other")) if h in cls)
                 print(f"  n{i}r{k} sent: {sent}")
+            up = shaping.class_stats(f"{rid}-n{i}", "uplink")       # NIC classes exist only where ranks share one
+            nics = sorted(h for h in up if h.startswith("1:") and 100 <= int(h[2:] or 0) < 1000)
+            if nics:
+                print(f"  n{i} NICs sent: " + ", ".join(f"NIC {int(h[2:]) - 100} {up[h]['bytes']} B" for h in nics))
 
 
 def _selftest(prof, seconds: float) -> int:
@@ -81,6 +90,17 @@ def _selftest(prof, seconds: float) -> int:
             flows = ", ".join(f"{f['bytes_per_s'] / 1e6:.4g}" for f in d["flows"])
             print(f"{k:5s}: configured {want / 1e6:.4g} MB/s, measured {d['bytes_per_s'] / 1e6:.4g} MB/s "
                   f"({err:+.1%}); flows {flows} MB/s")
+        inter = cl.scaling.links.get("inter")
+        if inter is not None and cl.topo.nodes > 1:      # one NIC alone, then all its ranks at once
+            nic = selftest.measure_nic(cl.topo, inter.ranks_per_nic, seconds)
+            wants = (("lone", inter.lone_shape.bytes_per_s), ("concurrent", inter.nic_bytes_s / inter.ranks_per_nic))
+            for k, want in wants:
+                err = nic[k]["bytes_per_s"] / want - 1
+                worst = max(worst, abs(err))
+                flows = ", ".join(f"{f['bytes_per_s'] / 1e6:.4g}" for f in nic[k]["flows"])
+                print(f"NIC 0 of n0, {k:10s} ({len(nic[k]['flows'])} flow(s), {inter.ranks_per_nic} rank(s) per NIC): "
+                      f"configured {want / 1e6:.4g} MB/s each, measured {nic[k]['bytes_per_s'] / 1e6:.4g} MB/s "
+                      f"({err:+.1%}); flows {flows} MB/s")
         print(f"worst deviation {worst:.1%}")
         return 0 if worst <= 0.15 else 1
 

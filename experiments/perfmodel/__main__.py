@@ -1,4 +1,4 @@
-"""python -m experiments.perfmodel [spec|preset ...] [--hardware NAME] [--results DIR] [--plots DIR]
+"""python -m experiments.perfmodel [spec|preset ...] [--hardware NAME | --cluster NAME] [--results DIR] [--plots DIR]
 
 Models every case of the given specs or presets (default: the ``paper`` preset,
 each spec on the hardware profile its target names) and writes
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("names", nargs="*", default=["paper"], help="spec names/files or presets (default: paper)")
     ap.add_argument("--hardware", help="model on this hardware profile (experiments/hardware/<name>.yaml) "
                                        "instead of each spec's target's")
+    ap.add_argument("--cluster", help="model on the hardware an emulated cluster profile (experiments/clusters/<name>"
+                                      ".yaml) emulates, at its nodes x ranks per node and its NICs (<spec>__<name>)")
     ap.add_argument("--results", default=str(RESULTS_ROOT), help="root of the modelled records")
     ap.add_argument("--plots", default=str(PLOTS_ROOT), help="root of the modelled figures and tables")
     ap.add_argument("--no-plots", action="store_true", help="records and tables only")
@@ -33,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
     args = ap.parse_args(argv)
+    if args.cluster and args.hardware:
+        ap.error("--cluster and --hardware name the same thing; give one")
+    args.hardware = args.hardware or args.cluster
     t0 = time.perf_counter()
     specs = [s for name in args.names for s in load_any(name).specs]
     # The performance model predicts attention-level cases; model-level specs (whole decoders) are measured only.

@@ -20,11 +20,13 @@ fitted to a paper's results.
 * GEMMs run at ``gemm_efficiency`` (a ceiling measured on the best shape).
 * Elementwise work (online-softmax merges, accumulator adds) is HBM-bound.
 * A transfer takes ``latency + bytes / rate``. Inside a node the rate is the
-  profile's per-rank intra rate. Between nodes, the ranks of one node that
-  cross at the same time share the node's NICs: with k such ranks spread over
-  the NICs, one rank gets ``NIC rate / min(ceil(k / nics), shared_by)`` (k =
-  every rank of the node gives exactly the profile's convention), and on PCIe
-  nodes no more than its own PCIe link (the GPU reaches the NIC through it).
+  profile's per-rank intra rate. Between nodes, the flows that cross on one
+  NIC at the same time share it (``Placement.crossing`` counts them per node
+  and NIC, the rank -> NIC map being the profile's): with k such flows one gets
+  ``NIC rate / k`` (a lone flow, a flat ring's one crossing hop, gets the whole
+  NIC; every rank of the node crossing gives exactly the profile's per-rank
+  convention), and on PCIe nodes no more than its own PCIe link (the GPU
+  reaches the NIC through it).
 """
 from __future__ import annotations
 
@@ -138,17 +140,11 @@ class CostModel:
         return self.hw.link(same_node)
 
     def rate(self, same_node: bool, concurrent: int = 1) -> float:
-        """Bytes/s one rank gets on a transfer; ``concurrent`` = ranks of its node crossing at once."""
+        """Bytes/s one rank gets on a transfer; ``concurrent`` = inter-node flows on its NIC at once
+        (itself included): a lone flow gets the NIC's rate, k flows 1/k of it (``Hardware.inter_flow_bytes_per_s``)."""
         if same_node or self.hw.inter is None:
             return self.hw.intra.bytes_per_s
-        inter = self.hw.inter
-        nic = inter.gbits_s * 1e9 / 8 * inter.efficiency
-        nics = self.hw.nics_per_node or max(1, math.ceil(self.hw.devices_per_node / inter.shared_by))
-        share = min(max(1, math.ceil(concurrent / nics)), inter.shared_by)
-        rate = nic / share
-        if self.hw.intra.kind == "pcie":
-            rate = min(rate, self.hw.intra.bytes_per_s)
-        return rate
+        return self.hw.inter_flow_bytes_per_s(max(1, int(concurrent)))
 
     def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1) -> float:
         """Seconds for one message (latency + size / rate); 0 for an empty one."""

@@ -33,7 +33,8 @@ ASSUMPTIONS = (
     "halved) at peak x the profile's flash-attention efficiency at sqrt(rows*cols) tokens",
     "GEMMs (layer projections) at the profile's gemm_efficiency (a best-shape ceiling); elementwise work "
     "(softmax merges, accumulator adds, delta, reorders) HBM-bound",
-    "transfers: latency + bytes / rate; ranks of a node crossing nodes at once share its NICs; one FIFO "
+    "transfers: latency + bytes / rate; flows crossing nodes on one NIC at once split its rate (a lone flow "
+    "gets the whole NIC; ranks map to NICs as the hardware profile says); one FIFO "
     "send channel per rank and link class; no interference between compute and communication",
     "ring steps double-buffered (the next block's transfer overlaps this block's compute); a step waits "
     "for its send and its receive; collectives use the ring algorithm over the group in rank order "

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from ..profiles.hardware import Hardware, load_hardware
-from ..profiles.cluster import load_profile
+from ..profiles.hardware import Hardware, known_hardware, load_hardware
+from ..profiles.cluster import emulated_target, known_profiles, load_profile
 from ..harness import results as R
 from ..harness.env import REPO
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
@@ -44,9 +44,15 @@ VARIANTS_FILE = "variants.jsonl"
 
 
 def spec_hardware(spec: Spec, override: str | None = None) -> Hardware:
-    """The hardware profile a spec is modelled on: ``override``, else its target's ``hardware:``."""
+    """The hardware profile a spec is modelled on: ``override`` (a hardware profile, or an emulated cluster
+    profile: the hardware it emulates at its shape and NICs, ``emulated_target``), else its target's
+    ``hardware:`` (an emulated target's at the emulated shape)."""
     if override:
+        if override not in known_hardware() and override in known_profiles():
+            return emulated_target(load_profile(override))
         return load_hardware(override)
+    if spec.profile.scheduler == "emulated":
+        return emulated_target(spec.profile)
     name = load_profile(spec.cluster).hardware
     if not name:
         raise ValueError(f"{spec.path}: cluster {spec.cluster!r} names no hardware profile (key 'hardware'); "
@@ -57,7 +63,7 @@ def spec_hardware(spec: Spec, override: str | None = None) -> Hardware:
 def experiment_name(spec: Spec, hw: Hardware, override: str | None) -> str:
     """The spec's name on its own hardware; ``<spec>__<hardware>`` when another profile is asked for."""
     own = load_profile(spec.cluster).hardware
-    return spec.name if not override or override == own else f"{spec.name}__{hw.name}"
+    return spec.name if not override or override in (own, spec.cluster) else f"{spec.name}__{hw.name}"
 
 
 def hardware_record(hw: Hardware, world_size: int) -> dict:

@@ -7,9 +7,10 @@ The profile is THIS machine as the run emulated it:
   concurrent processes and threads as the run had ranks on this machine;
 * links: the per-rank rates (and applied latency) the emulator shaped, read
   from the records' ``cluster`` block (``experiments/cluster/emulator/emulation.py``:
-  the hardware profile's rates x this machine's compute / the target's), every
-  rank its own link per class (``nics_per_node`` = ranks per node, nothing
-  shared), as ``emulator/shaping.py`` builds them.
+  the hardware profile's rates x this machine's compute / the target's), with
+  the run's NICs: ``ranks_per_nic`` ranks share one emulated NIC of
+  ``ranks_per_nic`` x the per-rank inter rate (1, every rank its own, for runs
+  recorded before NICs were shaped), as ``emulator/shaping.py`` builds them.
 
 Everything else is the model as it predicts the papers' clusters (same
 schedules, simulator, byte placement). ``error = predicted / measured - 1``;
@@ -49,10 +50,17 @@ def emulated_hardware(cluster: dict, dtype: str) -> Hardware:
     nodes, per_node = int(cluster["nodes"]), int(cluster["ranks_per_node"])
     cal = (cluster.get("calibration") or {}).get("per_rank_flops_s") or 1e9
     links = {}
+    per_nic = int((cluster["links"].get("inter") or {}).get("ranks_per_nic") or 1)
     for klass, d in cluster["links"].items():
-        links[klass] = Link(kind="veth", gbits_s=float(d["bytes_per_s"]) * 8 / 1e9,
-                            latency_us=float(d.get("latency_us") or 0.0),
-                            source=f"emulated {d.get('kind', '?')} link, shaped per rank ({klass})")
+        # inter: one NIC of per_nic x the per-rank rate, shared by per_nic ranks (Link.bytes_per_s = per rank)
+        share = per_nic if klass == "inter" else 1
+        # the target's intra kind: on PCIe nodes a lone inter flow is capped at the (emulated) PCIe rate,
+        # as the emulator shapes it (Hardware.inter_flow_bytes_per_s)
+        kind = "pcie" if klass == "intra" and d.get("kind") == "pcie" else "veth"
+        links[klass] = Link(kind=kind, gbits_s=float(d["bytes_per_s"]) * share * 8 / 1e9,
+                            latency_us=float(d.get("latency_us") or 0.0), shared_by=share,
+                            source=f"emulated {d.get('kind', '?')} link, shaped per "
+                                   f"{'NIC' if share > 1 else 'rank'} ({klass})")
     if "intra" not in links:                          # one rank per node: no intra hop is ever used
         links["intra"] = Link(kind="veth", gbits_s=8e3, latency_us=0.0, source="unused")
     acc = Accelerator(name="CPU rank (emulated)", peak_tflops={dtype: cal / 1e12},
@@ -62,7 +70,8 @@ def emulated_hardware(cluster: dict, dtype: str) -> Hardware:
     return Hardware(name=f"emulated_{cluster.get('profile', 'cluster')}",
                     description=f"this machine as emulated: {cluster.get('summary', '')}", accelerator=acc,
                     nodes=nodes, devices_per_node=per_node, intra=links["intra"],
-                    inter=links.get("inter") if nodes > 1 else None, nics_per_node=per_node)
+                    inter=links.get("inter") if nodes > 1 else None,
+                    nics_per_node=per_node // per_nic if nodes > 1 else per_node)
 
 
 class _Case:

@@ -10,7 +10,9 @@ schedulers:
 * ``emulated``: ``nodes`` x ``ranks_per_node`` CPU ranks on this machine, each
   node a network namespace with links shaped to scale ``hardware`` (a
   hardware profile, ``hardware.py``) down to this machine's compute rate
-  (``emulator/emulation.py``). ``launcher: torchrun`` starts one torchrun per node
+  (``emulator/emulation.py``), ``nics_per_node`` NICs per node shared by its ranks
+  (default one per rank; ``emulated_target`` is the hardware at that shape,
+  for the performance model). ``launcher: torchrun`` starts one torchrun per node
   namespace; ``launcher: slurm`` runs munge, slurmctld and one slurmd per node
   inside the namespaces and submits the very job script a real cluster gets;
 * ``local``: the built-ins.
@@ -20,6 +22,7 @@ is a ValueError naming the file, the key and the rule.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -60,6 +63,9 @@ class Profile:
     hardware: str | None = None      # the hardware profile it is made of (experiments/hardware/<name>.yaml)
     # emulated only
     ranks_per_node: int = 0
+    # NICs per emulated node (0: one per rank, every rank shaped at its per-rank share, the pre-NIC
+    # convention); ranks_per_node / nics_per_node consecutive ranks share one shaped NIC (emulator/shaping.py)
+    nics_per_node: int = 0
     launcher: str = "torchrun"
     link_rates: dict | None = None   # {intra: bytes/s, inter: bytes/s}: given rates, no calibration
     latency_cap_us: float = 2000.0
@@ -69,6 +75,11 @@ class Profile:
     @property
     def per_node(self) -> int:
         return self.ranks_per_node if self.scheduler == "emulated" else self.gpus_per_node
+
+    @property
+    def ranks_per_nic(self) -> int:
+        """Ranks of an emulated node sharing one NIC (1 where every rank has its own)."""
+        return self.ranks_per_node // self.nics_per_node if self.nics_per_node else 1
 
     @property
     def via_slurm(self) -> bool:
@@ -153,7 +164,7 @@ def _validate(p, raw: dict) -> None:
     if raw["device"] not in ("cpu", "cuda", "auto"):
         raise _err(p, "device", f"{raw['device']!r} must be 'cpu', 'cuda' or 'auto'")
     for key, low in (("nodes", 1), ("gpus_per_node", 0), ("cpus_per_gpu", 1), ("max_local_world", 1),
-                     ("ranks_per_node", 0), ("master_port", 1024), ("calibration_tokens", 1)):
+                     ("ranks_per_node", 0), ("master_port", 1024), ("calibration_tokens", 1), ("nics_per_node", 0)):
         _int(p, raw, key, low)
     if raw.get("master_port", 0) > 65535 - 2000 - 10:
         raise _err(p, "master_port", f"{raw['master_port']} leaves no room for per-job ports (<= 63525)")
@@ -186,9 +197,27 @@ def _validate(p, raw: dict) -> None:
                 raise _err(p, key, "must be at least 1 for SLURM")
     if raw["scheduler"] == "emulated":
         _validate_emulated(p, raw)
-    elif any(k in raw for k in ("ranks_per_node", "link_rates", "calibration_tokens", "launcher")):
-        bad = next(k for k in ("ranks_per_node", "link_rates", "calibration_tokens", "launcher") if k in raw)
+    elif any(k in raw for k in _EMULATED_ONLY):
+        bad = next(k for k in _EMULATED_ONLY if k in raw)
         raise _err(p, bad, "only applies to scheduler: emulated")
+
+
+_EMULATED_ONLY = ("ranks_per_node", "nics_per_node", "link_rates", "calibration_tokens", "launcher")
+
+
+def _validate_nics(p, raw: dict, hw) -> None:
+    """An emulated node's NICs: they divide its ranks evenly, and no NIC carries more ranks than one of
+    the hardware's does (its rate is ranks_per_nic x the per-rank share, so more ranks would make a lone
+    flow faster than the real NIC)."""
+    nics, per_node = raw.get("nics_per_node", 0), raw["ranks_per_node"]
+    if not nics:
+        return
+    if nics > per_node or per_node % nics:
+        raise _err(p, "nics_per_node", f"{nics} must divide ranks_per_node={per_node} (every NIC shared by "
+                                       "the same number of ranks, at least one)")
+    if hw.inter is not None and per_node // nics > hw.ranks_per_nic:
+        raise _err(p, "nics_per_node", f"{nics} puts {per_node // nics} ranks on one NIC, more than the "
+                                       f"{hw.ranks_per_nic} of hardware {hw.name!r} (inter.shared_by)")
 
 
 def _validate_emulated(p, raw: dict) -> None:
@@ -203,6 +232,7 @@ def _validate_emulated(p, raw: dict) -> None:
     hw = load_hardware(raw["hardware"])
     if raw.get("nodes", 1) > 1 and hw.inter is None:
         raise _err(p, "nodes", f"{raw['nodes']} nodes need an inter-node link, and hardware {hw.name!r} has none")
+    _validate_nics(p, raw, hw)
     rates = raw.get("link_rates")
     if rates is not None:
         if not isinstance(rates, dict):
@@ -236,6 +266,27 @@ def parse_profile(raw, p: str | Path = "<memory>") -> Profile:
             raise _err(p, "nodes", f"nodes={prof.nodes} x gpus_per_node={prof.gpus_per_node} disagree with "
                                    f"hardware {prof.hardware!r} ({hw.nodes} x {hw.devices_per_node})")
     return prof
+
+
+def emulated_target(prof: Profile):
+    """The hardware an emulated profile stands for, at its own shape: ``prof.nodes`` nodes of
+    ``ranks_per_node`` devices of its hardware profile, ``ranks_per_nic`` of them per NIC, each NIC
+    carrying that many of the hardware's per-rank shares (as the emulator shapes it, before the time
+    dilation): what the performance model predicts an emulated run on (``experiments.perfmodel``)."""
+    if prof.scheduler != "emulated":
+        raise ValueError(f"cluster={prof.name!r} has scheduler={prof.scheduler!r}; only an emulated profile "
+                         "reshapes its hardware")
+    hw = load_hardware(prof.hardware)
+    q = prof.ranks_per_nic
+    inter = None
+    if hw.inter is not None and prof.nodes > 1:
+        # per-rank share unchanged (bytes_per_s), NIC = q shares (nic_bytes_per_s)
+        inter = dataclasses.replace(hw.inter, gbits_s=hw.inter.gbits_s * q / hw.inter.shared_by, shared_by=q,
+                                    source=f"{hw.inter.source}; emulated NIC of {q} per-rank share(s) ({prof.name})")
+    return dataclasses.replace(hw, name=prof.name, nodes=prof.nodes, devices_per_node=prof.ranks_per_node,
+                               nics_per_node=prof.ranks_per_node // q, inter=inter, path=prof.path,
+                               description=f"{hw.name} as emulated by {prof.name}: {prof.nodes} nodes x "
+                                           f"{prof.ranks_per_node} ranks, {q} rank(s) per NIC")
 
 
 def load_profile(name_or_path: str) -> Profile:

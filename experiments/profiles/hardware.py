@@ -23,6 +23,16 @@ sends at once (e.g. 8 GPUs behind 4 HCAs: 2); ``efficiency`` is the fraction
 of nominal a collective or a point-to-point transfer achieves in practice
 (NCCL bus bandwidth over nominal). The rate one rank gets is
 ``gbits_s * 1e9 / 8 * efficiency / shared_by`` bytes per second, per direction.
+
+NICs. ``nics_per_node`` is how many inter-node links (NICs, HCAs) a node has;
+``inter.shared_by`` must then equal ``devices_per_node / nics_per_node`` (the
+ranks behind one NIC), and the rank -> NIC map is derived: local rank k uses NIC
+``k // ranks_per_nic`` (consecutive GPUs share an HCA, as on DGX-style nodes
+where each pair of GPUs and its HCA sit under one PCIe switch). A NIC is shared
+by the flows that cross on it at once: a lone flow gets the whole NIC
+(``nic_bytes_per_s``), k concurrent flows 1/k each (``inter_flow_bytes_per_s``),
+so ``bytes_per_s`` above is the case k = ranks_per_nic. On PCIe nodes a GPU
+reaches its NIC through its own PCIe link, so no flow exceeds the intra rate.
 """
 from __future__ import annotations
 
@@ -91,6 +101,11 @@ class Link:
         """What one rank gets, per direction, when every rank of the node uses this link class."""
         return self.gbits_s * 1e9 / 8 * self.efficiency / self.shared_by
 
+    @property
+    def nic_bytes_per_s(self) -> float:
+        """What one link (one NIC) carries, per direction: a lone flow on it gets all of it."""
+        return self.gbits_s * 1e9 / 8 * self.efficiency
+
     def transfer_s(self, nbytes: float) -> float:
         """Time for one message of ``nbytes`` on this link (latency + size / rate)."""
         return self.latency_us * 1e-6 + nbytes / self.bytes_per_s
@@ -105,12 +120,49 @@ class Hardware:
     devices_per_node: int
     intra: Link                      # between ranks of one node
     inter: Link | None = None        # between nodes (None: single node)
-    nics_per_node: int = 0
+    nics_per_node: int = 0           # inter-node NICs per node (0: devices_per_node / inter.shared_by)
     path: str = "<memory>"
 
     @property
     def devices(self) -> int:
         return self.nodes * self.devices_per_node
+
+    @property
+    def nics(self) -> int:
+        """NICs per node (resolved: the profile's ``nics_per_node``, else one per ``inter.shared_by`` ranks)."""
+        if self.nics_per_node:
+            return self.nics_per_node
+        shared = self.inter.shared_by if self.inter is not None else 1
+        return max(1, self.devices_per_node // shared)
+
+    @property
+    def ranks_per_nic(self) -> int:
+        return max(1, self.devices_per_node // self.nics)
+
+    def nic_of(self, local_rank: int) -> int:
+        """The NIC local rank ``local_rank`` crosses nodes on (consecutive ranks share one)."""
+        if not 0 <= local_rank < self.devices_per_node:
+            raise ValueError(f"local_rank={local_rank} must be in 0..{self.devices_per_node - 1} "
+                             f"(devices_per_node of hardware {self.name!r})")
+        return local_rank // self.ranks_per_nic
+
+    def inter_flow_bytes_per_s(self, flows: int = 1, ranks_per_nic: int | None = None) -> float:
+        """Bytes/s of one inter-node flow while ``flows`` flows (itself included) cross on its NIC: the
+        NIC's rate split evenly, and on PCIe nodes at most the GPU's own PCIe link.
+
+        ``ranks_per_nic`` (default: the profile's): a NIC behind that many ranks, carrying that many
+        per-rank shares (an emulated node slice, ``experiments.cluster``; at the profile's own value
+        it is the physical NIC, ``inter.nic_bytes_per_s``)."""
+        if self.inter is None:
+            raise ValueError(f"hardware {self.name!r} has no inter-node link")
+        q = self.ranks_per_nic if ranks_per_nic is None else ranks_per_nic
+        for key, v in (("flows", flows), ("ranks_per_nic", q)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key}={v!r} must be an integer >= 1")
+        rate = q * self.inter.bytes_per_s / min(flows, q)
+        if self.intra.kind == "pcie":
+            rate = min(rate, self.intra.bytes_per_s)
+        return rate
 
     def link(self, same_node: bool) -> Link:
         if same_node or self.inter is None:
@@ -205,8 +257,33 @@ def parse_hardware(raw, path: str | Path = "<memory>") -> Hardware:
         d["inter"] = _link(path, "inter", d["inter"])
     elif d["nodes"] > 1:
         raise _err(path, "inter", f"is required when nodes={d['nodes']} > 1")
+    _check_nics(path, d)
     d.setdefault("description", "")
     return Hardware(**d, path=str(path))
+
+
+def _check_nics(path, d: dict) -> None:
+    """``nics_per_node`` against the node's devices and the inter link's ``shared_by`` (both say how many
+    ranks share one NIC, so they must agree); filled in from ``shared_by`` when absent."""
+    per_node = d["devices_per_node"]
+    nics = d.get("nics_per_node", 0)
+    if isinstance(nics, bool) or not isinstance(nics, int) or nics < 0:
+        raise _err(path, "nics_per_node", f"{nics!r} must be an integer >= 0 (0: derived from inter.shared_by)")
+    inter = d.get("inter")
+    if nics == 0:
+        if inter is None:
+            return
+        if per_node % inter.shared_by:
+            raise _err(path, "inter.shared_by", f"{inter.shared_by} must divide devices_per_node={per_node} "
+                                                "(every NIC is shared by the same number of ranks)")
+        d["nics_per_node"] = per_node // inter.shared_by
+        return
+    if nics > per_node or per_node % nics:
+        raise _err(path, "nics_per_node", f"{nics} must divide devices_per_node={per_node} (every NIC is "
+                                          "shared by the same number of ranks, at least one)")
+    if inter is not None and inter.shared_by != per_node // nics:
+        raise _err(path, "inter.shared_by", f"{inter.shared_by} disagrees with devices_per_node={per_node} / "
+                                            f"nics_per_node={nics} = {per_node // nics} ranks per NIC")
 
 
 def load_hardware(name_or_path: str) -> Hardware:

@@ -100,8 +100,12 @@ class EmulatedCluster:
             netem = self.scaling.links and any(v.latency_us > 0 for v in self.scaling.links.values())
             links = self.scaling.links
             one = shaping.LinkShape(1e12)    # a class the topology does not use
+            nic = None
+            if "inter" in links:             # ranks sharing a NIC share one shaped class (shaping.nic_commands)
+                inter = links["inter"]
+                nic = shaping.NicShape(inter.ranks_per_nic, shaping.LinkShape(inter.nic_bytes_s), inter.lone_shape)
             shaping.shape(self.topo, links["intra"].shape if "intra" in links else one,
-                          links["inter"].shape if "inter" in links else one, netem=bool(netem))
+                          links["inter"].shape if "inter" in links else one, netem=bool(netem), nic=nic)
             netns.write_state(self.topo, profile=p.name, scaling=self.scaling.to_dict(), work=str(self.work))
             if p.launcher == "slurm":
                 self.slurm = Slurm(self.topo, self.work)
@@ -134,7 +138,7 @@ class EmulatedCluster:
         p = self.profile
         netem = shaping.netem_available(self.topo.fabric)
         if p.link_rates:
-            return emulation.fixed(p.hardware, dict(p.link_rates), netem=netem)
+            return emulation.fixed(p.hardware, dict(p.link_rates), netem=netem, ranks_per_nic=p.ranks_per_nic)
         s = self.shape or CalibrationShape(tokens=p.calibration_tokens or 1024, heads=8, head_dim=32,
                                            dtype="float32")
         tokens = p.calibration_tokens or s.tokens
@@ -145,7 +149,8 @@ class EmulatedCluster:
         cal = emulation.calibrate(procs=procs, threads=threads, tokens=tokens, heads=s.heads,
                                   head_dim=s.head_dim, dtype=s.dtype, python=self.python,
                                   cgroups=self._rank_cgroups())
-        return emulation.scale(load_hardware(p.hardware), cal, latency_cap_us=p.latency_cap_us, netem=netem)
+        return emulation.scale(load_hardware(p.hardware), cal, latency_cap_us=p.latency_cap_us, netem=netem,
+                               ranks_per_nic=p.ranks_per_nic)
 
     # ------------------------------------------------------------ tear-down
 
@@ -204,7 +209,11 @@ class EmulatedCluster:
         d.update(run_id=self.topo.run_id, scaling_mode=s.mode, dilation=s.dilation,
                  links={k: {"bytes_per_s": v.bytes_s, "target_bytes_per_s": v.target_bytes_s, "kind": v.kind,
                             "latency_us": v.latency_us, "latency_dilated_us": v.latency_dilated_us,
-                            "latency_note": v.latency_note} for k, v in s.links.items()},
+                            "latency_note": v.latency_note,
+                            **({"ranks_per_nic": v.ranks_per_nic, "nic_bytes_per_s": v.nic_bytes_s,
+                                "lone_bytes_per_s": v.lone_shape.bytes_per_s} if k == "inter" else {})}
+                        for k, v in s.links.items()},
+                 nics_per_node=p.ranks_per_node // p.ranks_per_nic,
                  calibration=s.to_dict().get("calibration"), cpu_quota=dict(self.cpu_quota),
                  summary=f"emulated {d['nodes']}x{d['ranks_per_node']} {p.hardware} ({s.summary()}), "
                          f"{d['ranks_per_core']:.3g} ranks/core"

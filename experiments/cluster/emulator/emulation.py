@@ -75,10 +75,23 @@ class EmulatedLink:
     latency_dilated_us: float   # target latency x time dilation (before the cap)
     latency_us: float           # what is applied (0 where not emulated)
     latency_note: str = ""
+    # inter only: ranks sharing one emulated NIC, and what a lone flow gets (0: the NIC's rate)
+    ranks_per_nic: int = 1
+    lone_bytes_s: float = 0.0
 
     @property
     def shape(self) -> LinkShape:
         return LinkShape(self.bytes_s, self.latency_us)
+
+    @property
+    def nic_bytes_s(self) -> float:
+        """The emulated NIC: ``ranks_per_nic`` per-rank shares, split by the flows crossing on it."""
+        return self.bytes_s * self.ranks_per_nic
+
+    @property
+    def lone_shape(self) -> LinkShape:
+        """What one rank's own inter class is shaped at: a lone flow's rate (the NIC, or less on PCIe nodes)."""
+        return LinkShape(self.lone_bytes_s or self.nic_bytes_s, self.latency_us)
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,9 @@ class Scaling:
         return d
 
     def summary(self) -> str:
-        rates = ", ".join(f"{k} {v.bytes_s / 1e6:.3g} MB/s" for k, v in self.links.items())
+        rates = ", ".join(f"{k} {v.bytes_s / 1e6:.3g} MB/s" + (
+            f" per rank ({v.ranks_per_nic} per NIC of {v.nic_bytes_s / 1e6:.3g} MB/s)" if v.ranks_per_nic > 1 else "")
+            for k, v in self.links.items())
         dil = f", time dilation {self.dilation:.0f}x" if self.dilation else ""
         return f"{rates}{dil}"
 
@@ -111,8 +126,12 @@ def _target_flops(hw: Hardware, dtype: str, tokens: int) -> float:
 
 
 def scale(hw: Hardware, calib: Calibration, *, latency_cap_us: float = DEFAULT_LATENCY_CAP_US,
-          netem: bool = False) -> Scaling:
-    """Emulated per-rank link rates for ``hw`` given this machine's measured compute rate."""
+          netem: bool = False, ranks_per_nic: int = 1) -> Scaling:
+    """Emulated per-rank link rates for ``hw`` given this machine's measured compute rate.
+
+    ``ranks_per_nic``: ranks of an emulated node sharing one NIC, whose rate is that many per-rank
+    shares (the node is a slice of the target's: every rank crossing at once still gets the target's
+    per-rank rate, a lone flow the NIC's, capped on PCIe nodes as ``Hardware.inter_flow_bytes_per_s``)."""
     c_t = _target_flops(hw, calib.dtype, calib.tokens)
     c_l = calib.per_rank
     if not c_l > 0:
@@ -127,23 +146,28 @@ def scale(hw: Hardware, calib: Calibration, *, latency_cap_us: float = DEFAULT_L
         note = ("" if netem and lat <= latency_cap_us else
                 f"capped at {latency_cap_us:.0f} us" if netem else
                 "not emulated: this kernel has no sch_netem")
+        nic = dict(ranks_per_nic=ranks_per_nic, lone_bytes_s=hw.inter_flow_bytes_per_s(
+            1, ranks_per_nic=ranks_per_nic) / dil) if klass == "inter" else {}
         links[klass] = EmulatedLink(klass=klass, kind=link.kind, target_bytes_s=link.bytes_per_s,
                                     target_latency_us=link.latency_us, bytes_s=link.bytes_per_s / dil,
-                                    latency_dilated_us=lat, latency_us=applied, latency_note=note)
+                                    latency_dilated_us=lat, latency_us=applied, latency_note=note, **nic)
     return Scaling(hardware=hw.name, mode="calibrated", links=links, dilation=dil, target_flops_s=c_t,
                    calibration=calib)
 
 
 def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] | None = None, *,
-          netem: bool = False) -> Scaling:
-    """Given per-rank rates (bytes/s per class), no calibration: for tests and manual experiments."""
+          netem: bool = False, ranks_per_nic: int = 1) -> Scaling:
+    """Given per-rank rates (bytes/s per class, the inter one = a rank's share when all cross at once),
+    no calibration: for tests and manual experiments. A NIC of ``ranks_per_nic`` ranks carries that
+    many inter shares; a lone flow gets all of it."""
     latency_us = latency_us or {}
     links = {}
     for klass, r in rates.items():
         lat = float(latency_us.get(klass, 0.0))
         links[klass] = EmulatedLink(klass=klass, kind="veth", target_bytes_s=r, target_latency_us=lat, bytes_s=r,
                                     latency_dilated_us=lat, latency_us=lat if netem else 0.0,
-                                    latency_note="" if netem or not lat else "not emulated: no sch_netem")
+                                    latency_note="" if netem or not lat else "not emulated: no sch_netem",
+                                    ranks_per_nic=ranks_per_nic if klass == "inter" else 1)
     return Scaling(hardware=hardware, mode="fixed", links=links)
 
 

@@ -16,7 +16,8 @@ connections carry the node's address whatever interface the rank listens on,
 so a node-level qdisc cannot tell which rank sent a packet. A rank's own
 ``eth0`` can: shaping it caps what that rank sends, per link class
 (``shaping.py``), which is the hardware profiles' convention (bytes/s one rank
-gets when every rank sends at once). Ranks enter their namespace through
+gets when every rank sends at once). Ranks sharing a NIC are told apart on the
+node's ``uplink`` by their own source addresses (``shaping.nic_commands``). Ranks enter their namespace through
 ``rankexec.py`` (torchrun starts them in the node's namespace).
 
 Addresses exist only on interfaces inside these namespaces; nothing is created

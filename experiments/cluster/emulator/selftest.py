@@ -7,8 +7,12 @@ receiver in the destination rank's namespace reports the payload bytes/s it
 got between its first and last byte. Run ``python -m experiments.cluster
 selftest`` on a cluster that is up, or call ``measure`` from a test.
 
+``measure_nic`` measures one NIC (NIC 0 of node 0) on its own: first one of its
+ranks alone sends to the next node (``lone``: the NIC's rate, or the rank's cap),
+then all ranks behind it at once (``concurrent``: the NIC's rate split evenly).
+
     python -m experiments.cluster.emulator.selftest serve <addr> <port> <seconds>   # inside a rank's namespace
-    python -m experiments.cluster.emulator.selftest send <addr> <port> <seconds>
+    python -m experiments.cluster.emulator.selftest send <addr> <port> <seconds> [<start at, epoch s>]
 """
 from __future__ import annotations
 
@@ -46,7 +50,9 @@ def serve(addr: str, port: int, seconds: float) -> dict:
     return {"bytes": n, "seconds": span, "bytes_per_s": (n - n0) / span if span > 0 else 0.0}
 
 
-def send(addr: str, port: int, seconds: float) -> None:
+def send(addr: str, port: int, seconds: float, start_at: float = 0.0) -> None:
+    """Send for ``seconds`` from wall-clock time ``start_at`` (0: now): flows meant to be concurrent start
+    together, not one Python start-up apart (a flow running alone at first would get a whole NIC)."""
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -57,6 +63,7 @@ def send(addr: str, port: int, seconds: float) -> None:
                 raise
             time.sleep(0.1)
     buf = b"\0" * (1 << 16)
+    time.sleep(max(0.0, start_at - time.time()))
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         conn.sendall(buf)
@@ -75,18 +82,44 @@ def pairs(topo: netns.Topology) -> list[tuple[str, tuple[int, int], tuple[int, i
     return out
 
 
+def nic_pairs(topo: netns.Topology, ranks_per_nic: int) -> dict[str, list]:
+    """The flows of ``measure_nic``: a lone one, then every rank of NIC 0 of node 0 at once."""
+    if topo.nodes < 2:
+        raise ValueError(f"nodes={topo.nodes}: a NIC carries inter-node traffic; it needs 2 nodes or more")
+    if ranks_per_nic < 1 or topo.ranks_per_node % ranks_per_nic:
+        raise ValueError(f"ranks_per_nic={ranks_per_nic} must divide ranks_per_node={topo.ranks_per_node}")
+    conc = [("concurrent", (0, k), (1, k)) for k in range(ranks_per_nic)]
+    return {"lone": [("lone", (0, 0), (1, 0))], "concurrent": conc}
+
+
 def measure(topo: netns.Topology, seconds: float = 3.0, python: str = sys.executable) -> dict[str, dict]:
     """Measured payload rate per link class: ``{"intra": {"bytes_per_s": median, "flows": [...]}, ...}``."""
-    flows = pairs(topo)
+    return measure_flows(topo, pairs(topo), seconds, python)
+
+
+def measure_nic(topo: netns.Topology, ranks_per_nic: int, seconds: float = 2.0,
+                python: str = sys.executable) -> dict[str, dict]:
+    """``{"lone": {...}, "concurrent": {...}}`` as ``measure``: one flow through NIC 0 of node 0, then all
+    ``ranks_per_nic`` flows through it at once (one after the other, so they never overlap)."""
+    return {k: measure_flows(topo, flows, seconds, python, port=BASE_PORT + 500 * (i + 1))[k]
+            for i, (k, flows) in enumerate(nic_pairs(topo, ranks_per_nic).items())}
+
+
+def measure_flows(topo: netns.Topology, flows: list, seconds: float, python: str = sys.executable, *,
+                  port: int = BASE_PORT) -> dict[str, dict]:
+    """Run ``flows`` ((class, (node, rank) source, (node, rank) destination)) at once for ``seconds``;
+    per class the flows' rates and their median."""
     servers, senders = [], []
     try:
         for n, (cls, _, (di, dk)) in enumerate(flows):
             cmd = netns.nsenter(topo.rank(di, dk), [python, "-m", "experiments.cluster.emulator.selftest", "serve",
-                                                    topo.rank_addr(di, dk), str(BASE_PORT + n), str(seconds)])
+                                                    topo.rank_addr(di, dk), str(port + n), str(seconds)])
             servers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        start_at = time.time() + 1.5 + 0.2 * len(flows)     # after every sender has started and connected
         for n, (cls, (si, sk), (di, dk)) in enumerate(flows):
             cmd = netns.nsenter(topo.rank(si, sk), [python, "-m", "experiments.cluster.emulator.selftest", "send",
-                                                    topo.rank_addr(di, dk), str(BASE_PORT + n), str(seconds)])
+                                                    topo.rank_addr(di, dk), str(port + n), str(seconds),
+                                                    str(start_at)])
             senders.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         results: dict[str, dict] = {}
         for (cls, src, dst), srv, snd in zip(flows, servers, senders):
@@ -112,7 +145,7 @@ def main(argv: list[str]) -> int:
     if what == "serve":
         print(json.dumps(serve(addr, port, seconds)))
     else:
-        send(addr, port, seconds)
+        send(addr, port, seconds, float(argv[4]) if len(argv) > 4 else 0.0)
     return 0
 
 

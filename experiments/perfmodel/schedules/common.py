@@ -95,9 +95,11 @@ class Ctx:
                             rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
-             crossing: dict[int, int] | None = None) -> int:
+             crossing: dict[tuple[int, int], int] | None = None) -> int:
+        """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
+        send gets its NIC's rate over the flows on that NIC."""
         same = self.place.same_node(src, dst)
-        conc = (crossing or {}).get(self.place.node(src), 1)
+        conc = (crossing or {}).get(self.place.nic(src), 1)
         seconds = self.cost.transfer(sum(nbytes.values()), same, conc)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
@@ -219,8 +221,8 @@ def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbyt
         return {g: ctx.sch.marker(f"{name}.done[r{g}]", [ready.get(g)], rank=g, phase=phase)
                 for grp in groups for g in grp}
     pieces = split_table(nbytes, u - 1)
-    # ranks of each node with an inter-node piece: they share the node's NICs
-    crossing = dict(Counter(ctx.place.node(g) for grp in groups for g in grp
+    # ranks with an inter-node piece, per (node, NIC): they share that NIC
+    crossing = dict(Counter(ctx.place.nic(g) for grp in groups for g in grp
                             if any(not ctx.place.same_node(g, h) for h in grp)))
     end = {}
     for grp in groups:

@@ -23,8 +23,11 @@ accumulator sends it posted have (the runtime waits right after posting).
 
 Sends go on one FIFO channel per rank and link class (``Ctx.send``); the
 runtime's separate read and write communicators inside the node are not
-modelled (a slightly pessimistic intra-node side). Ranks of a node crossing
-at once share its NICs: in a double ring all I ranks of a node cross together.
+modelled (a slightly pessimistic intra-node side). Flows crossing on one NIC
+at once split it (``Placement.crossing``): in a double ring all I ranks of a
+node cross together, so each NIC carries as many flows as it has ranks
+(the profile's per-rank rate), where a flat ring's lone crossing hop gets a
+whole NIC.
 """
 from __future__ import annotations
 
