@@ -1,7 +1,8 @@
 """Figures and tables for model-level records (``measure.level: model``), from results files only.
 
 ``experiments.plots.draw_experiment`` hands an experiment here when its records are model-level. A
-*row* is what the papers' legends and tables list: the method, "+ZeRO" when its weights are FSDP2
+*row* is what the papers' legends and tables list: a spec's variant label (``model.variants``), else the
+method, "+ZeRO" when its weights are FSDP2
 sharded, and the kernel's variant ("without LAO" for a ring method on the ``math`` kernel, "without
 FlashAttention" for TP on it). ``plots/<experiment>/`` gets, where the sweep has the axis:
 
@@ -30,6 +31,9 @@ TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
 
 
 def row_label(r) -> str:
+    variant = r.get("variant_label")
+    if isinstance(variant, str) and variant:      # a spec's named row (model_cases.ModelVariant)
+        return variant + ("+ZeRO" if bool(r.get("zero")) else "")
     label = str(r["method"]) + ("+ZeRO" if bool(r.get("zero")) else "")
     if r.get("kernel") == "math":
         label += " without FlashAttention" if str(r["method"]).startswith("tp_") else " without LAO"
