@@ -149,10 +149,47 @@ def _write_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
     return [csv, md]
 
 
+# BurstAttention Table 4's row names, by (method, kernel) of a perplexity record ("math": materialised scores)
+PAPER_ROWS = {("tp_v1", "math"): "TP (V1)", ("tp_v3", "math"): "TP (V3)", ("tp_v1", "auto"): "TP + FlashAttention (V1)",
+              ("tp_v3", "auto"): "TP + FlashAttention (V3)", ("ring_rsa", "auto"): "RingAttention",
+              ("burst", "math"): "Burst without LAO", ("burst", "auto"): "BurstAttention"}
+
+
+def perplexity_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
+    """``perplexity.md``: each row's held-out perplexity next to the single-process model's (Table 4)."""
+    ok = df[df["status"] == "ok"]
+    lines = [_title(df, meta, "held-out perplexity after training (Table 4)"), "",
+             "| paper row | method (kernel) | perplexity before training | perplexity | single-process | "
+             "relative difference | tolerance | equal |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for _, r in ok.sort_values("row", key=lambda s: [_method_order(x.split(" ")[0]) for x in s]).iterrows():
+        kernel = "math" if r.get("config", {}).get("kernel") == "math" else "auto"
+        lines.append(f"| {PAPER_ROWS.get((r['method'], kernel), '')} | {r['row']} ({r['kernel']}) | "
+                     f"{r['perplexity_before']:.4f} | {r['perplexity']:.6f} | {r['perplexity_reference']:.6f} | "
+                     f"{r['perplexity_rel_diff']:.1e} | {r['perplexity_rtol']:.0e} | "
+                     f"{'yes' if r['perplexity_equal'] else 'NO'} |")
+    bad = df[df["status"] != "ok"]
+    lines += [f"| – | {r['row']} | {r['status']}: {str(r['reason'])[:100]} | | | | | |" for _, r in bad.iterrows()]
+    r0 = ok.iloc[0] if len(ok) else None
+    if r0 is not None:
+        lines += ["", f"{int(r0['train_steps'])} AdamW steps at lr {r0['lr']:g} on corpus {r0['corpus']!r} "
+                      f"(seeded, burst_impl/model/data.py), then {int(r0['eval_tokens'])} held-out tokens; "
+                      f"reference: {r0['reference']}."]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "perplexity.md"
+    path.write_text("\n".join(lines) + "\n")
+    return [path]
+
+
 def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]:
     """Every model-level figure and table of one experiment (records already without 'skipped')."""
     files: list = []
-    df = _with_rates(_rows(df))
+    df = _rows(df)
+    if (df["mode"] == "perplexity").any():       # a correctness result: a table, no timing figures
+        files += perplexity_table(df[df["mode"] == "perplexity"], meta, out)
+        df = df[df["mode"] != "perplexity"]
+        if df.empty:
+            return files
+    df = _with_rates(df)
     for mode, part in df.groupby("mode"):
         # a modelled figure says so in its file name too, as experiments.plots' figures do
         sfx = (f"_{mode}" if df["mode"].nunique() > 1 else "") + ("_modelled" if FP.source(part) == "modelled" else "")

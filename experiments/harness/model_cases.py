@@ -166,6 +166,9 @@ def check_model_case(case, err) -> None:
     cfg = get_config(case.model)
     if case.mode not in MODEL_MODES:
         raise err("measure.modes", f"mode {case.mode!r} is not a model-level mode; choose from {list(MODEL_MODES)}")
+    if case.mode == PERPLEXITY and case.eval_tokens < case.seqlen:
+        raise err("model.eval_tokens", f"{case.eval_tokens} must be at least seqlen={case.seqlen} (whole windows "
+                                       "of N held-out tokens are evaluated)")
     if not case.causal:
         raise err("sweep.causal", "must be true at measure.level: model (the models are causal language models)")
     version = get(case.method).tp_version
