@@ -57,8 +57,9 @@ def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
     # measured records name the model in "model"; modelled ones keep their model's breakdown there
     model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
+    gs = "/".join(str(g) for g in sorted(df["world_size"].unique()))     # a main table's cells differ in G
     return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
-            f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
+            f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
@@ -239,12 +240,27 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     return save_figure(fig, out)
 
 
+def _variant_order(meta: dict) -> list[str]:
+    """A spec's variant names in its order (an ablation's rows are cumulative: the order is the point)."""
+    model = meta.get("model")
+    if isinstance(model, dict) and model.get("variants"):         # measured: the resolved spec
+        return [v["name"] for v in model["variants"]]
+    return [r["name"] for r in meta.get("rows") or []]           # modelled: model_figures' meta
+
+
+def _in_row_order(ok: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    order = _variant_order(meta)
+    if order and "variant" in ok and ok["variant"].isin(order).all():
+        return ok.sort_values("variant", key=lambda s: [order.index(v) for v in s])
+    return ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+
+
 def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     """Tokens/s per rank (p10/p90 step times as whiskers) and memory per rank (state + step peak), one bar per row."""
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return None
-    ok = ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    ok = _in_row_order(ok, meta)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
     cols = [color(m) for m in ok["method"]]

@@ -116,3 +116,40 @@ def test_modelled_records_say_their_setup(tmp_path):
     table = next(f for f in files if f.name == "table_modelled.md").read_text()
     assert all(v.label in table for v in spec.model.variants) and "ZeRO stage" in table
     assert "excluded by the spec" in table          # DeepSpeed-Ulysses: 40 heads over 32 or 64 ranks
+
+
+def _first_losses(raw: dict) -> list[float]:
+    """On every rank: each case's first training loss (before its update), built as the harness builds it."""
+    import os
+
+    import torch
+
+    from burst_impl.model.data import batch_at, load_corpus
+    from burst_impl.model.step import train_step
+    from experiments.harness.model_steps import build_model
+
+    old = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = "2"          # two "nodes" of 2 ranks: the double rings and USP cross them
+    out = []
+    try:
+        for case in parse_spec(raw, "t.yaml").cases():
+            cfg, model = build_model(case, group=torch.distributed.group.WORLD, device=torch.device("cpu"))
+            x, y = batch_at(load_corpus("markov", cfg.vocab_size, n_tokens=1 << 12), 0, 1, case.seqlen)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            out.append((case.variant, float(train_step(model, opt, x, y))))
+    finally:                                      # the pool's workers serve other tests after this one
+        os.environ.pop("LOCAL_WORLD_SIZE") if old is None else os.environ.update(LOCAL_WORLD_SIZE=old)
+    return out
+
+
+@pytest.mark.parametrize("path", [MAINS[2], ABLATIONS[1]], ids=lambda p: p.stem)
+def test_cpu_mirror_rows_train_and_agree(pools, path):
+    """Every row of the CPU mirrors trains under FSDP2 at W = 4 (2 x 2) with its loss and checkpoint mode
+    (tiny model, 64 tokens: a smoke run, not a timing), and its first loss is the same global mean."""
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["name"] = "tiny"
+    raw.update(cluster="cpu", sweep={**raw["sweep"], "seqlen": 64})
+    losses = pools.run(4, _first_losses, raw, timeout=300)[0]
+    assert [v for v, _ in losses] == [v["name"] for v in raw["model"]["variants"]]
+    values = [x for _, x in losses]
+    assert max(values) - min(values) < 1e-5 * abs(values[0]), losses
