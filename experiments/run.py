@@ -49,7 +49,8 @@ def _cost(c: Case) -> float:
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
     # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
     # perplexity (model level): train_steps training steps, not a timed mode
-    mode = MODE_FACTOR["fwd_bwd"] * c.train_steps if c.mode == "perplexity" else MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)]
+    mode = (MODE_FACTOR["fwd_bwd"] * c.train_steps if c.mode == "perplexity"
+            else MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)])
     if c.level == "model":
         from burst_impl.model import get_config
 

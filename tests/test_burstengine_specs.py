@@ -13,7 +13,8 @@ from experiments.harness.model_cases import VARIANT_KNOBS
 from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
 
 SPECS = EXPERIMENTS_DIR / "specs"
-ABLATIONS = [SPECS / "model_burstengine_ablation_14b_1m.yaml", EXPERIMENTS_DIR / "cpu" / "cpu_model_burstengine_ablation.yaml"]
+ABLATIONS = [SPECS / "model_burstengine_ablation_14b_1m.yaml",
+             EXPERIMENTS_DIR / "cpu" / "cpu_model_burstengine_ablation.yaml"]
 MAINS = [SPECS / "model_burstengine_main_7b.yaml", SPECS / "model_burstengine_main_14b.yaml",
          EXPERIMENTS_DIR / "cpu" / "cpu_model_burstengine_main.yaml"]
 # The main table's rows: (variant, method, loss, checkpoint) as the issue states them

@@ -5,7 +5,8 @@ all global tokens, backward, gradient synchronisation (all-reduce, or FSDP2's
 reduce-scatter), optimizer step. ``prefill``: ``prefill_step`` = the prompt's
 forward and the first generated token (first-token latency, Tables 2/3).
 
-The model is ``model.name`` with the case's loss and checkpoint mode, in the case's dtype on the worker's device, weights
+The model is ``model.name`` with the case's loss and checkpoint mode (``case_config``), in the case's
+dtype on the worker's device, weights
 drawn from the case's seed (identical on every rank), then split by the
 method: op-level registry methods through ``sequence_parallel`` (+
 ``shard_weights`` for ``zero``), ``tp_v1``/``tp_v3`` through

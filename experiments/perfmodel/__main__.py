@@ -6,7 +6,8 @@ each spec on the hardware profile its target names) and writes
 figures (drawn by experiments.plots, "modelled" in every title and file name)
 and ``<plots>/<experiment>/table_modelled.md``; for every spec that is a layer of a paper model, the
 whole model's step as ``<experiment>_model_level`` (model_figures.py); model-level specs (BurstEngine's
-main table and ablation) as their whole-model steps; with the ``paper`` preset BurstEngine's scaling/MFU. Runs nothing on any device.
+main table and ablation) as their whole-model steps; with the ``paper`` preset BurstEngine's scaling/MFU.
+Runs nothing on any device.
 """
 from __future__ import annotations
 

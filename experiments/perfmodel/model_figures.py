@@ -160,4 +160,5 @@ def twin(spec: Spec) -> str | None:
     return name if name != spec.name and name in SPEC_MODELS else None
 
 
-__all__ = ["ASSUMPTIONS", "model_spec_records", "twin", "write_model_spec", "write_spec_model_level", "write_burstengine"]
+__all__ = ["ASSUMPTIONS", "model_spec_records", "twin", "write_model_spec", "write_spec_model_level",
+           "write_burstengine"]

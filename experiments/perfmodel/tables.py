@@ -166,7 +166,8 @@ _PREFILL_NOTE = ("Prefill memory: the weights, the attention layer's modelled pe
 def _setup_lines(records: list[dict]) -> list[str]:
     """Each row's training setup: method, loss, checkpoint mode (as run), ZeRO stage and offload."""
     out = ["## Training setup of each row", "",
-           "| row | method | loss | checkpoint (as run) | weights | ZeRO stage | offload |", "|---|---|---|---|---|---:|---|"]
+           "| row | method | loss | checkpoint (as run) | weights | ZeRO stage | offload |",
+           "|---|---|---|---|---|---:|---|"]
     seen = set()
     for r in records:
         row = r.get("variant") or r["method"]
@@ -200,6 +201,38 @@ def _variant_tables(records: list[dict], meta: dict, hbm: str) -> list[str]:
     return out + [_MEM_NOTE, ""]
 
 
+def _ablation_tables(records: list[dict], hbm: str) -> list[str]:
+    """An ablation's rows in order (``ablation_step``): time, tokens/s, speedup over the first row, exposed
+    communication and memory, then each row's memory parts and its training setup."""
+    out: list[str] = []
+    rows = sorted(records, key=lambda r: r["ablation_step"])
+    out += ["| step | method | time per step (s) | tokens/s per GPU | speedup over the first row | MFU | "
+            "exposed comm | memory per rank (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    t0 = rows[0]["time_model_s"]
+    for r in rows:
+        out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
+                   f"{_model_cell(r, 'tokens')} | {t0 / r['time_model_s']:.3f} | {_model_cell(r, 'mfu')} | "
+                   f"{_model_cell(r, 'exposed')} | {_model_cell(r, 'mem')} |")
+    out += ["", "A model has no spread: the speedups have no interval (the measured CPU mirror's summary "
+                "gives each its 95% bootstrap interval).", ""] + _setup_lines(rows)
+    out += ["", f"## Memory per rank per step (GiB, modelled; OOM above {hbm})", "",
+            _MEM_NOTE, "",
+            "| step | weights | checkpoint | loss | weights + optimizer | gradients | activations kept | "
+            "one block recomputed | loss buffers | attention transient | step peak above the state | total |",
+            "|---|---|---|---|" + "---:|" * 8]
+    def gib(b: int) -> str:
+        return f"{b / 2**30:.1f}"
+
+    for r in rows:
+        m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
+        out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
+                   f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
+                   f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
+                   f"{gib(m['total_bytes'] - m['resident_bytes'])} | {_model_cell(r, 'mem')} |")
+    out.append("")
+    return out
+
+
 def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[dict], out_dir: Path) -> Path:
     """``table_modelled.md`` of a model-level experiment (``model_figures.py``)."""
     from .model_level import ASSUMPTIONS as MODEL_ASSUMPTIONS
@@ -217,31 +250,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
            ""]
     hbm = f"the {hw.accelerator.hbm_gib:g} GiB of {hw.accelerator.name}"
     if "ablation_step" in r0:
-        rows = sorted(records, key=lambda r: r["ablation_step"])
-        out += ["| step | method | time per step (s) | tokens/s per GPU | speedup over the first row | MFU | "
-                "exposed comm | memory per rank (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-        t0 = rows[0]["time_model_s"]
-        for r in rows:
-            out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
-                       f"{_model_cell(r, 'tokens')} | {t0 / r['time_model_s']:.3f} | {_model_cell(r, 'mfu')} | "
-                       f"{_model_cell(r, 'exposed')} | {_model_cell(r, 'mem')} |")
-        out += ["", "A model has no spread: the speedups have no interval (the measured CPU mirror's summary "
-                    "gives each its 95% bootstrap interval).", ""] + _setup_lines(rows)
-        out += ["", f"## Memory per rank per step (GiB, modelled; OOM above {hbm})", "",
-                _MEM_NOTE, "",
-                "| step | weights | checkpoint | loss | weights + optimizer | gradients | activations kept | "
-                "one block recomputed | loss buffers | attention transient | step peak above the state | total |",
-                "|---|---|---|---|" + "---:|" * 8]
-        def gib(b: int) -> str:
-            return f"{b / 2**30:.1f}"
-
-        for r in rows:
-            m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
-            out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
-                       f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
-                       f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
-                       f"{gib(m['total_bytes'] - m['resident_bytes'])} | {_model_cell(r, 'mem')} |")
-        out.append("")
+        out += _ablation_tables(records, hbm)
     elif "variant" in r0:
         out += _variant_tables(records, meta, hbm) + _setup_lines(records)
     else:
