@@ -115,9 +115,15 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
 
 def _setup_fields(case: Case) -> dict:
     """What each modelled record of a model-level spec says about its training setup (as measured ones)."""
+    from baselines import get
+    from burst_impl.model.checkpoint import method_mode
+
     from ..harness.model_record import OFFLOAD
 
-    return {"offload": OFFLOAD, "zero_stage": 3 if case.zero else 0, "variant_label": case.variant_label}
+    # "checkpoint" (model_record) is the mode as run; the spec's request next to it, as measured records have
+    return {"offload": OFFLOAD, "zero_stage": 3 if case.zero else 0, "variant_label": case.variant_label,
+            "checkpoint_requested": case.checkpoint,
+            "checkpoint_effective": method_mode(get(case.method), case.checkpoint)}
 
 
 def model_spec_records(spec: Spec, hw, exp: str) -> list[dict]:
