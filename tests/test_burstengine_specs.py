@@ -154,3 +154,26 @@ def test_cpu_mirror_rows_train_and_agree(pools, path):
     assert [v for v, _ in losses] == [v["name"] for v in raw["model"]["variants"]]
     values = [x for _, x in losses]
     assert max(values) - min(values) < 1e-5 * abs(values[0]), losses
+
+
+def test_variant_records_and_speedups_over_a_baseline_row(tmp_path, monkeypatch):
+    """Measured at W = 1 in-process: each variant's record names its row and training setup, and the
+    summary's speedups (bootstrap intervals) are over the baseline row, usp-style duplicates apart."""
+    import torch
+
+    from experiments.harness import results as R
+    from experiments.harness.summary import ratios
+    from experiments.harness.worker import run_case
+
+    monkeypatch.setenv(R.CLUSTER_ENV, "{}")
+    raw = {"name": "t_rows", "sweep": {"seqlen": 32, "world_size": 1, "dtype": "float32", "layout": "zigzag"},
+           "measure": {"modes": ["train"], "level": "model", "comm": False}, "baseline": "plain",
+           "model": {"name": "tiny", "variants": [
+               {"name": "plain", "method": "burst"}, {"name": "fused_seq", "method": "burst", "loss": "fused",
+                                                     "checkpoint": "seq"}]},
+           "warmup": 0, "repeats": 3, "cluster": "cpu"}
+    recs = [run_case(c, rank=0, world=1, device=torch.device("cpu")) for c in parse_spec(raw, "t.yaml").cases()]
+    assert [(r["variant"], r["loss"], r["checkpoint"], r["zero_stage"]) for r in recs] == [
+        ("plain", "unfused", "none", 0), ("fused_seq", "fused", "seq", 0)]
+    (rat,) = ratios(recs, "plain")
+    assert rat["method"] == "fused_seq" and rat["lo"] <= rat["speedup"] <= rat["hi"]
