@@ -1,7 +1,8 @@
 """Figures and tables for model-level records (``measure.level: model``), from results files only.
 
 ``experiments.plots.draw_experiment`` hands an experiment here when its records are model-level. A
-*row* is what the papers' legends and tables list: the method, "+ZeRO" when its weights are FSDP2
+*row* is what the papers' legends and tables list: a spec's variant label (``model.variants``), else the
+method, "+ZeRO" when its weights are FSDP2
 sharded, and the kernel's variant ("without LAO" for a ring method on the ``math`` kernel, "without
 FlashAttention" for TP on it). ``plots/<experiment>/`` gets, where the sweep has the axis:
 
@@ -30,6 +31,9 @@ TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
 
 
 def row_label(r) -> str:
+    variant = r.get("variant_label")
+    if isinstance(variant, str) and variant:      # a spec's named row (model_cases.ModelVariant)
+        return variant + ("+ZeRO" if bool(r.get("zero")) else "")
     label = str(r["method"]) + ("+ZeRO" if bool(r.get("zero")) else "")
     if r.get("kernel") == "math":
         label += " without FlashAttention" if str(r["method"]).startswith("tp_") else " without LAO"
@@ -53,8 +57,9 @@ def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
     # measured records name the model in "model"; modelled ones keep their model's breakdown there
     model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
+    gs = "/".join(str(g) for g in sorted(df["world_size"].unique()))     # a main table's cells differ in G
     return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
-            f"G={r['world_size']}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
+            f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
@@ -145,10 +150,47 @@ def _write_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
     return [csv, md]
 
 
+# BurstAttention Table 4's row names, by (method, kernel) of a perplexity record ("math": materialised scores)
+PAPER_ROWS = {("tp_v1", "math"): "TP (V1)", ("tp_v3", "math"): "TP (V3)", ("tp_v1", "auto"): "TP + FlashAttention (V1)",
+              ("tp_v3", "auto"): "TP + FlashAttention (V3)", ("ring_rsa", "auto"): "RingAttention",
+              ("burst", "math"): "Burst without LAO", ("burst", "auto"): "BurstAttention"}
+
+
+def perplexity_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
+    """``perplexity.md``: each row's held-out perplexity next to the single-process model's (Table 4)."""
+    ok = df[df["status"] == "ok"]
+    lines = [_title(df, meta, "held-out perplexity after training (Table 4)"), "",
+             "| paper row | method (kernel) | perplexity before training | perplexity | single-process | "
+             "relative difference | tolerance | equal |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for _, r in ok.sort_values("row", key=lambda s: [_method_order(x.split(" ")[0]) for x in s]).iterrows():
+        kernel = "math" if r.get("config", {}).get("kernel") == "math" else "auto"
+        lines.append(f"| {PAPER_ROWS.get((r['method'], kernel), '')} | {r['row']} ({r['kernel']}) | "
+                     f"{r['perplexity_before']:.4f} | {r['perplexity']:.6f} | {r['perplexity_reference']:.6f} | "
+                     f"{r['perplexity_rel_diff']:.1e} | {r['perplexity_rtol']:.0e} | "
+                     f"{'yes' if r['perplexity_equal'] else 'NO'} |")
+    bad = df[df["status"] != "ok"]
+    lines += [f"| – | {r['row']} | {r['status']}: {str(r['reason'])[:100]} | | | | | |" for _, r in bad.iterrows()]
+    r0 = ok.iloc[0] if len(ok) else None
+    if r0 is not None:
+        lines += ["", f"{int(r0['train_steps'])} AdamW steps at lr {r0['lr']:g} on corpus {r0['corpus']!r} "
+                      f"(seeded, burst_impl/model/data.py), then {int(r0['eval_tokens'])} held-out tokens; "
+                      f"reference: {r0['reference']}."]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "perplexity.md"
+    path.write_text("\n".join(lines) + "\n")
+    return [path]
+
+
 def draw_model_experiment(df: pd.DataFrame, meta: dict, out: Path) -> list[Path]:
     """Every model-level figure and table of one experiment (records already without 'skipped')."""
     files: list = []
-    df = _with_rates(_rows(df))
+    df = _rows(df)
+    if (df["mode"] == "perplexity").any():       # a correctness result: a table, no timing figures
+        files += perplexity_table(df[df["mode"] == "perplexity"], meta, out)
+        df = df[df["mode"] != "perplexity"]
+        if df.empty:
+            return files
+    df = _with_rates(df)
     for mode, part in df.groupby("mode"):
         # a modelled figure says so in its file name too, as experiments.plots' figures do
         sfx = (f"_{mode}" if df["mode"].nunique() > 1 else "") + ("_modelled" if FP.source(part) == "modelled" else "")
@@ -198,12 +240,27 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     return save_figure(fig, out)
 
 
+def _variant_order(meta: dict) -> list[str]:
+    """A spec's variant names in its order (an ablation's rows are cumulative: the order is the point)."""
+    model = meta.get("model")
+    if isinstance(model, dict) and model.get("variants"):         # measured: the resolved spec
+        return [v["name"] for v in model["variants"]]
+    return [r["name"] for r in meta.get("rows") or []]           # modelled: model_figures' meta
+
+
+def _in_row_order(ok: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    order = _variant_order(meta)
+    if order and "variant" in ok and ok["variant"].isin(order).all():
+        return ok.sort_values("variant", key=lambda s: [order.index(v) for v in s])
+    return ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+
+
 def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     """Tokens/s per rank (p10/p90 step times as whiskers) and memory per rank (state + step peak), one bar per row."""
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return None
-    ok = ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    ok = _in_row_order(ok, meta)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
     cols = [color(m) for m in ok["method"]]

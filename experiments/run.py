@@ -55,7 +55,9 @@ def _cost(c: Case) -> float:
     """Rough relative cost of a case, so the progress bar's time-left estimate is sensible."""
     work = c.batch * c.seqlen ** 2 * c.heads * c.head_dim / c.world_size * (0.5 if c.causal else 1.0)
     # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
-    mode = MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)]
+    # perplexity (model level): train_steps training steps, not a timed mode
+    mode = (MODE_FACTOR["fwd_bwd"] * c.train_steps if c.mode == "perplexity"
+            else MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)])
     if c.level == "model":
         work *= get_config(c.model).n_layers
     reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap

@@ -216,15 +216,22 @@ def test_tp_holds_one_gth_of_the_weights():
 
 
 def test_ablation_fused_head_saves_memory_and_seq_checkpointing_time():
-    """BurstEngine's ablation at its size (14B, 1M tokens, 32 A800, FSDP2), rows as ablation.STEPS runs them:
-    the fused LM head removes the logits (memory falls); sequence-level checkpointing, after full-block
-    checkpointing, caches half the attention outputs (memory rises a little) so that the recompute runs
-    attention on the first half only (time falls); every row fits the A800 with checkpointing."""
-    from experiments.perfmodel.model_figures import ABLATION, BE_HARDWARE, ablation_records
+    """BurstEngine's ablation at its size (14B, 1M tokens, 32 A800, FSDP2), the rows of its spec
+    (specs/model_burstengine_ablation_14b_1m.yaml): the fused LM head removes the logits (memory falls);
+    sequence-level checkpointing, after full-block checkpointing, caches half the attention outputs (memory
+    rises a little) so that the recompute runs attention on the first half only (time falls); the whole
+    attention cache rises and falls again; every row fits the A800 with checkpointing."""
+    from experiments.harness.spec import EXPERIMENTS_DIR, load_spec
+    from experiments.perfmodel.model_figures import BE_HARDWARE, model_spec_records
 
-    recs = ablation_records("x", load_hardware(BE_HARDWARE))
-    fused = next(i for i, row in enumerate(ABLATION) if row[3] == "fused")
-    seq = next(i for i, row in enumerate(ABLATION) if row[2] == "seq")
+    spec = load_spec(EXPERIMENTS_DIR / "specs" / "model_burstengine_ablation_14b_1m.yaml")
+    recs = model_spec_records(spec, load_hardware(BE_HARDWARE), "x")
+    rows = spec.model.variants
+    assert [r["ablation_step"] for r in recs] == list(range(len(rows)))
+    fused = next(i for i, row in enumerate(rows) if row.loss == "fused")
+    seq = next(i for i, row in enumerate(rows) if row.checkpoint == "seq")
+    assert rows[seq + 1].checkpoint == "whole" and total_of(recs, seq + 1) > total_of(recs, seq)
+    assert recs[seq + 1]["time_model_s"] < recs[seq]["time_model_s"]     # attention never recomputed
     total = [r["mem_total_bytes"] for r in recs]
     assert total[fused] < total[fused - 1], total
     logits = [r["mem_parts_bytes"]["logits"] for r in recs]
@@ -233,3 +240,7 @@ def test_ablation_fused_head_saves_memory_and_seq_checkpointing_time():
     assert total[seq] > total[seq - 1]                                  # the cached (O, lse)
     assert recs[seq]["time_model_s"] < recs[seq - 1]["time_model_s"]    # less recompute
     assert all(r["status"] == "ok" for r in recs), [r["reason"] for r in recs if r["status"] != "ok"]
+
+
+def total_of(recs: list[dict], i: int) -> int:
+    return recs[i]["mem_total_bytes"]

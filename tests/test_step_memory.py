@@ -66,21 +66,6 @@ def test_model_orders_modes_and_marks_oom():
         step_memory(cfg, **{**kw, "seqlen": 10})
 
 
-def test_ablation_spec():
-    """The ablation adds one feature per step, in the paper's order; at 14B/1M/32 the fused LM head
-    is the step that removes the logits (the largest single saving the model predicts)."""
-    from experiments.benches.ablation import STEPS, paper_table
-
-    changed = [sum(a != b for a, b in zip((s.method, s.loss, s.checkpoint), (t.method, t.loss, t.checkpoint)))
-               for s, t in zip(STEPS, STEPS[1:])]
-    assert changed == [1, 1, 1, 1]
-    assert [s.method for s in STEPS[:3]] == ["ring", "burst", "burst_double_ring"]
-    assert (STEPS[3].loss, STEPS[4].checkpoint) == ("fused", "seq")
-    rows = paper_table()
-    totals = [r["predicted_total_gib"] for r in rows]
-    assert totals[3] < totals[2] / 1.5, totals
-
-
 def test_tensor_parallel_holds_one_gth_of_the_weights():
     """weights="tp" (tp_v1, tp_v3): weights, gradients and AdamW state are 1/G of all parameters with
     nothing gathered; the attention part is the TP method's registry memory; V3 keeps the norms' tensors

@@ -24,6 +24,8 @@ from burst_impl.balance import balance_report
 from . import results as R
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from .memory import measure_peak, saved_for_backward
+from .model_cases import PERPLEXITY
+from .model_perplexity import perplexity_record
 from .spec import Case
 from .steps import Step, build_step, kernel_used
 from .timing import RepeatPolicy, barrier, summarize, time_interleaved
@@ -77,6 +79,14 @@ def policy_for(cases: list[Case], spent_s: float) -> RepeatPolicy:
 def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.device, current: Current,
                   shape_checked, inject) -> list[dict] | None:
     t_start = time.perf_counter()
+    if cases[0].mode == PERPLEXITY:      # a correctness result: trained and evaluated, never timed (one case)
+        (case,) = cases
+        current.case = case
+        inject(case, rank)
+        rec = perplexity_record(case, rank=rank, world=world, device=device)
+        if rec is not None:
+            rec["duration_s"] = time.perf_counter() - t_start
+        return None if rank != 0 else [rec]
     group = dist.group.WORLD if dist.is_initialized() else None
     steps: list[Step] = []
     for case in cases:

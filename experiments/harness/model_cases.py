@@ -19,17 +19,40 @@ The attention shape comes from the model: ``sweep`` must not set ``heads``,
 ``kv_heads`` or ``head_dim`` (they are filled in from the config, so case
 names and the emulator's calibration see them). Every rule is a ValueError
 naming the file, the key and the rule, raised when the spec loads.
+
+The training setup (``burst_impl.model.config``'s ``loss`` and ``checkpoint``) is the spec's
+``model.loss`` / ``model.checkpoint`` for every method, or per row with ``model.variants``: a
+table's rows (BurstEngine's main table lists ``usp`` twice, as Burst-USP and LoongTrain-USP) are
+named variants of a registry method, each with its own loss and checkpoint mode; the variant's name
+leads its case ids and is the ``baseline`` to name. ``model.cumulative: true`` (an ablation) makes
+the loader check that every variant is the one before it plus exactly one change
+(``cumulative_problem``). Every record says the ZeRO stage (``zero``: 3 = FSDP2 over the sequence
+group, else 0) and the activation offload (none: the suite implements no offload).
+
+    model: {name: burstengine_14b, zero: [true], cumulative: true,
+            variants: [{name: ring_baseline, method: ring, loss: unfused, checkpoint: full}, ...]}
+
+``measure.modes: [perplexity]`` (``model_perplexity.py``) trains every method's model for
+``model.train_steps`` AdamW steps at ``model.lr`` on the seeded corpus ``model.corpus`` and
+evaluates the held-out perplexity over ``model.eval_tokens`` tokens, next to the single-process
+model trained the same way (Table 4's exactness check); nothing is timed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from burst_impl.model.config import CONFIGS, get_config
-from burst_impl.model.flops import MODES as MODEL_MODES
-from baselines.registry import get
+from burst_impl.loss_modes import LOSS_MODES
+from burst_impl.model.config import CHECKPOINT_MODES, CONFIGS, get_config
+from burst_impl.model.data import CORPORA
+from burst_impl.model.flops import MODES as STEP_MODES
+from baselines.registry import METHODS, get
 from baselines.tensor_parallel import check_tp
 
 OPTIMIZERS = ("adamw", "sgd")
+PERPLEXITY = "perplexity"          # train a few steps, then the held-out perplexity (model_perplexity.py)
+MODEL_MODES = STEP_MODES + (PERPLEXITY,)
+# the fields of a variant that make a row of a table; a cumulative list changes one per row
+VARIANT_KNOBS = ("method", "loss", "checkpoint")
 MODEL_AXES = ("heads", "kv_heads", "head_dim")     # sweep axes the model fixes
 
 
@@ -45,12 +68,88 @@ def _zero_values(values: tuple[bool, ...]) -> str | None:
     return "lists a value twice" if len(set(values)) != len(values) else None
 
 
+def _one_of(choices, what: str):
+    return lambda v: None if v in choices else f"{v!r} is not a {what}; choose one of {list(choices)}"
+
+
+def _variant_name(name: str) -> str | None:
+    if not name.replace("_", "").replace("-", "").isalnum():
+        return f"{name!r} must be letters, digits, '_' or '-' (it leads case ids)"
+    return None
+
+
+def _positive(v) -> str | None:
+    return None if v > 0 else f"{v!r} must be > 0"
+
+
+def _non_negative(v) -> str | None:
+    return None if v >= 0 else f"{v!r} must be >= 0"
+
+
+@dataclass(frozen=True)
+class ModelVariant:
+    """One row of a model-level table: a registry method with its training setup."""
+
+    name: str = field(metadata={"check": _variant_name})     # leads the case id; what ``baseline`` names
+    method: str = field(metadata={"check": _one_of(METHODS, "registered method")})
+    label: str = ""                                            # the paper's row name (tables, legends)
+    loss: str = field(default="unfused", metadata={"check": _one_of(LOSS_MODES, "loss mode")})
+    checkpoint: str = field(default="none", metadata={"check": _one_of(CHECKPOINT_MODES, "checkpoint mode")})
+
+
+def _variant_names(variants: tuple[ModelVariant, ...]) -> str | None:
+    names = [v.name for v in variants]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    return f"names variant {dup!r} twice" if dup else None
+
+
 @dataclass(frozen=True)
 class ModelSetup:
     name: str = field(metadata={"check": _known_model})
     # False: weights replicated, gradients all-reduced; True: FSDP2 (ZeRO-3) over the sequence group
     zero: tuple[bool, ...] = field(default=(False,), metadata={"check": _zero_values})
     optimizer: str = field(default="adamw", metadata={"check": _optimizer})
+    # every method's training setup unless ``variants`` gives it per row
+    loss: str = field(default="unfused", metadata={"check": _one_of(LOSS_MODES, "loss mode")})
+    checkpoint: str = field(default="none", metadata={"check": _one_of(CHECKPOINT_MODES, "checkpoint mode")})
+    variants: tuple[ModelVariant, ...] = field(default=(), metadata={"check": _variant_names})
+    cumulative: bool = False          # variants form an ablation: each is the previous plus one change
+    # measure.modes: [perplexity] (model_perplexity.py); 0 = not set (the mode then refuses the spec)
+    train_steps: int = field(default=0, metadata={"check": _non_negative})
+    eval_tokens: int = field(default=0, metadata={"check": _non_negative})
+    lr: float = field(default=1e-3, metadata={"check": _positive})
+    corpus: str = field(default="markov", metadata={"check": _one_of(CORPORA, "corpus")})
+
+
+def cumulative_problem(variants: tuple[ModelVariant, ...]) -> str | None:
+    """Why ``variants`` is not cumulative (each row = the previous one plus exactly one change of
+    ``VARIANT_KNOBS``), else None."""
+    for prev, cur in zip(variants, variants[1:]):
+        changed = [k for k in VARIANT_KNOBS if getattr(prev, k) != getattr(cur, k)]
+        if len(changed) != 1:
+            return (f"variant {cur.name!r} changes {changed or 'nothing'} from {prev.name!r}; a cumulative "
+                    f"list changes exactly one of {list(VARIANT_KNOBS)} per row")
+    return None
+
+
+def check_setup(setup: ModelSetup, methods: tuple[str, ...] | None, modes: tuple[str, ...], err) -> tuple[str, ...]:
+    """The spec's methods given its model setup (variants fill them in when ``methods`` is omitted)."""
+    if setup.cumulative:
+        why = "needs at least two variants" if len(setup.variants) < 2 else cumulative_problem(setup.variants)
+        if why:
+            raise err("model.variants", why)
+    if PERPLEXITY in modes:
+        for key in ("train_steps", "eval_tokens"):
+            if getattr(setup, key) <= 0:
+                raise err(f"model.{key}", f"{getattr(setup, key)} must be > 0 with measure.modes: [{PERPLEXITY}]")
+    if not setup.variants:
+        if methods is None:
+            raise err("methods", "is required (or model.variants)")
+        return methods
+    used = tuple(dict.fromkeys(v.method for v in setup.variants))
+    if methods is not None and set(methods) != set(used):
+        raise err("methods", f"{list(methods)} must be the methods of model.variants {list(used)} (or be omitted)")
+    return used
 
 
 def fill_sweep(sweep: dict, raw_sweep: dict, setup: ModelSetup, err) -> dict:
@@ -67,6 +166,9 @@ def check_model_case(case, err) -> None:
     cfg = get_config(case.model)
     if case.mode not in MODEL_MODES:
         raise err("measure.modes", f"mode {case.mode!r} is not a model-level mode; choose from {list(MODEL_MODES)}")
+    if case.mode == PERPLEXITY and case.eval_tokens < case.seqlen:
+        raise err("model.eval_tokens", f"{case.eval_tokens} must be at least seqlen={case.seqlen} (whole windows "
+                                       "of N held-out tokens are evaluated)")
     if not case.causal:
         raise err("sweep.causal", "must be true at measure.level: model (the models are causal language models)")
     version = get(case.method).tp_version

@@ -25,6 +25,8 @@ import re
 
 import torch
 
+from baselines.registry import get
+from burst_impl.model.checkpoint import method_mode
 from burst_impl.model.flops import model_flops
 from burst_impl.model.config import num_params
 
@@ -71,6 +73,18 @@ def peak_flops(dtype: str, device: torch.device) -> tuple[float | None, str]:
     return acc.peak_tflops[dtype] * 1e12, f"{acc.name} {dtype} dense peak (hardware profile {hw})"
 
 
+OFFLOAD = "none (the suite implements no activation or optimizer offload)"
+
+
+def training_setup(case: Case, cfg) -> dict:
+    """What a model-level record says about its training setup: loss and checkpoint mode (the one the
+    blocks run: seq/whole fall back to full for methods without the operator's backward), ZeRO stage
+    (3: FSDP2 over the sequence group; TP shards its own weights) and offload."""
+    ck = method_mode(get(case.method), case.checkpoint)
+    return {"loss": cfg.loss, "checkpoint": case.checkpoint, "checkpoint_effective": ck,
+            "zero_stage": 3 if case.zero else 0, "offload": OFFLOAD}
+
+
 def _kinds_total(counts: dict[str, int], keys) -> int:
     return sum(counts.get(f"{p}/{k}", 0) for p, k in keys)
 
@@ -96,6 +110,7 @@ def model_fields(case: Case, run: ModelRun, median_s: float, per_rank: list[dict
         "mfu_peak_flops": peak,
         "mfu_peak_source": source,
         "weights": "fsdp2" if case.zero else ("tensor_parallel" if case.method.startswith("tp_") else "replicated"),
+        **training_setup(case, run.cfg),
         "losses": [float(x) for x in run.losses],
     }
     states = [r.get("state_bytes") for r in per_rank]

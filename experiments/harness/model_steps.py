@@ -5,7 +5,8 @@ all global tokens, backward, gradient synchronisation (all-reduce, or FSDP2's
 reduce-scatter), optimizer step. ``prefill``: ``prefill_step`` = the prompt's
 forward and the first generated token (first-token latency, Tables 2/3).
 
-The model is ``model.name`` in the case's dtype on the worker's device, weights
+The model is ``model.name`` with the case's loss and checkpoint mode (``case_config``), in the case's
+dtype on the worker's device, weights
 drawn from the case's seed (identical on every rank), then split by the
 method: op-level registry methods through ``sequence_parallel`` (+
 ``shard_weights`` for ``zero``), ``tp_v1``/``tp_v3`` through
@@ -17,13 +18,14 @@ do not change the work).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from baselines.registry import get
 from baselines.tensor_parallel import tensor_parallel
-from burst_impl.model import build_model, get_config, prefill_step, sequence_parallel, shard_weights
+from burst_impl.model import get_config, prefill_step, sequence_parallel, shard_weights
+from burst_impl.model import build_model as build_decoder
 from burst_impl.model.config import ModelConfig
 from burst_impl.model.data import batch_at, load_corpus
 from burst_impl.model.fsdp import comm_bytes as fsdp_comm_bytes
@@ -92,10 +94,16 @@ def layer_bytes(case: Case, cfg: ModelConfig) -> dict[tuple[str, str], int]:
     return sp_layer_bytes(cfg, method, s.batch, s.seqlen, s.world_size, s.layout, s.dtype)
 
 
-def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
-    cfg = get_config(case.model)
+def case_config(case: Case) -> ModelConfig:
+    """The case's decoder with its training setup (the spec's loss and checkpoint mode, or its variant's)."""
+    return replace(get_config(case.model), loss=case.loss, checkpoint=case.checkpoint)
+
+
+def build_model(case: Case, *, group, device: torch.device) -> tuple[ModelConfig, torch.nn.Module]:
+    """The case's model on ``device``, split by its method (sequence parallel, + FSDP2, or TP)."""
+    cfg = case_config(case)
     s = case.shape
-    model = build_model(cfg, seed=case.seed, dtype=s.torch_dtype, device=device)
+    model = build_decoder(cfg, seed=case.seed, dtype=s.torch_dtype, device=device)
     method = get(case.method)
     if method.tp_version is not None:
         fused = case.kernel != "math"
@@ -106,6 +114,12 @@ def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
                           **({"backend": case.kernel} if case.kernel else {}))
         if case.zero:
             shard_weights(model)
+    return cfg, model
+
+
+def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
+    cfg, model = build_model(case, group=group, device=device)
+    s = case.shape
     optimizer = None
     if case.mode == "train":
         params = list(model.parameters())

@@ -108,6 +108,8 @@ def base_record(case: Case, status: str, reason: str = "", *, world_size: int | 
         "machine": current_machine(),
         "cluster": cluster_info(world_size or case.world_size),
     }
+    if cfg.get("variant"):       # a model-level row (model_cases.ModelVariant): summaries and figures key on it
+        rec.update(variant=cfg["variant"], variant_label=cfg.get("variant_label") or cfg["variant"])
     return rec
 
 

@@ -25,6 +25,9 @@ Every error names the file, the key and the rule, and is a ``ValueError``.
     cluster: a100_8                   # "cpu", "local" or experiments/clusters/<name>.yaml
     timeouts: {case_s: 900, pg_s: 300}
     model: {name: llama2_7b, zero: [false, true]}   # only with measure.level: model (model_cases.py)
+    # model-level rows with their own loss/checkpoint modes (methods then optional; baseline a variant name):
+    # model: {name: llama2_7b, variants: [{name: burst_ring, method: burst_double_ring, loss: fused,
+    #                                      checkpoint: seq, label: Burst-Ring}, ...]}
 
 Every sweep axis takes a scalar or a list; the cases are the Cartesian product
 (minus ``exclude``), times ``kernels`` when given: each case then passes
@@ -72,8 +75,9 @@ from burst_impl.shape import AttnShape
 from ..profiles.cluster import Profile, load_profile
 from . import axes
 from burst_impl.flops import MODES
-from .model_cases import MODEL_MODES, ModelSetup, check_attention_mode, check_model_case, fill_sweep
-from .schema import FileErr, check_keys, fields_from, from_mapping, plain
+from .model_cases import (MODEL_MODES, ModelSetup, ModelVariant, check_attention_mode, check_model_case,
+                          check_setup, fill_sweep)
+from .schema import FileErr, check_keys, check_type, fields_from, from_mapping, plain
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
 # op: the operator on local shards; layer: the attention layer; model: a whole decoder (model_cases.py)
@@ -137,6 +141,16 @@ class Case:
     model: str | None = None
     zero: bool = False
     optimizer: str = "adamw"
+    # model level: the training setup (model_cases.ModelVariant); ``variant`` names the row and leads the case id
+    variant: str | None = None
+    variant_label: str = ""
+    loss: str = "unfused"
+    checkpoint: str = "none"
+    # measure.modes: [perplexity] only (model_perplexity.py)
+    train_steps: int = 0
+    eval_tokens: int = 0
+    lr: float = 1e-3
+    corpus: str = "markov"
     max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
     ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
     interleave: bool = True          # time with the other methods of the same shape, in rounds
@@ -164,6 +178,11 @@ class Case:
         base = axes.case_id(self.method, self.level, self.mode, self.shape)
         if self.model is not None:
             base += f".{self.model}" + (".zero" if self.zero else "")
+            if self.variant is not None:        # the row's name replaces the method's (summary.series)
+                base = self.variant + base[len(self.method):]
+            else:                               # a spec-wide setup other than the default
+                base += (f".{self.loss}" if self.loss != "unfused" else "") + (
+                    f".ck_{self.checkpoint}" if self.checkpoint != "none" else "")
         return f"{base}.{self.kernel}" if self.kernel else base
 
     def to_dict(self) -> dict:
@@ -208,7 +227,8 @@ def _check_methods(methods: tuple[str, ...]) -> str | None:
 @dataclass(frozen=True)
 class Spec:
     name: str = field(metadata={"check": _check_name})
-    methods: tuple[str, ...] = field(metadata={"check": _check_methods})
+    # required, except at measure.level: model with model.variants (then the variants' methods)
+    methods: tuple[str, ...] = field(metadata={"check": _check_methods, "parsed_by": "parse_spec"})
     sweep: dict = field(metadata={"parsed_by": "axes.parse_sweep"})   # {axis: tuple of values}
     cluster: str = field(metadata={"check": lambda c: _cluster_problem(c)})
     path: str = "<memory>"
@@ -275,10 +295,17 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
     raw = dict(raw)
     if cluster:
         raw["cluster"] = cluster
-    kw = fields_from(Spec, {k: v for k, v in raw.items() if k != "sweep"}, err, skip=("sweep", "path"))
+    kw = fields_from(Spec, {k: v for k, v in raw.items() if k not in ("sweep", "methods")}, err,
+                     skip=("sweep", "path", "methods"))
     if "sweep" not in raw:
         raise err("sweep", "is required")
     kw["sweep"] = axes.parse_sweep(raw["sweep"], err)
+    methods = None
+    if "methods" in raw:
+        methods = check_type(raw["methods"], tuple[str, ...], err, "methods")
+        why = _check_methods(methods)
+        if why:
+            raise err("methods", why)
     if kw.get("max_repeats") is not None and kw["max_repeats"] < kw.get("repeats", 10):
         raise err("max_repeats", f"{kw['max_repeats']} must be >= repeats ({kw.get('repeats', 10)}), the minimum")
     level = kw.get("measure", Measure()).level
@@ -286,14 +313,20 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
         if kw.get("model") is None:
             raise err("model", "is required at measure.level: model (e.g. {name: llama2_7b})")
         kw["sweep"] = fill_sweep(kw["sweep"], raw["sweep"], kw["model"], err)
+        methods = check_setup(kw["model"], methods, kw.get("measure", Measure()).modes, err)
     elif kw.get("model") is not None:
         raise err("model", f"is only for measure.level: model, not {level!r}")
-    if kw.get("baseline") is not None and kw["baseline"] not in kw["methods"]:
-        raise err("baseline", f"{kw['baseline']!r} must be one of methods {list(kw['methods'])}")
+    if methods is None:
+        raise err("methods", "is required")
+    kw["methods"] = methods
+    variants = kw["model"].variants if kw.get("model") is not None else ()
+    rows = [v.name for v in variants] or list(methods)
+    if kw.get("baseline") is not None and kw["baseline"] not in rows:
+        raise err("baseline", f"{kw['baseline']!r} must be one of {'variants' if variants else 'methods'} {rows}")
     for e in kw.get("exclude", ()):
         if not isinstance(e, dict):
             raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
-        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero"}, err, "exclude.")
+        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero", "variant"}, err, "exclude.")
     spec = Spec(path=str(path), **kw)
     validate_cases(spec)
     return spec
@@ -315,21 +348,36 @@ def _excluded(spec: Spec, values: dict) -> bool:
     return any(all(values.get(k) == v for k, v in e.items()) for e in spec.exclude)
 
 
+def _rows(spec: Spec, model: ModelSetup | None) -> list[tuple[str, ModelVariant | None]]:
+    """(method, variant) per row: the model's variants, else the methods with the spec-wide setup."""
+    if model is not None and model.variants:
+        return [(v.method, v) for v in model.variants]
+    return [(m, None) for m in spec.methods]
+
+
+def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -> dict:
+    setup = variant or model
+    return dict(model=model.name, zero=zero, optimizer=model.optimizer, loss=setup.loss,
+                checkpoint=setup.checkpoint, variant=variant.name if variant else None,
+                variant_label=(variant.label or variant.name) if variant else "", train_steps=model.train_steps,
+                eval_tokens=model.eval_tokens, lr=model.lr, corpus=model.corpus)
+
+
 def expand(spec: Spec) -> list[Case]:
     """All cases, grouped by world size (so one launch can run a whole group)."""
     out = []
     model = spec.model if spec.measure.level == "model" else None
     for shape in axes.shapes(spec.sweep):
         for mode in spec.measure.modes:
-            for method in spec.methods:
+            for method, variant in _rows(spec, model):
                 for kernel_name in spec.kernels or (None,):
                     kernel = None if kernel_name == AUTO_KERNEL else kernel_name
                     for zero in model.zero if model is not None else (False,):
                         values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel_name,
-                                      zero=zero)
+                                      zero=zero, variant=variant.name if variant else None)
                         if _excluded(spec, values):
                             continue
-                        extra = dict(model=model.name, zero=zero, optimizer=model.optimizer) if model else {}
+                        extra = _model_fields(model, zero, variant) if model else {}
                         out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
                                         shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
                                         measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,

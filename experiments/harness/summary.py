@@ -29,9 +29,14 @@ from .timing import ratio_interval
 SAME_CODE = (("burst", "burst_qring", "same forward; backward identical where burst's auto picks the Q ring"),)
 
 
+def series(rec: dict) -> str:
+    """The row a record belongs to: its model-level variant (model_cases.ModelVariant), else its method."""
+    return rec.get("variant") or rec["method"]
+
+
 def shape_key(rec: dict) -> str:
-    """The case id without the method: records with equal keys measured the same problem."""
-    return rec["case_id"][len(rec["method"]) + 1:]
+    """The case id without the row's name: records with equal keys measured the same problem."""
+    return rec["case_id"][len(series(rec)) + 1:]
 
 
 def code_path_pairs(methods) -> list[tuple[str, str, str]]:
@@ -57,7 +62,7 @@ def _groups(records: list[dict]) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for r in R.latest_by_case(records).values():
         if r.get("status") == "ok":
-            out.setdefault(shape_key(r), {})[r["method"]] = r
+            out.setdefault(shape_key(r), {})[series(r)] = r
     return out
 
 

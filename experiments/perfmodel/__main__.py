@@ -5,8 +5,9 @@ each spec on the hardware profile its target names) and writes
 ``<results>/<experiment>/results.jsonl`` (``"source": "modelled"``), the
 figures (drawn by experiments.plots, "modelled" in every title and file name)
 and ``<plots>/<experiment>/table_modelled.md``; for every spec that is a layer of a paper model, the
-whole model's step as ``<experiment>_model_level`` (model_figures.py), and with the ``paper`` preset
-BurstEngine's scaling/MFU and ablation at model level. Runs nothing on any device.
+whole model's step as ``<experiment>_model_level`` (model_figures.py); model-level specs (BurstEngine's
+main table and ablation) as their whole-model steps; with the ``paper`` preset BurstEngine's scaling/MFU.
+Runs nothing on any device.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 
 from ..harness.spec import load_any
 from .jobs import run_jobs
+from .model_figures import twin
 from .predict import PLOTS_ROOT, RESULTS_ROOT
 
 
@@ -40,11 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     args.hardware = args.hardware or args.cluster
     t0 = time.perf_counter()
     specs = [s for name in args.names for s in load_any(name).specs]
-    # The performance model predicts attention-level cases; model-level specs (whole decoders) are measured only.
-    skipped = [s.name for s in specs if s.measure.level == "model"]
+    # Model-level specs are modelled as whole-model steps, except those whose attention-level twin already is
+    # (<twin>_model_level), and only in their training/prefill modes (perplexity is a measurement).
+    skipped = [s.name for s in specs if s.measure.level == "model"
+               and (twin(s) or args.no_model_level or not set(s.measure.modes) & {"train", "prefill"})]
     if skipped:
-        print(f"not modelled (measure.level: model): {', '.join(skipped)}")
-    specs = [s for s in specs if s.measure.level != "model"]
+        print(f"not modelled again (model level: twin of a modelled spec, or no timed mode): {', '.join(skipped)}")
+    specs = [s for s in specs if s.name not in skipped]
     jobs = [dict(spec=spec, hardware=args.hardware, results=args.results, plots=args.plots, draw=not args.no_plots,
                  variants=not args.no_variants, model_level=not args.no_model_level) for spec in specs]
     if not args.no_model_level and "paper" in args.names and not args.hardware:

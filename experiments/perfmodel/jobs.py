@@ -1,5 +1,6 @@
 """`make model`'s work split into independent jobs (one per spec, one for BurstEngine's model-level
-figures), run one process per core.
+figures), run one process per core. Model-level specs (BurstEngine's main table, its ablation) are
+jobs of their own (``model_figures.write_model_spec``).
 
 The model is deterministic and every job writes its own folders, so the jobs need nothing from each
 other; what each job prints comes back to the parent and is printed in job order.
@@ -11,7 +12,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .model_figures import (ABLATION, ABLATION_SHAPE, SCALING_METHODS, SCALING_WORLD_SIZES, write_burstengine,
+from .model_figures import (SCALING_METHODS, SCALING_WORLD_SIZES, write_burstengine, write_model_spec,
                             write_spec_model_level)
 from .predict import write_experiment
 
@@ -32,21 +33,24 @@ def run_jobs(jobs: list[dict]) -> list[tuple[list[str], int]]:
 
 def _weight(job: dict) -> int:
     if "spec" not in job:
-        # BurstEngine's model level: its scaling cases and its ablation rows
-        return (len(SCALING_METHODS) * sum(g * g for g in SCALING_WORLD_SIZES)
-                + len(ABLATION) * ABLATION_SHAPE.world_size ** 2)
+        # BurstEngine's model-level scaling cases
+        return len(SCALING_METHODS) * sum(g * g for g in SCALING_WORLD_SIZES)
     return sum(c.shape.world_size ** 2 for c in job["spec"].cases())
 
 
 def write_job(job: dict) -> tuple[list[str], int]:
     """One job: a spec's modelled records, figures and table (and its whole-model step), or BurstEngine's
-    model-level scaling and ablation. Returns (lines to print, number of files written)."""
+    model-level scaling. Returns (lines to print, number of files written)."""
     results, plots = Path(job["results"]), Path(job["plots"])
     if job.get("burstengine"):
         be = write_burstengine(results_root=results, plots_root=plots, draw=job["draw"])
         where = sorted({str(f.parent) for f in be if f.suffix == ".md"})
-        return [f"BurstEngine scaling and ablation, whole model -> {where}"], len(be)
+        return [f"BurstEngine scaling, whole model -> {where}"], len(be)
     spec = job["spec"]
+    if spec.measure.level == "model":        # a model-level spec: its whole-model steps (model_figures.py)
+        files = write_model_spec(spec, hardware=job["hardware"], results_root=results, plots_root=plots,
+                                 draw=job["draw"])
+        return [f"{spec.name}: {len(spec.cases())} cases, whole model -> {files[-1].parent}"], len(files)
     files = write_experiment(spec, hardware=job["hardware"], results_root=results, plots_root=plots,
                              draw=job["draw"], variants=job["variants"])
     table = next(f for f in files if f.name == "table_modelled.md")

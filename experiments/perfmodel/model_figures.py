@@ -5,7 +5,9 @@
   double-ring spec at model level;
 * ``burstengine_scaling_14b_model_level``: BurstEngine's scaling/MFU, 14B, 1..32 GPUs at 32K x G tokens,
   with sequence-level checkpointing (``checkpoint="seq"``) as their runs;
-* ``burstengine_ablation_14b_1m_model_level``: BurstEngine's ablation, 14B, 1M tokens, 32 GPUs.
+* model-level specs that are no attention spec's twin (``write_model_spec``): BurstEngine's main table
+  (``model_burstengine_main_*``) and its ablation (``model_burstengine_ablation_14b_1m``, one row per
+  cumulative variant), each case with its spec's loss, checkpoint mode and weights.
 
 Written to ``results/modelled/<name>/results.jsonl`` and ``plots/modelled/<name>/`` (figures by
 experiments.plots, ``*_modelled.png``; ``table_modelled.md``), "MODELLED" in every title. The
@@ -23,12 +25,14 @@ from pathlib import Path
 
 import yaml
 
-from baselines import AttnShape
+from baselines import AttnShape, get
+from burst_impl.model.checkpoint import method_mode
 
 from ..profiles.hardware import load_hardware
+from ..harness.model_record import OFFLOAD
 from ..harness.spec import Case, Spec
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
-from .predict import VARIANTS_FILE, _record, _write_jsonl, spec_hardware
+from .predict import VARIANTS_FILE, _record, _write_jsonl, experiment_name, spec_hardware
 from .schedules import VARIANTS
 from .. import plots
 from .tables import write_model_table
@@ -38,24 +42,6 @@ BE_HARDWARE = "a800_ib_4x8"         # BurstEngine's cluster: 4 x 8 A800 + Infini
 BE_MODEL = "burstengine_14b"
 SCALING_WORLD_SIZES = (1, 2, 4, 8, 16, 32)      # BurstEngine's scaling runs, 32K tokens per GPU
 SCALING_METHODS = ("burst_double_ring", "burst", "usp")
-# (label, method, checkpoint, loss): each row adds one of the ablation's steps (PAPER.md §3 BurstEngine), as
-# experiments.benches.ablation.STEPS runs them: weights FSDP2 (ZeRO-3), full-block checkpointing in every row
-# before the last (14B at 1M keeps ~260 GiB of activations per rank without it), then sequence-level
-# checkpointing, which caches half the attention outputs (more memory than full) to recompute 1/4 of
-# the causal attention (less time).
-ABLATION = (
-    ("RingAttention backward (K/V ring)", "ring", "full", "unfused"),
-    ("+ backward communication optimisation (Q ring)", "burst", "full", "unfused"),
-    ("+ topology-aware double ring", "burst_double_ring", "full", "unfused"),
-    ("+ fused LM head (fused loss: logits never stored; gradients in the forward, no extra head GEMM)",
-     "burst_double_ring", "full", "fused"),
-    ("+ sequence-level checkpointing (half the attention outputs cached: the recompute runs attention on "
-     "the first half only)", "burst_double_ring", "seq", "fused"),
-)
-ABLATION_SHAPE = AttnShape(batch=1, seqlen=1 << 20, heads=40, kv_heads=40, head_dim=128, world_size=32,
-                           dtype="bfloat16", causal=True, layout="zigzag")
-
-
 def _case(exp: str, method: str, shape: AttnShape, mode: str) -> Case:
     return Case(experiment=exp, method=method, level="layer", mode=mode, shape=shape, warmup=0, repeats=0, seed=0)
 
@@ -124,24 +110,56 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
                            "checkpointing (usp: full) — whole model",
             "methods": list(SCALING_METHODS), "model": BE_MODEL}
     files += _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw)
-    # ablation: 14B, 1M tokens, 32 GPUs, one row per step
-    exp = "burstengine_ablation_14b_1m" + SUFFIX
-    meta = {"paper_ref": "BurstEngine ablation", "baseline": "ring", "model": BE_MODEL,
-            "description": "14B training step, 1M tokens, 32 x A800 — whole model, one row per ablation step",
-            "methods": sorted({row[1] for row in ABLATION})}
-    recs = ablation_records(exp, hw)
-    files += _write(exp, recs, meta, results_root, plots_root, False, hw)
     return files
 
 
-def ablation_records(exp: str, hw, shape: AttnShape = ABLATION_SHAPE) -> list[dict]:
-    """One model-level record per row of ``ABLATION`` (FSDP2 weights), ``ablation_step`` in its case id."""
-    items = [(_case(exp, m, shape, "fwd_bwd"), BE_MODEL, {"checkpoint": ck, "loss": loss, "weights": "fsdp2"},
-              {"ablation_step": i, "ablation_label": label}) for i, (label, m, ck, loss) in enumerate(ABLATION)]
-    recs = _records(exp, items, hw)
-    for r in recs:            # one record per step: the step number keeps case ids apart
-        r["case_id"] += f".step{r['ablation_step']}"
-    return recs
+def _setup_fields(case: Case) -> dict:
+    """What each modelled record of a model-level spec says about its training setup (as measured ones)."""
+    # "checkpoint" (model_record) is the mode as run; the spec's request next to it, as measured records have
+    return {"offload": OFFLOAD, "zero_stage": 3 if case.zero else 0, "variant_label": case.variant_label,
+            "checkpoint_requested": case.checkpoint,
+            "checkpoint_effective": method_mode(get(case.method), case.checkpoint)}
 
 
-__all__ = ["ASSUMPTIONS", "ablation_records", "write_spec_model_level", "write_burstengine"]
+def model_spec_records(spec: Spec, hw, exp: str) -> list[dict]:
+    """One record per case of a model-level spec (``measure.level: model``, train and prefill modes): its
+    method's whole-model step with the case's weights (``zero``: FSDP2 = ZeRO-3, else replicated; TP: its
+    own 1/G), loss and checkpoint mode. A cumulative spec's rows (an ablation) carry ``ablation_step``."""
+    steps = {v.name: i for i, v in enumerate(spec.model.variants)} if spec.model.cumulative else {}
+    items = []
+    for c in spec.cases():
+        if c.mode not in ("train", "prefill"):           # perplexity is a measurement, not a time
+            continue
+        layer = dataclasses.replace(c, level="layer", mode="fwd_bwd" if c.mode == "train" else "forward")
+        kw = {"weights": "fsdp2" if c.zero else None, "checkpoint": c.checkpoint, "loss": c.loss}
+        extra = _setup_fields(c)
+        if c.variant in steps:
+            extra.update(ablation_step=steps[c.variant], ablation_label=c.variant_label)
+        items.append((layer, c.model, kw, extra))
+    return _records(exp, items, hw)
+
+
+def write_model_spec(spec: Spec, *, hardware: str | None = None, results_root: Path, plots_root: Path,
+                     draw: bool = True) -> list[Path]:
+    """``make model`` for a model-level spec that is not the twin of a modelled attention spec (``twin``):
+    BurstEngine's main table and its ablation. Written to ``results/modelled/<spec>/``."""
+    hw = spec_hardware(spec, hardware)
+    exp = experiment_name(spec, hw, hardware)
+    recs = model_spec_records(spec, hw, exp)
+    rows = [v.name for v in spec.model.variants] or list(spec.methods)
+    meta = {"paper_ref": spec.paper_ref, "description": spec.description, "baseline": spec.baseline,
+            "methods": rows, "model": spec.model.name,
+            "rows": [{"name": v.name, "label": v.label, "method": v.method, "loss": v.loss, "checkpoint": v.checkpoint}
+                     for v in spec.model.variants]}
+    return _write(exp, recs, meta, results_root, plots_root, draw, hw)
+
+
+def twin(spec: Spec) -> str | None:
+    """The attention-level spec whose ``<spec>_model_level`` already models this model-level spec, if any
+    (``model_fig2_train_7b_8gpu`` is ``fig2_train_7b_8gpu``'s whole model)."""
+    name = spec.name.removeprefix("model_")
+    return name if name != spec.name and name in SPEC_MODELS else None
+
+
+__all__ = ["ASSUMPTIONS", "model_spec_records", "twin", "write_model_spec", "write_spec_model_level",
+           "write_burstengine"]

@@ -28,7 +28,8 @@
   layer's forward once more during the backward (attention layer + MLP block); "seq" the same
   except attention: the cached (O, lse) of the second half of each rank's tokens leaves, with a
   zigzag layout, the first global half attending to itself, i.e. the method's attention forward at
-  N/2 on the same G ranks (1/4 of the causal FLOPs, half the ring's bytes), timed as that.
+  N/2 on the same G ranks (1/4 of the causal FLOPs, half the ring's bytes), timed as that; "whole"
+  caches every O and lse: the recompute is the layer's forward without the attention core.
 
 Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
 
@@ -228,7 +229,7 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     BurstEngine's runs) or "tp" (tensor parallelism: 1/G of the weights); None is "tp" for TP
     methods, else "replicated". ``loss``: the LM head's loss, "unfused", "fused" (training: the same
     head GEMMs, no stored logits) or "fused_recompute" (one more head GEMM). ``checkpoint``: "none",
-    "full" or "seq" (training; a method that cannot cache runs "seq" as "full")."""
+    "full", "seq" or "whole" (training; a method that cannot cache runs "seq"/"whole" as "full")."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
@@ -257,11 +258,13 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     recomp = 0.0
     if checkpoint != "none":
         fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options).time_s
-        if checkpoint == "seq":
-            # the attention forward at N/2 replaces the one at N (module docstring)
-            half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
-            fwd += (predict_case(method, half, mode="forward", level="op", hardware=hw, options=options).time_s
-                    - predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options).time_s)
+        if checkpoint in ("seq", "whole"):
+            # seq: the attention forward at N/2 replaces the one at N; whole: none is recomputed (module docstring)
+            op_fwd = predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options).time_s
+            fwd -= op_fwd
+            if checkpoint == "seq":
+                half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
+                fwd += predict_case(method, half, mode="forward", level="op", hardware=hw, options=options).time_s
         recomp = L * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
     sync = 0.0
     if train and not tp and G > 1:

@@ -164,6 +164,76 @@ _PREFILL_NOTE = ("Prefill memory: the weights, the attention layer's modelled pe
                  "would keep for decoding is not counted.")
 
 
+def _setup_lines(records: list[dict]) -> list[str]:
+    """Each row's training setup: method, loss, checkpoint mode (as run), ZeRO stage and offload."""
+    out = ["## Training setup of each row", "",
+           "| row | method | loss | checkpoint (as run) | weights | ZeRO stage | offload |",
+           "|---|---|---|---|---|---:|---|"]
+    seen = set()
+    for r in records:
+        row = r.get("variant") or r["method"]
+        if row in seen:
+            continue
+        seen.add(row)
+        m = r["model"]["memory"]
+        out.append(f"| {r.get('variant_label') or row} | `{r['method']}` | {m['loss']} | {m['checkpoint']} | "
+                   f"{m['weights']} | {r.get('zero_stage', 3 if m['weights'] == 'fsdp2' else 0)} | "
+                   f"{r.get('offload', 'none')} |")
+    return out + [""]
+
+
+def _variant_tables(records: list[dict], meta: dict, hbm: str) -> list[str]:
+    """A table whose rows are a spec's variants (model_cases.ModelVariant), columns its (N, G) cells."""
+    names = list(meta.get("methods", []))
+    labels = {row["name"]: row["label"] or row["name"] for row in meta.get("rows", [])}
+    cells = sorted({(r["world_size"], r["seqlen"]) for r in records})
+    out = []
+    for key, title in (("tokens", "Tokens/s per GPU"), ("mem", f"Memory per rank (GiB, modelled; OOM above {hbm})"),
+                       ("time", "Time per step (s)"), ("mfu", "MFU"),
+                       ("exposed", "Share of the step that is communication on the critical path")):
+        out += [f"## {title}", "", "| row | " + " | ".join(f"N={human(n)}, G={g}" for g, n in cells) + " |",
+                "|---|" + "---:|" * len(cells)]
+        for name in names:
+            rec = {(r["world_size"], r["seqlen"]): r for r in records if r.get("variant") == name}
+            # a cell the spec excludes (e.g. heads that do not split over G ranks for Ulysses) says so
+            out.append(f"| {labels.get(name, name)} | " + " | ".join(_model_cell(rec.get(c), key) if c in rec else
+                                                                   "– (excluded by the spec)" for c in cells) + " |")
+        out.append("")
+    return out + [_MEM_NOTE, ""]
+
+
+def _ablation_tables(records: list[dict], hbm: str) -> list[str]:
+    """An ablation's rows in order (``ablation_step``): time, tokens/s, speedup over the first row, exposed
+    communication and memory, then each row's memory parts and its training setup."""
+    out: list[str] = []
+    rows = sorted(records, key=lambda r: r["ablation_step"])
+    out += ["| step | method | time per step (s) | tokens/s per GPU | speedup over the first row | MFU | "
+            "exposed comm | memory per rank (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    t0 = rows[0]["time_model_s"]
+    for r in rows:
+        out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
+                   f"{_model_cell(r, 'tokens')} | {t0 / r['time_model_s']:.3f} | {_model_cell(r, 'mfu')} | "
+                   f"{_model_cell(r, 'exposed')} | {_model_cell(r, 'mem')} |")
+    out += ["", "A model has no spread: the speedups have no interval (the measured CPU mirror's summary "
+                "gives each its 95% bootstrap interval).", ""] + _setup_lines(rows)
+    out += ["", f"## Memory per rank per step (GiB, modelled; OOM above {hbm})", "",
+            _MEM_NOTE, "",
+            "| step | weights | checkpoint | loss | weights + optimizer | gradients | activations kept | "
+            "one block recomputed | loss buffers | attention transient | step peak above the state | total |",
+            "|---|---|---|---|" + "---:|" * 8]
+    def gib(b: int) -> str:
+        return f"{b / 2**30:.1f}"
+
+    for r in rows:
+        m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
+        out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
+                   f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
+                   f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
+                   f"{gib(m['total_bytes'] - m['resident_bytes'])} | {_model_cell(r, 'mem')} |")
+    out.append("")
+    return out
+
+
 def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[dict], out_dir: Path) -> Path:
     """``table_modelled.md`` of a model-level experiment (``model_figures.py``)."""
     r0 = records[0]
@@ -179,28 +249,9 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
            ""]
     hbm = f"the {hw.accelerator.hbm_gib:g} GiB of {hw.accelerator.name}"
     if "ablation_step" in r0:
-        rows = sorted(records, key=lambda r: r["ablation_step"])
-        out += ["| step | method | time per step (s) | tokens/s per GPU | MFU | exposed comm | memory per rank (GiB) |",
-                "|---|---|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            out.append(f"| {r['ablation_label']} | `{r['method']}` | {_model_cell(r, 'time')} | "
-                       f"{_model_cell(r, 'tokens')} | {_model_cell(r, 'mfu')} | {_model_cell(r, 'exposed')} | "
-                       f"{_model_cell(r, 'mem')} |")
-        out += ["", f"## Memory per rank per step (GiB, modelled; OOM above {hbm})", "",
-                _MEM_NOTE, "",
-                "| step | weights | checkpoint | loss | weights + optimizer | gradients | activations kept | "
-                "one block recomputed | loss buffers | attention transient | step peak above the state | total |",
-                "|---|---|---|---|" + "---:|" * 8]
-        def gib(b: int) -> str:
-            return f"{b / 2**30:.1f}"
-
-        for r in rows:
-            m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
-            out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
-                       f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
-                       f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
-                       f"{gib(m['total_bytes'] - m['resident_bytes'])} | {_model_cell(r, 'mem')} |")
-        out.append("")
+        out += _ablation_tables(records, hbm)
+    elif "variant" in r0:
+        out += _variant_tables(records, meta, hbm) + _setup_lines(records)
     else:
         methods = [m for m in meta.get("methods", []) if any(r["method"] == m for r in records)]
         x = _x_axis(records) if len({r["seqlen"] for r in records}) > 1 or len(
@@ -228,11 +279,12 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
             "|---|---|---:|---:|---:|---:|---:|"]
     seen = set()
     for r in sorted(records, key=lambda r: (-r["seqlen"] * r["batch"], -r["world_size"])):
-        if (r["method"], r.get("ablation_step")) in seen:
+        row = r.get("variant") or r["method"]
+        if row in seen:
             continue
-        seen.add((r["method"], r.get("ablation_step")))
+        seen.add(row)
         p = r["model"]["parts_s"]
-        out.append(f"| `{r['method']}` | N={human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
+        out.append(f"| `{row}` | N={human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
                    f"{p['attention']:.3g} | {p['mlp']:.3g} | {p['head']:.3g} | {p['grad_sync_exposed']:.3g} | "
                    f"{p['recompute']:.3g} |")
     out += ["", "## Hardware", ""] + _hardware_lines(hw, r0["dtype"]) + [""]
