@@ -14,6 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
+from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from ..harness.spec import load_any
 from .jobs import run_jobs
 from .predict import PLOTS_ROOT, RESULTS_ROOT
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
                          "scaling and ablation)")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
+    ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     specs = [s for name in args.names for s in load_any(name).specs]
@@ -56,4 +58,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))
