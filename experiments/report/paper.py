@@ -16,6 +16,7 @@ import yaml
 
 from baselines.registry import METHODS
 
+from ..harness.env import REPO
 from ..harness.schema import FileErr, fields_from, from_mapping
 from ..perfmodel.schedules import VARIANTS
 from .quantities import QUANTITIES
@@ -72,6 +73,12 @@ class PaperTable:
     figures: tuple[str, ...] = ()        # figure file globs drawn for those experiments
     transposed: bool = False             # the paper prints methods as columns, settings as rows
     path: str = ""
+
+    @property
+    def path_rel(self) -> str:
+        """The YAML file relative to the repository (the page links it; never an absolute path)."""
+        p = Path(self.path).resolve()
+        return p.relative_to(REPO).as_posix() if p.is_relative_to(REPO) else p.name
 
 
 @dataclass(frozen=True)

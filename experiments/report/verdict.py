@@ -74,6 +74,10 @@ def _best(claim, exp, methods, measured) -> Outcome:
 
 
 def _bytes(rec: dict) -> float:
+    # a model-level record counts one transformer layer (attention + MLP), which is what the paper's
+    # volumes count (TP's 4BZNd includes the MLP's all-reduce); otherwise the step's forward + backward
+    if rec.get("comm_layer_bytes") is not None:
+        return float(rec["comm_layer_bytes"])
     return float(rec.get("comm_fwd_bytes") or rec.get("comm_fwd_formula_bytes") or 0) + \
         float(rec.get("comm_bwd_bytes") or rec.get("comm_bwd_formula_bytes") or 0)
 
