@@ -41,7 +41,7 @@ def _evidence(ctx: Context, c, *vs) -> tuple:
     for v in vs:
         for o in v.outcomes:
             if o.experiment is not None and o.status != MISSING:
-                links.append(Link(o.experiment.rel, ctx.href(o.experiment.rel)))
+                links.append(Link(f"{o.experiment.name} ({o.experiment.root.kind})", ctx.href(o.experiment.rel)))
     return tuple(dict.fromkeys(links))
 
 
@@ -53,6 +53,6 @@ def claims_section(ctx: Context) -> list:
            "> 1); a record without an interval decides nothing; modelled values are deterministic. Bytes "
            "are counted on the wire, so they are exact. The CPU runs are at CPU scale (2-4 ranks, small "
            "heads): they test the direction of a claim in that regime, not its size.")
-    return [Heading(2, "Claims and verdicts", "claims"), Para((how,)),
+    return [Heading(2, "Claims and verdicts", "claims", nav="claims"), Para((how,)),
             Table(("claim", "paper", "the claim", "verdict here (measured)", "at the paper's size (modelled)",
                    "evidence"), tuple(rows), css="claims")]

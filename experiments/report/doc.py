@@ -20,6 +20,7 @@ class Heading:
     level: int
     text: str
     anchor: str
+    nav: str = ""        # the short name in the page's table of contents (default: the text)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,6 @@ def intervals_section(ctx: Context) -> list:
     text = (f"{len(bad)} of {len(rows)} committed reference experiments have records without a 95% interval "
             "of the median; their comparisons read \"no interval\" above and decide nothing.") if rows else \
         "No committed reference results."
-    return [Heading(2, "Reference records without an interval", "intervals"), Para((text,)),
+    return [Heading(2, "Reference records without an interval", "intervals", nav="no interval"), Para((text,)),
             Table(("experiment", "ok records without an interval", "ok records"),
                   tuple((Link(rel, ctx.href(rel)), str(n), str(k)) for rel, n, k in bad))]

@@ -17,7 +17,7 @@ def model_section(ctx: Context) -> list:
         cs = cells(t, ctx.methods, exps)
         everything += cs
         rows.append((Link(t.id, f"#table-{t.id}"), t.source, summarise(cs).text()))
-    return [Heading(2, "The performance model against the papers", "model-error"),
+    return [Heading(2, "The performance model against the papers", "model-error", nav="model error"),
             Para(("Modelled, not measured: nothing in the model is fitted to the papers (docs/perfmodel.md), "
                   f"so this is its error as it stands. Overall: {summarise(everything).text()}.",)),
             Table(("table", "source", "error of the model"), tuple(rows))]

@@ -72,6 +72,7 @@ class PaperTable:
     measured: tuple[str, ...] = ()       # experiment names or globs under the measured roots
     figures: tuple[str, ...] = ()        # figure file globs drawn for those experiments
     transposed: bool = False             # the paper prints methods as columns, settings as rows
+    order: int = 100                     # where the page shows it: the papers' own order
     path: str = ""
 
     @property
@@ -143,7 +144,7 @@ def load_table(path: Path, methods: dict[str, MethodMap]) -> PaperTable:
 def load_tables(paper_dir: Path = PAPER_DIR) -> list[PaperTable]:
     methods = load_methods(paper_dir)
     files = sorted(p for p in paper_dir.glob("*.yaml") if p.name not in (METHODS_FILE, CLAIMS_FILE))
-    tables = [load_table(p, methods) for p in files]
+    tables = sorted((load_table(p, methods) for p in files), key=lambda t: (t.order, t.id))
     ids = [t.id for t in tables]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:

@@ -14,7 +14,7 @@ table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f2f2f2}
 td.v-reproduced,span.v-reproduced{background:#dff3df}td.v-contradicted,span.v-contradicted{background:#f8d7d7}
 img{max-width:100%;border:1px solid #eee;margin:.3em 0}
-nav a{margin-right:.8em}
+nav a{margin-right:.8em}table.claims td{max-width:24em}td a{word-break:break-word}
 """
 _SCRIPT = """
 window.addEventListener('load', function () {
@@ -61,7 +61,7 @@ def _block(b) -> str:
 
 
 def render_html(doc: Doc) -> str:
-    nav = " ".join(f'<a href="#{h.anchor}">{html.escape(h.text)}</a>' for h in doc.sections())
+    nav = " ".join(f'<a href="#{h.anchor}">{html.escape(h.nav or h.text)}</a>' for h in doc.sections())
     body = "\n".join(_block(b) for b in doc.blocks)
     return (f"<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(doc.title)}"
             f"</title><style>{_CSS}</style><script>{_SCRIPT}</script></head>\n<body>\n<h1>{html.escape(doc.title)}"

@@ -83,7 +83,7 @@ def _figures(ctx: Context, t: PaperTable) -> list:
 
 
 def table_section(ctx: Context, t: PaperTable) -> list:
-    return [Heading(2, f"{t.source}: {t.title}", f"table-{t.id}"),
+    return [Heading(2, f"{t.source}: {t.title}", f"table-{t.id}", nav=t.id),
             Para(("The paper's values, transcribed in", Link(t.path_rel, ctx.href(t.path_rel)),
                   f"({QUANTITIES[t.quantity].label}):")),
             _paper_table(t), *_modelled(ctx, t), *_measured(ctx, t), *_figures(ctx, t)]
