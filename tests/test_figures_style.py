@@ -28,6 +28,18 @@ def test_every_method_has_its_own_colour_and_style():
     assert len({(style(m)["color"], style(m)["marker"], style(m)["linestyle"]) for m in METHODS}) == len(METHODS)
 
 
+def _paper_figures(out: Path) -> None:
+    """The report's paper-vs-model figures: lines over sequence length (Table 2), cumulative bars (ablation)."""
+    from experiments.report.context import load_context
+    from experiments.report.figures import paper_figure
+    from experiments.report.model_error import cells
+
+    ctx = load_context(page_dir=out)
+    for tid in ("table2", "burstengine_ablation"):
+        t = ctx.tables[tid]
+        paper_figure(t, cells(t, ctx.methods, ctx.modelled(t.modelled)), out / f"{tid}.png", f"paper: {t.path_rel}")
+
+
 @pytest.fixture(scope="module")
 def figures(tmp_path_factory):
     """The figures drawn, kept open: save_figure closes them, so close is intercepted while drawing."""
@@ -41,6 +53,7 @@ def figures(tmp_path_factory):
         for root, exp in CASES:
             draw_experiment(root, out / root.name, exp)
         emulated_figure(report("cpu_train_emulated", results_root=REF), out / "emulated_vs_modelled.png")
+        _paper_figures(out)
     finally:
         plt.close = real_close
     yield kept

@@ -7,6 +7,7 @@ from .compare import SHAPE_KEYS, method_select, shape
 from .context import Context
 from .doc import Heading, Image, Link, Para, Table
 from .evidence import Experiment, regime, select
+from .figures import paper_figure
 from .model_error import cells, summarise
 from .paper import PaperTable
 from .quantities import QUANTITIES
@@ -77,9 +78,22 @@ def _measured(ctx: Context, t: PaperTable) -> list:
     return out
 
 
+def _paper_vs_model(ctx: Context, t: PaperTable) -> list:
+    """The paper's table in its own form with the model's values beside it (reports/figures/<id>.png)."""
+    exps = ctx.modelled(t.modelled)
+    if not exps:
+        return []
+    out = ctx.page_dir / "figures" / f"{t.id}.png"
+    commit = sorted({str((r.get("git") or {}).get("commit", "?"))[:7] for e in exps for r in e.records[:1]})
+    line = f"paper: {t.path_rel} · modelled: {', '.join(e.rel for e in exps)} at {', '.join(commit)}"
+    paper_figure(t, cells(t, ctx.methods, exps), out, line)
+    return [Image(f"figures/{out.name}", f"{t.id}: paper vs modelled")]
+
+
 def _figures(ctx: Context, t: PaperTable) -> list:
     exps = ctx.modelled(t.modelled) + ctx.measured(t.measured)
-    return [Image(ctx.href(f), f"{e.rel}: {f.rsplit('/', 1)[-1]}") for e in exps for f in ctx.figures(e, t.figures)]
+    drawn = [Image(ctx.href(f), f"{e.rel}: {f.rsplit('/', 1)[-1]}") for e in exps for f in ctx.figures(e, t.figures)]
+    return _paper_vs_model(ctx, t) + drawn
 
 
 def table_section(ctx: Context, t: PaperTable) -> list:
