@@ -39,7 +39,7 @@ def provenance(df: pd.DataFrame, meta: dict | None = None) -> str:
                       for g in df["git"]}) if "git" in df else ["?"]
     tail = " · ".join(x for x in (", ".join(commits), date, _origin(meta)) if x)
     if source(df) == "modelled":
-        return f"{summary.replace('MODELLED: ', 'modelled for ')}{extra} · {tail}"
+        return f"modelled for {summary.replace('MODELLED: ', '')}{extra} · {tail}"
     # records written before they named their machine: the slug of the hardware they recorded
     machines = sorted({str(r["machine"]) if isinstance(r.get("machine"), str) else machine_slug(r["hardware"])
                        for r in df.to_dict("records") if isinstance(r.get("hardware"), dict)}) or ["unknown machine"]
@@ -54,7 +54,12 @@ def cluster_note(df: pd.DataFrame) -> str:
     if "cluster" not in df:
         return ""
     infos = [c for c in df["cluster"].dropna() if isinstance(c, dict) and c.get("scheduler") == "emulated"]
-    return f", emulated cluster {infos[0].get('profile')}" if infos else ""
+    if not infos:
+        return ""
+    # where namespaces were not permitted the "emulated" profile ran on plain loopback: said so
+    c = infos[0]
+    return f", emulated cluster {c.get('profile')}" if c.get("emulated", True) else \
+        f", {c.get('profile')} not emulated (plain loopback)"
 
 
 def footer(fig, df: pd.DataFrame, meta: dict | None = None) -> None:

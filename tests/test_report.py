@@ -131,3 +131,20 @@ def test_the_page_builds_from_the_committed_results_with_every_section(tmp_path)
     # the committed records without an interval are listed, and their values say so
     intervals = md.split('id="intervals"', 1)[1]
     assert "cpu_fig3_train" in intervals and "(no interval)" in md
+
+
+def test_this_machines_run_comes_first_and_supersedes_the_reference(tmp_path):
+    """After `make reproduce` the page shows this machine's run of an experiment, not the committed one."""
+    base = tmp_path / "results"
+    shutil.copytree(ROOT / "results" / "reference" / "cpu2-amd-epyc" / "cpu_fig2_train",
+                    base / "reference" / "cpu2-amd-epyc" / "cpu_fig2_train")
+    mine = base / "box-b" / "cpu_fig2_train"
+    shutil.copytree(base / "reference" / "cpu2-amd-epyc" / "cpu_fig2_train", mine)
+    (base / "modelled").mkdir()
+    ctx = load_context(base, machine="box-b", page_dir=tmp_path / "reports")
+    assert [r.kind for r in ctx.roots] == ["this machine", "reference"]
+    (exp,) = ctx.measured(("cpu_fig2_train",))
+    assert exp.root.kind == "this machine"
+    html_path, md_path = write(ctx)
+    md = md_path.read_text()
+    assert "box-b/cpu_fig2_train" in md and "results/reference" in md      # the reference root is still listed

@@ -21,7 +21,7 @@ def _provenance(ctx: Context) -> list:
     g = git_info()
     commit = (g.get("commit") or "?")[:10] + ("+dirty" if g.get("dirty") else "")
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    rows = tuple((Link(r.rel, ctx.href(r.rel)), r.kind) for r in ctx.roots)
+    rows = tuple((Link(r.rel, ctx.href(r.path)), r.kind) for r in ctx.roots)
     return [Para((f"Built at commit {commit}, {date}, from the results folders below; it measured nothing. "
                   "Papers: PAPER.md; their numbers: experiments/paper/ (from PAPER_RESULTS.md).",)),
             Table(("results folder", "kind"), rows)]

@@ -41,7 +41,7 @@ def _evidence(ctx: Context, c, *vs) -> tuple:
     for v in vs:
         for o in v.outcomes:
             if o.experiment is not None and o.status != MISSING:
-                links.append(Link(f"{o.experiment.name} ({o.experiment.root.kind})", ctx.href(o.experiment.rel)))
+                links.append(Link(f"{o.experiment.name} ({o.experiment.root.kind})", ctx.href(o.experiment.path)))
     return tuple(dict.fromkeys(links))
 
 

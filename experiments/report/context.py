@@ -39,7 +39,8 @@ class Context:
         return experiments(self.modelled_roots, tuple(patterns))
 
     def href(self, repo_path: str | Path) -> str:
-        """A link from the page to a path of the repository, relative (opens from disk and from an artifact)."""
+        """A link from the page to a path (of the repository, or absolute), relative: it opens from disk
+        and from an artifact."""
         return Path(os.path.relpath(REPO / repo_path, self.page_dir)).as_posix()
 
     def figures(self, exp: Experiment, globs) -> list[str]:

@@ -25,15 +25,18 @@ _RANK = {"this machine": 0, "other machine": 1, "gpu check": 2, "reference": 3, 
 @dataclass(frozen=True)
 class Root:
     path: Path
-    kind: str        # this machine | other machine | gpu check | reference | modelled
+    kind: str                 # this machine | other machine | gpu check | reference | modelled
+    base: Path | None = None  # the results base it was found under
 
     @property
     def rel(self) -> str:
-        """The root relative to the repository: what the page prints and links (never an absolute path)."""
-        try:
-            return self.path.resolve().relative_to(REPO).as_posix()
-        except ValueError:
-            return self.path.name
+        """The root relative to the repository (or, outside it, to its results base's parent): what the
+        page prints; never an absolute path."""
+        p = self.path.resolve()
+        if p.is_relative_to(REPO):
+            return p.relative_to(REPO).as_posix()
+        anchor = (self.base or p).resolve().parent
+        return p.relative_to(anchor).as_posix() if p.is_relative_to(anchor) else p.name
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,10 @@ class Experiment:
     @property
     def rel(self) -> str:
         return f"{self.root.rel}/{self.name}"
+
+    @property
+    def path(self) -> Path:
+        return self.root.path / self.name
 
 
 def _kind(path: Path, base: Path, machine: str) -> str:
@@ -58,7 +65,7 @@ def _kind(path: Path, base: Path, machine: str) -> str:
 
 def find_roots(base: Path = R.RESULTS_BASE, machine: str | None = None) -> list[Root]:
     machine = machine or R.current_machine()
-    roots = [Root(p, _kind(p, base, machine)) for p in R.result_roots(base) if p != base]
+    roots = [Root(p, _kind(p, base, machine), base) for p in R.result_roots(base) if p != base]
     return sorted(roots, key=lambda r: (_RANK[r.kind], r.rel))
 
 

@@ -25,7 +25,7 @@ def _modelled(ctx: Context, t: PaperTable) -> list:
     cs = cells(t, ctx.methods, exps)
     ncol = len(t.columns)
     rows = tuple((r.label, *[cs[i * ncol + j].text() for j in range(ncol)]) for i, r in enumerate(t.rows))
-    links = tuple(x for e in exps for x in (Link(e.rel, ctx.href(e.rel)), f"({regime(e.records)})"))
+    links = tuple(x for e in exps for x in (Link(e.rel, ctx.href(e.path)), f"({regime(e.records)})"))
     return [Para(("Modelled at the paper's size, error against the paper per cell:", *links)),
             Table(("row", *[c.label for c in t.columns]), rows),
             Para((f"Model error: {summarise(cs).text()}.",))]
@@ -71,7 +71,7 @@ def _measured(ctx: Context, t: PaperTable) -> list:
     out = []
     for e in exps:
         tab = _measured_table(ctx, t, e)
-        out.append(Para(("Measured:", Link(e.rel, ctx.href(e.rel)), f"— regime: {regime(e.records)}.",
+        out.append(Para(("Measured:", Link(e.rel, ctx.href(e.path)), f"— regime: {regime(e.records)}.",
                          "" if tab else "None of the paper's methods in these records.")))
         if tab:
             out.append(tab)
