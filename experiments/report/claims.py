@@ -31,6 +31,7 @@ class Claim:
     modelled: tuple[str, ...] = ()             # experiment names or globs, results/modelled/
     select: dict = field(default_factory=dict)
     table: str = ""                            # the paper table (experiments/paper/<id>) it is about
+    why_not: str = ""                          # why evidence may be missing here (shown with "not measurable")
 
 
 def _check(c: Claim, methods: dict[str, MethodMap], tables: set[str], err: FileErr, i: int) -> None:

@@ -138,8 +138,9 @@ _KIND = {"speedup": _speedup, "speedup_best": _best, "less_bytes": _less_bytes, 
 def judge(claim: Claim, exps: list[Experiment], methods: dict[str, MethodMap], *, measured: bool,
           tables: dict[str, PaperTable], patterns: tuple[str, ...]) -> Verdict:
     if not exps:
-        return Verdict(MISSING, (), f"no records of {', '.join(patterns) or 'any experiment'} in any "
-                                    f"{'measured' if measured else 'modelled'} results folder")
+        where = f"no records of {', '.join(patterns)} in any {'measured' if measured else 'modelled'} results " \
+                f"folder" if patterns else "no experiment is named as its evidence"
+        return Verdict(MISSING, (), where + (f" ({claim.why_not})" if claim.why_not else ""))
     if claim.kind == "steps":
         outs = [Outcome(*steps_outcome(tables[claim.table], e, methods, measured), e) for e in exps]
     else:
