@@ -206,7 +206,13 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ok = df[df["status"] == "ok"]
     if ok.empty:
         return None
-    ok = ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
+    steps = ok["case_id"].astype(str).str.extract(r"\.step(\d+)$")[0] if "case_id" in ok else None
+    if steps is not None and steps.notna().all():
+        # an ablation's rows are cumulative steps (experiments/benches/ablation.py): drawn in their order
+        ok = ok.assign(row=[f"step {k}: {r}" for k, r in zip(steps, ok["row"])], _step=steps.astype(int))
+        ok = ok.sort_values("_step")
+    else:
+        ok = ok.sort_values("row", key=lambda s: [(_method_order(r.split("+")[0].split(" ")[0]), r) for r in s])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
     cols = [color(m) for m in ok["method"]]
