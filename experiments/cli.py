@@ -14,7 +14,8 @@ USER_ERROR_EXIT = 2          # argparse's own exit status for a bad command line
 DEBUG_FLAG = "--debug"
 DEBUG_HELP = "show the Python traceback of an error instead of the one-line message"
 # What the loaders and the runner raise for the user's input (spec, preset, profile, paths).
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, KeyError)
+# (Not KeyError and the like: those are the suite's own bugs, and their traceback is the useful answer.)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
@@ -27,7 +28,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     except USER_ERRORS as e:
         if debug:
             raise
-        return _fail(e.args[0] if isinstance(e, KeyError) and e.args else e)
+        return _fail(e)
     except SystemExit as e:
         # raise SystemExit("message") is how the runner refuses; numeric exits (argparse) pass through
         if debug or e.code is None or isinstance(e.code, int):

@@ -54,5 +54,5 @@ def claims_section(ctx: Context) -> list:
            "are counted on the wire, so they are exact. The CPU runs are at CPU scale (2-4 ranks, small "
            "heads): they test the direction of a claim in that regime, not its size.")
     return [Heading(2, "Claims and verdicts", "claims", nav="claims"), Para((how,)),
-            Table(("claim", "paper", "the claim", "verdict here (measured)", "at the paper's size (modelled)",
+            Table(("id", "paper", "the claim", "verdict here (measured)", "at the paper's size (modelled)",
                    "evidence"), tuple(rows), css="claims")]
