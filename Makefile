@@ -23,7 +23,7 @@ endif
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce plots model gpu-check clean
+.PHONY: venv test reproduce report plots model gpu-check clean
 
 venv: $(STAMP)
 
@@ -73,6 +73,16 @@ endif
 
 reproduce: $(STAMP)
 	$(PY) -m experiments.run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
+	$(PY) -m experiments.report
+
+# `make report`: the reproduction report, reports/index.html and its Markdown twin reports/index.md (every
+# claim of the papers, its verdict here, the papers' values next to the modelled and measured ones, the
+# figures), built from whatever results exist (results/<machine>/, results/gpu_check/, results/reference/,
+# results/modelled/); measures nothing. The last step of `make reproduce`. REPORT_ARGS passes options.
+REPORT_ARGS ?=
+
+report: $(STAMP)
+	$(PY) -m experiments.report $(REPORT_ARGS)
 
 # Redraw every figure from every results folder (results/<machine>/, results/reference/<machine>/,
 # results/modelled/) into the same path under plots/; runs nothing.

@@ -33,10 +33,10 @@ import yaml
 
 from baselines.registry import METHODS
 
-from .figstyle import _PALETTE, _method_order, save_figure, style  # first: it selects the Agg backend
-import matplotlib.pyplot as plt  # after figstyle
+from .figstyle import _PALETTE, _method_order, legend_outside, save_figure, style  # first: it selects Agg
+import matplotlib.pyplot as plt  # after figstyle: it chose the backend
 from matplotlib.patches import Patch
-from .figure_parts import hw_and_date, log2_x, mark_bad, source, status_legend
+from .figure_parts import footer, log2_x, mark_bad, source, status_legend
 from .harness import axes
 from .harness import results as R
 from .plots_model import draw_model_experiment
@@ -114,19 +114,20 @@ def _line_figure(df: pd.DataFrame, x: str, ycol: str, ylabel: str, title: str, m
         ax.set_ylabel(ylabel)
         ax.set_title(label, fontsize=8)
         ax.grid(True, which="both", alpha=0.3)
-        status_legend(ax, part)
+    # one legend for the row of panels, right of the last one: never over the data
+    status_legend(axes[0][-1], df, axes_from=list(axes[0][:-1]))
     if not drew and not (df["status"].isin(["oom", "failed", "skipped"])).any():
         plt.close(fig)
         return None
     ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
-    head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title}", int(fig.get_figwidth() * 11))
-    fig.suptitle(f"{head}{ref}\n{hw_and_date(df, meta)}", fontsize=10)
+    fig.suptitle(f"{df['experiment'].iloc[0]}: {title}{ref}", fontsize=10)
     fig.tight_layout()
     note = "; ".join(n for n in (meta.get("skipped_note"), "points offset horizontally by a few % per method "
                                  "so equal values stay visible") if n)
     fig.subplots_adjust(bottom=0.18)
     fig.text(0.5, 0.01, textwrap.fill(note, int(fig.get_figwidth() * 17)), ha="center", va="bottom", fontsize=7,
              color="dimgray")
+    footer(fig, df, meta)
     return save_figure(fig, out)
 
 
@@ -204,9 +205,9 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
             b.set_hatch(h)
     if by_formula.any():
         ax.add_artist(ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="xx",
-                                               label="recorded from a formula by the adapter (not counted): "
+                                               label="recorded from a formula by the adapter\n(not counted): "
                                                      + ", ".join(sel.index[by_formula]))],
-                                fontsize=7, loc="upper left"))
+                                fontsize=7, loc="lower left", bbox_to_anchor=(1.02, 0.0), borderaxespad=0.0))
     ax.set_xticks(list(xs))
     ax.set_xticklabels(list(sel.index), rotation=20)
     ax.set_ylabel("MiB sent per rank (max over ranks)")
@@ -215,13 +216,13 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     if pos.size and pos.max() / pos.min() > 30:  # log only where the range needs it
         ax.set_yscale("log")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     r = sel.reset_index().iloc[0]
-    ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    ax.set_title(f"{df['experiment'].iloc[0]}{ref}\ncommunication per layer, {word} (solid) vs formula (hatched)\n"
-                 f"{', '.join(axes.label(a, r[a]) for a in axes.ID_ORDER)}, {MODE_LABEL[mode]}\n"
-                 f"{hw_and_date(df, meta)}", fontsize=9)
+    ax.set_title(f"{df['experiment'].iloc[0]}: bytes per rank, {word} (solid) vs formula (hatched)\n"
+                 f"{', '.join(x for x in (axes.label(a, r[a]) for a in axes.ID_ORDER) if x)}, {MODE_LABEL[mode]}",
+                 fontsize=9)
     fig.tight_layout()
+    footer(fig, df, meta)
     return save_figure(fig, out)
 
 
@@ -269,15 +270,12 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
         ax.grid(True, axis="y", alpha=0.3)
         if not per_method:
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        ax.set_ylim(top=ax.get_ylim()[1] * 1.3)      # room for the legend above the bars
-        ax.legend(fontsize=7, ncol=len(layouts), loc="upper center")
+    legend_outside(axs[0][-1], fontsize=7)      # the layouts are the same in every panel: one legend
     r = ok.iloc[0]
-    ref = f"\n{meta['paper_ref']}" if meta.get("paper_ref") else ""
     fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype"))
-    head = textwrap.fill(f"{df['experiment'].iloc[0]}: {title} ({fixed}, {MODE_LABEL.get(r['mode'], r['mode'])})",
-                         110)
-    fig.suptitle(f"{head}{ref}\n{hw_and_date(df)}", fontsize=9)
+    fig.suptitle(f"{df['experiment'].iloc[0]}: {title}\n{fixed}, {MODE_LABEL.get(r['mode'], r['mode'])}", fontsize=9)
     fig.tight_layout()
+    footer(fig, df, meta)
     return save_figure(fig, out)
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import figure_parts as FP
-from .figstyle import _method_order, color, save_figure  # first: it selects the Agg backend
-import matplotlib.pyplot as plt  # after figstyle
+from .figstyle import _method_order, color, legend_outside, save_figure  # first: it selects Agg
+import matplotlib.pyplot as plt  # after figstyle: it chose the backend
 from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
@@ -59,7 +59,7 @@ def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
     gs = "/".join(str(g) for g in sorted(df["world_size"].unique()))     # a main table's cells differ in G
     return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
-            f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}\n{FP.hw_and_date(df)}")
+            f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}")
 
 
 def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
@@ -88,6 +88,7 @@ def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict,
     FP.status_legend(ax, df)
     ax.set_title(_title(df, meta, what), fontsize=9)
     fig.tight_layout()
+    FP.footer(fig, df, meta)
     return save_figure(fig, out)
 
 
@@ -146,7 +147,8 @@ def _write_table(df: pd.DataFrame, meta: dict, out_dir: Path) -> list[Path]:
     lines = ["| " + " | ".join([table.index.name, *map(str, head.columns)]) + " |",
              "|" + "---|" * (len(head.columns) + 1)]
     lines += ["| " + " | ".join([idx, *map(str, row)]) + " |" for idx, row in head.iterrows()]
-    md.write_text(_title(df, meta, "first-token latency") + "\n\n" + "\n".join(lines) + "\n")
+    md.write_text(_title(df, meta, "first-token latency") + "\n\n" + FP.provenance(df, meta) + "\n\n"
+                  + "\n".join(lines) + "\n")
     return [csv, md]
 
 
@@ -234,9 +236,10 @@ def _comm_per_layer(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.set_xticklabels(list(sel["row"]), rotation=20, fontsize=8)
     ax.set_ylabel("MiB sent per rank per layer (max over ranks)")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.set_title(_title(sel, meta, f"bytes per layer at N={human(int(n))}"), fontsize=9)
     fig.tight_layout()
+    FP.footer(fig, df, meta)
     return save_figure(fig, out)
 
 
@@ -274,7 +277,7 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
         a2.bar(xs, state, color=cols, alpha=0.5, label=kept)
         a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
         a2.set_ylabel(f"GiB per rank ({FP.source(ok)})")
-        a2.legend(fontsize=8)
+        legend_outside(a2)
     for ax in (a1, a2):
         ax.set_xticks(xs)
         ax.set_xticklabels(list(ok["row"]), rotation=20, fontsize=8)
@@ -282,4 +285,5 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig.suptitle(_title(ok, meta, f"N={human(int(ok['seqlen'].iloc[0]))}: throughput and memory per rank"),
                  fontsize=9)
     fig.tight_layout()
+    FP.footer(fig, df, meta)
     return save_figure(fig, out)

@@ -38,6 +38,7 @@ from rich.text import Text
 
 from burst_impl.flops import MODE_FACTOR, MODEL_MODE
 
+from .cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from .cluster.emulator.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
@@ -290,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retry-failed", action="store_true", help="re-run cases recorded as failed")
     ap.add_argument("--no-plots", action="store_true", help="do not redraw figures after a local run")
     ap.add_argument("--wait", action="store_true", help="SLURM: sbatch --wait (block until each job ends)")
+    ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = ap.parse_args(argv)
 
     preset = load_any(args.what, cluster=args.cluster)
@@ -374,4 +376,4 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     return out
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_cli(main))

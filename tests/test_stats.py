@@ -238,7 +238,8 @@ def test_figures_name_their_origin_and_draw_no_backward_bars_for_forward_runs(tm
     df = pd.DataFrame(recs)
     assert plots.comm_figure(df, {"origin": "results/reference/box-a"}, tmp_path / "c.png")
     ax = saved[-1].axes[0]
-    assert "measured on box-a" in ax.get_title() and "results/reference/box-a" in ax.get_title()
+    (foot,) = [t.get_text() for t in saved[-1].texts if t.get_gid() == figure_parts.FOOTER_GID]
+    assert "measured on box-a" in foot and "results/reference/box-a" in foot
     labels = [t.get_text() for lg in (ax.get_legend(), *[a for a in ax.artists]) if lg for t in lg.get_texts()]
     assert not [lb for lb in labels if "backward" in lb], labels
     assert any("formula by the adapter" in lb for lb in labels)

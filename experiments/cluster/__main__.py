@@ -18,9 +18,9 @@ import argparse
 import dataclasses
 import json
 import signal
-import sys
 import time
 
+from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from .emulator import netns, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ra.add_argument("--ref", default="burst", help="method the speedups are relative to")
     ra.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
     ra.add_argument("--json", action="store_true")
+    ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = ap.parse_args(argv)
 
     if args.cmd == "up":
@@ -182,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run_cli(main))

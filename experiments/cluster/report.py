@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import math
 import statistics
-import textwrap
 from pathlib import Path
 
 from burst_impl.shape import AttnShape
 
-from ..figstyle import save_figure  # first: it selects the Agg backend
+from ..figstyle import FOOTER_GID, legend_outside, save_figure  # first: it selects the Agg backend
 import matplotlib.pyplot as plt  # after figstyle
 
 from ..harness import results as R
@@ -157,12 +156,15 @@ def figure(rep: dict, out: Path) -> Path:
         ax.set_title(f"N={n}", fontsize=9)
         ax.set_ylabel("seconds per step (fwd+bwd)")
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0][0].legend(fontsize=7)
 
+    legend_outside(axes[0][-1], fontsize=7)        # one legend, right of the last panel, off the bars
     r0 = rep["rows"][0]
-    fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled from bytes and compute\n"
-                 + textwrap.fill(r0["cluster"], 100) + f"\n{r0['machine']} · measured {r0['date']}", fontsize=9)
+    fig.suptitle(f"{rep['experiment']}: measured on the emulated cluster vs modelled", fontsize=10)
     fig.tight_layout()
+    # the provenance as one footer line (the cluster's link rates are in emulation_report.txt)
+    profile = str(r0["cluster"]).split(":")[0].split(",")[0]
+    fig.text(0.5, 0.0, f"measured on {r0['machine']} ({profile}) · {r0['date']} · {rep['experiment']}", ha="center",
+             va="top", fontsize=7, color="dimgray", gid=FOOTER_GID)
     return save_figure(fig, out)
 
 

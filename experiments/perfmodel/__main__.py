@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from ..harness.spec import load_any
 from .jobs import run_jobs
 from .model_figures import twin
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                          "scaling and ablation)")
     ap.add_argument("--no-variants", action="store_true",
                     help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
+    ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = ap.parse_args(argv)
     if args.cluster and args.hardware:
         ap.error("--cluster and --hardware name the same thing; give one")
@@ -64,4 +66,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))
