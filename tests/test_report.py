@@ -23,9 +23,9 @@ SPEC_NAMES = {p.stem for d in ("specs", "cpu") for p in (ROOT / "experiments" / 
 # experiments the performance model writes besides the specs' own names (perfmodel/__main__.py)
 KNOWN = SPEC_NAMES | {f"{s}_model_level" for s in SPEC_NAMES} | \
     {"burstengine_ablation_14b_1m_model_level", "burstengine_scaling_14b_model_level"}
-# paper tables no spec reproduces yet (the BurstEngine main table's specs are being written): the report
-# says "no records" for them; remove a name here once its spec exists
-PENDING = {"burstengine_main_tokens", "burstengine_main_memory"}
+# paper tables no spec reproduces yet: the report says "no records" for them; remove a name here once its
+# spec exists
+PENDING: set[str] = set()
 
 
 def test_every_paper_value_loads_with_its_source_and_maps_to_the_suite():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from ..harness import results as R
 from ..harness.env import REPO
 
 RECORD_FILES = (R.RESULTS_FILE, "variants.jsonl")   # variants: the perf model's model-only rows
-_STEP = re.compile(r"\.step(\d+)$")
 _RANK = {"this machine": 0, "other machine": 1, "gpu check": 2, "reference": 3, "modelled": 4}
 
 
@@ -70,13 +68,8 @@ def find_roots(base: Path = R.RESULTS_BASE, machine: str | None = None) -> list[
 
 
 def _normalise(rec: dict) -> dict:
-    """A record with the keys the papers' selects use at its top level: config keys (model, zero) and
-    ``step``, the ablation row its case id names."""
-    out = {**{k: v for k, v in (rec.get("config") or {}).items() if k not in rec}, **rec}
-    m = _STEP.search(str(rec.get("case_id", "")))
-    if m:
-        out["step"] = int(m.group(1))
-    return out
+    """A record with the keys the papers' selects use at its top level: config keys (model, zero, variant)."""
+    return {**{k: v for k, v in (rec.get("config") or {}).items() if k not in rec}, **rec}
 
 
 @functools.lru_cache(maxsize=None)
