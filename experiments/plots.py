@@ -303,7 +303,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     if df["seqlen"].nunique() > 1:
         if baseline in set(df["method"]):
             files.append(_line_figure(df, "seqlen", "speedup", f"speedup over {baseline} (x)",
-                                      f"speedup over {baseline} vs sequence length (bars: 95% bootstrap interval)",
+                                      f"speedup over {baseline} vs sequence length"
+                                      + ("" if sfx else " (bars: 95% bootstrap interval)"),
                                       meta, out / f"speedup_vs_seqlen{sfx}.png", logy=False,
                                       transform=_speedup(baseline), ref_line=1.0, errbars=True))
         files.append(_line_figure(df, "seqlen", "time_median_s", _time_label(df),

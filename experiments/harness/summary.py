@@ -50,8 +50,15 @@ def code_path_pairs(methods) -> list[tuple[str, str, str]]:
 
 def speedup_of(num: dict, den: dict) -> dict | None:
     """t(num)/t(den) with its bootstrap interval (``timing.ratio_interval``), paired by round where the two
-    records were timed in the same interleaved rounds; None without samples."""
+    records were timed in the same interleaved rounds; None without samples (two modelled records: the
+    ratio of their predicted times, lo = hi = ratio)."""
     a, b = num.get("time_samples_s") or [], den.get("time_samples_s") or []
+    if not a and not b and num.get("source") == den.get("source") == "modelled":
+        # the performance model predicts one time per case: its ratio is exact, with no interval to draw
+        t_num, t_den = num.get("time_median_s"), den.get("time_median_s")
+        if not t_num or not t_den:
+            return None
+        return {"ratio": t_num / t_den, "lo": t_num / t_den, "hi": t_num / t_den}
     if not a or not b:
         return None
     paired = den["case_id"] in (num.get("interleaved_with") or []) and len(a) == len(b)
