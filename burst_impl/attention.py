@@ -80,7 +80,8 @@ class Call:
 def validate_call(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous", backward: str = "burst",
                   softmax_scale: float | None = None, backend: str | None = None,
                   grad_comm_dtype: torch.dtype | None = None, group=None, causal: bool = False, mask=None,
-                  method: str = "burst", options: dict | None = None, seqlen: int | None = None) -> Call:
+                  method: str = "burst", options: dict | None = None, seqlen: int | None = None,
+                  checks: tuple = ()) -> Call:
     """Raise ValueError (naming parameter, value and rule) before any communication.
 
     Local rules: tensors, dtypes (float16, bfloat16, float32, float64), shapes, layout, backward
@@ -93,13 +94,17 @@ def validate_call(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous", backw
     rank. Off: N is ``seqlen``, else seq_local x G. Then the rules that need N, identical on every
     rank: the mask (``masks.resolve``: window sizes, document boundaries, block mask shape), the
     layout (``"balanced"`` resolved), ``N >= number of chunks``, and each rank's length is the
-    layout's (``layout.lengths``).
+    layout's (``layout.lengths``). ``checks``: the method's own local rules (callables raising
+    ValueError), run with the local ones, before the agreement (so a rank that fails them is named
+    on every rank instead of leaving the others in the collective).
     """
     rank, world_size = comm.world(group)  # a non-member raises here, and must not join the agreement below
     problem = None
     try:
         _check_local(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale, backend=backend,
                      grad_comm_dtype=grad_comm_dtype)
+        for check in checks:
+            check()
     except ValueError as e:
         problem = e
     lens = None
