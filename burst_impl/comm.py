@@ -378,7 +378,9 @@ class Transport:
 
     def post(self, channel: Channel, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str],
              recv_shapes: Sequence[Sequence[int]] | None = None) -> Pending:
-        pending = channel.start(tensors, phase, kinds, recv_shapes)
+        # even shards: the 3-argument call (receive buffers shaped like the sent tensors)
+        pending = channel.start(tensors, phase, kinds) if recv_shapes is None else \
+            channel.start(tensors, phase, kinds, recv_shapes)
         if not self.overlap:
             pending.wait()
         return pending
@@ -470,7 +472,7 @@ class AccumulatorRing:
         self.ring, self.kinds, self.dtype, self.acc_dtype = ring, kinds, dtype, acc_dtype
         self.like = like
         # owner -> shapes of that block's accumulators (uneven shards); None: every block is like ``like``
-        self.shapes = shapes or (lambda owner: [t.shape for t in like])
+        self.shapes = shapes
         self.own: list[Tensor] | None = None
         self.kept: list[Tensor] | None = None
         self.pending: dict[str, Pending] = {}
@@ -482,7 +484,8 @@ class AccumulatorRing:
             self.kept = None
         if not parts:
             return [g.to(self.dtype) for g in grads] if grads is not None else \
-                [torch.zeros(shape, dtype=self.dtype, device=t.device) for t, shape in zip(self.like, self.shapes(owner))]
+                [torch.zeros(shape, dtype=self.dtype, device=t.device) for t, shape in
+                 zip(self.like, self.shapes(owner) if self.shapes else [t.shape for t in self.like])]
         acc = parts[0]
         for extra in parts[1:] + ([grads] if grads is not None else []):
             acc = [a.add_(x) for a, x in zip(acc, extra)]
@@ -494,7 +497,7 @@ class AccumulatorRing:
             return
         assert then not in self.pending, f"accumulator channel {then!r} already has a transfer in flight"
         self.pending[then] = self.ring.post(self.ring.write[then], acc, "backward", self.kinds,
-                                            self.shapes(self.ring.src_owner(then, step)))
+                                            self.shapes(self.ring.src_owner(then, step)) if self.shapes else None)
 
     def push(self, step: int, grads: list[Tensor] | None) -> None:
         """This rank's contribution to the block visiting at ``step`` (None: no work)."""
