@@ -118,6 +118,18 @@ def check_seqlen(seqlen: int, layout, world_size: int, *, name: str = "seqlen") 
         )
 
 
+def check_even(seqlen: int, layout, world_size: int, *, who: str, name: str = "seqlen") -> None:
+    """ValueError unless ``seqlen`` splits into the layout's chunks exactly: for the methods whose
+    collectives take equal shards (TP-V3's all-gather, the peer adapters), not for the ring and
+    all-to-all methods, which take any N >= the chunks (issue 22)."""
+    check_seqlen(seqlen, layout, world_size, name=name)
+    n_chunks = chunks_per_rank(layout) * world_size
+    if seqlen % n_chunks:
+        raise ValueError(f"{name}={seqlen} must be a multiple of {n_chunks} ({chunks_per_rank(layout)} chunk(s) per "
+                         f"rank x world_size={world_size}) for {who}: its collectives take equal shards (burst, "
+                         f"ring, ring_rsa, ulysses and usp take any N >= {n_chunks})")
+
+
 def chunk_bounds(seqlen: int, n_chunks: int) -> list[tuple[int, int]]:
     """[start, end) of each of ``n_chunks`` chunks of ``seqlen`` tokens: the first ``seqlen % n_chunks``
     chunks hold one token more (``torch.tensor_split``'s rule)."""
