@@ -112,7 +112,7 @@ def validate_call(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous", backw
         values = _agreed_values(q, k, causal, mask, softmax_scale, layout, backward, grad_comm_dtype, backend,
                                 method, options, seqlen)
         rows = comm.agree_on_inputs(group, [_hash(x) for x in values] + [_local_len(q)], problem, _describe,
-                                    names=AGREED + ("seq_local",), values=[repr(x) for x in values] + [""],
+                                    names=AGREED + ("seq_local",), values=[_readable(x) for x in values] + [""],
                                     vary=(len(AGREED),))
         lens = tuple(row[-1] for row in rows)
     if problem is not None:
@@ -144,6 +144,11 @@ def _agreed_values(q, k, causal, mask, softmax_scale, layout, backward, grad_com
     return [getattr(q, "dtype", None), shape[0], shape[2], kv, shape[3], bool(causal), the_mask, softmax_scale,
             getattr(layout, "chunks", layout), backward, grad_comm_dtype, backend, method,
             sorted((options or {}).items()), seqlen]
+
+
+def _readable(value):
+    """What a disagreement message shows of an agreed value: options as a dict (its keys get named)."""
+    return {k: repr(v) for k, v in value} if isinstance(value, list) else repr(value)
 
 
 def _hash(value) -> int:

@@ -232,7 +232,8 @@ def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, 
     over ``group``; ValueError on every rank unless every rank passed and the signatures agree outside
     the slots ``vary`` (e.g. the local length). Returns every rank's signature (rank order). Not counted.
 
-    ``names``/``values``: the parameter name and this rank's readable value of each slot; on a
+    ``names``/``values``: the parameter name and this rank's readable value of each slot (a string, or a
+    dict of named options, of which the differing keys are named); on a
     disagreement the readable values of the differing slots are gathered too (an error path only), so
     the message names the parameter and every rank's value, identically on every rank."""
     _, size = world(group)
@@ -255,8 +256,15 @@ def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, 
                          "rank must hold a shard of the same shape (the global sequence must split evenly)")
     readable = [None] * size
     dist.all_gather_object(readable, [values[i] for i in differ], group=group)
-    parts = [f"{names[i]}: " + ", ".join(f"rank {r}: {readable[r][j]}" for r in range(size))
-             for j, i in enumerate(differ)]
+    parts = []
+    for j, i in enumerate(differ):
+        got = [readable[r][j] for r in range(size)]
+        if all(isinstance(x, dict) for x in got):   # method options: name the keys that differ
+            keys = sorted({key for x in got for key in x if any(y.get(key, "?") != x.get(key, "?") for y in got)})
+            parts += [f"{names[i]}.{key}: " + ", ".join(f"rank {r}: {x.get(key, '(none)')}" for r, x in enumerate(got))
+                      for key in keys]
+        else:
+            parts.append(f"{names[i]}: " + ", ".join(f"rank {r}: {x}" for r, x in enumerate(got)))
     raise ValueError("the ranks of the group disagree on " + "; ".join(parts) + " (every rank must pass the same "
                      "value; nothing was sent)")
 

@@ -157,3 +157,85 @@ def test_windows_and_documents_at_uneven_n(pools, world_size):
     cases = _mask_cases(world_size)
     for rank, bad in enumerate(pools.run(world_size, _matrix, cases, timeout=300)):
         assert not bad, f"W={world_size} rank {rank}: {len(bad)} of {len(cases)} cases fail, first: {bad[:3]}"
+
+
+# ---------------------------------------------------------------- ranks that disagree
+
+
+def _call(odd: bool, param: str):
+    """(method, q, k, v, keywords) of this rank for a call where the odd rank deviates in ``param``."""
+    rank, G = comm.world()
+    z, zkv, d, b, dtype, layout = 3, 3, D, 1, torch.float32, "contiguous"
+    method, kw = "burst", dict(causal=True)
+    if odd:
+        z = 6 if param == "heads" else z
+        zkv = 1 if param == "kv_heads" else zkv
+        d = 16 if param == "head_dim" else d
+        b = 2 if param == "batch" else b
+        dtype = torch.float64 if param == "dtype" else dtype
+        layout = "zigzag" if param == "layout" else layout
+        kw = dict(causal=param != "causal", mask="window:2:0" if param == "mask" else None,
+                  softmax_scale=0.5 if param == "softmax_scale" else None)
+        kw.update({"backward": "ring"} if param == "backward" else {})
+        kw.update({"grad_comm_dtype": torch.float64} if param == "grad_comm_dtype" else {})
+        kw.update({"overlap": False} if param == "options" else {})
+        method = "ring_rsa" if param == "method" else method
+    q, k, v, _ = make_inputs(b, 10, z, zkv, d, dtype)
+    q, k, v = (shard(t, layout, rank, G) for t in (q, k, v))
+    if param == "seq_local":                      # 3/4/3: no layout's split of N = 10
+        q, k, v = (make_inputs(1, 10, 3, 3, D)[i][:, [0, 3, 7][rank]:[3, 7, 10][rank]] for i in range(3))
+    return method, q, k, v, dict(layout=layout, **kw)
+
+
+DISAGREE = ("dtype", "batch", "heads", "kv_heads", "head_dim", "causal", "mask", "softmax_scale", "layout",
+            "backward", "grad_comm_dtype", "options", "method", "seq_local")
+
+
+def _disagreements() -> list[str]:
+    """Every parameter in turn: the last rank deviates; every rank must raise, send nothing, and the
+    group must then run a correct call."""
+    rank, G = comm.world()
+    msgs = []
+    for param in DISAGREE:
+        method, q, k, v, kw = _call(rank == G - 1, param)
+        fn = burst_attn_func if method == "burst" else get(method).call
+        with comm.count_bytes() as counts:
+            try:
+                fn(q, k, v, **{n: x for n, x in kw.items() if x is not None or n != "mask"})
+            except ValueError as e:
+                msgs.append(str(e))
+            else:
+                raise AssertionError(f"{param}: no ValueError on rank {rank}")
+        assert counts.total() == 0, f"{param}: bytes sent before the error: {dict(counts)}"
+        _, q, k, v, _ = _call(False, "none")          # the group stays usable
+        q.requires_grad_()
+        burst_attn_func(q, k, v, causal=True).sum().backward()
+    return msgs
+
+
+def test_every_disagreement_is_the_same_value_error_on_every_rank(pools):
+    per_rank = pools.run(3, _disagreements)
+    for i, param in enumerate(DISAGREE):
+        msgs = {m[i] for m in per_rank}
+        assert len(msgs) == 1, f"{param}: the ranks' messages differ: {msgs}"
+        msg = msgs.pop()
+        name = "seq_local" if param == "seq_local" else param
+        assert name in msg and "rank 0" in msg or param == "seq_local" and "the ranks hold (3, 4, 3)" in msg, msg
+
+
+def _disagree_ulysses_heads() -> str:
+    """The crash of issue 22: one rank with 8 heads, the others 4 (gloo aborted a process)."""
+    rank, G = comm.world()
+    z = 8 if rank == 0 else 4
+    q, k, v, _ = make_inputs(1, 9, z, 2, D)
+    q, k, v = (shard(t, "contiguous", rank, G) for t in (q, k, v))
+    try:
+        get("ulysses").call(q, k, v, causal=True)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("no ValueError")
+
+
+def test_ulysses_heads_mismatch_is_an_error_not_a_crash(pools):
+    msgs = set(pools.run(2, _disagree_ulysses_heads))
+    assert len(msgs) == 1 and "heads: rank 0: 8, rank 1: 4" in msgs.pop()
