@@ -239,3 +239,57 @@ def _disagree_ulysses_heads() -> str:
 def test_ulysses_heads_mismatch_is_an_error_not_a_crash(pools):
     msgs = set(pools.run(2, _disagree_ulysses_heads))
     assert len(msgs) == 1 and "heads: rank 0: 8, rank 1: 4" in msgs.pop()
+
+
+# ---------------------------------------------------------------- the model at an uneven N
+
+MODEL_N = {3: 25, 4: 26}      # 25 = 3 * 8 + 1 tokens over 3 ranks; 26 = 4 * 6 + 2 over 4
+
+
+def _model_run(method: str, layouts: list[str], seqlen: int, options: dict) -> dict:
+    """One step and one prefill of the tiny model per layout on this rank; loss, gradients, next tokens,
+    counted bytes and the formula's (n_layers x the method's bytes for this rank + loss + grad sync)."""
+    from burst_impl.model import build_model, get_config, loss_and_grads, prefill_step, sequence_parallel
+    from burst_impl.model.parallel import grad_sync_bytes
+    from burst_impl.model.sequence_parallel import attn_shape
+    from tests.model_refs import BATCH, global_batch
+
+    rank, G = comm.world()
+    cfg = get_config("tiny")
+    tokens, labels = global_batch("tiny", seqlen=seqlen)
+    out = {}
+    for layout in layouts:
+        model = sequence_parallel(build_model(cfg), method, layout=layout, **options)
+        with comm.count_bytes() as step:
+            loss = loss_and_grads(model, tokens, labels).item()
+        ids = prefill_step(model, tokens)
+        per_layer = get(method).bytes(attn_shape(cfg, BATCH, seqlen, G, layout, "float32"), rank=rank, **options)
+        expect = {k: v * cfg.n_layers for k, v in per_layer.items()}
+        expect[("forward", "loss")] = 2 * 16 * (G - 1) // G          # [sum, count] in fp64
+        for k, v in grad_sync_bytes(model).items():
+            expect[k] = expect.get(k, 0) + v
+        out[layout] = dict(loss=loss, grads={n: p.grad for n, p in model.named_parameters()}, ids=ids,
+                           counted=dict(step), expect=expect)
+    return out
+
+
+@pytest.mark.parametrize("method,world_size,layouts,options", [
+    ("burst", 3, ["contiguous", "zigzag", "striped"], {}), ("ring", 3, ["zigzag"], {}),
+    ("ulysses", 3, ["zigzag", "striped"], {}), ("ring_rsa", 3, ["contiguous"], {}),
+    ("usp", 4, ["zigzag"], {"ulysses_degree": 2}), ("burst_double_ring", 4, ["zigzag"], {"node_size": 2}),
+])
+def test_model_loss_and_gradients_at_uneven_n(pools, method, world_size, layouts, options):
+    """fp32 model against the fp64 single-process one: tolerances of tests/test_model_parity.py."""
+    from tests.model_refs import grad_errors, reference
+    from tests.test_model_parity import GRAD_RTOL, LOSS_RTOL
+
+    n = MODEL_N[world_size]
+    ref = reference("tiny", n)
+    for rank, res in enumerate(pools.run(world_size, _model_run, method, layouts, n, options)):
+        for layout, r in res.items():
+            what = f"{method} G={world_size} N={n} {layout} rank {rank}"
+            assert abs(r["loss"] - ref["loss"]) / abs(ref["loss"]) <= LOSS_RTOL, f"{what}: loss"
+            worst = max(grad_errors(r["grads"], ref["grads"]).items(), key=lambda kv: kv[1])
+            assert worst[1] <= GRAD_RTOL, f"{what}: gradient {worst}"
+            assert torch.equal(r["ids"], ref["next_ids"]), f"{what}: next tokens"
+            assert r["counted"] == r["expect"], f"{what}: counted {r['counted']} != formula {r['expect']}"
