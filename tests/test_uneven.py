@@ -293,3 +293,44 @@ def test_model_loss_and_gradients_at_uneven_n(pools, method, world_size, layouts
             assert worst[1] <= GRAD_RTOL, f"{what}: gradient {worst}"
             assert torch.equal(r["ids"], ref["next_ids"]), f"{what}: next tokens"
             assert r["counted"] == r["expect"], f"{what}: counted {r['counted']} != formula {r['expect']}"
+
+
+# ---------------------------------------------------------------- the opt-out, and N < G
+
+
+def _opted_out(seqlen) -> float:
+    """N = 10 over 3 ranks (4/3/3) with the agreement off: ``seqlen=`` gives N; without it N would be
+    seq_local x G, which only even shards satisfy."""
+    rank, G = comm.world()
+    q, k, v, do = make_inputs(1, 10, 3, 3, D, torch.float64)
+    ref = attention_reference(q, k, v, do, True)
+    ql = shard(q, "contiguous", rank, G).requires_grad_()
+    with comm.check_shapes(False):
+        out = burst_attn_func(ql, shard(k, "contiguous", rank, G), shard(v, "contiguous", rank, G), causal=True,
+                              seqlen=seqlen)
+    out.backward(shard(do, "contiguous", rank, G))
+    assert comm.shape_check_enabled()
+    return max(_rel(out, shard(ref["out"], "contiguous", rank, G), ref["out"]),
+               _rel(ql.grad, shard(ref["dq"], "contiguous", rank, G), ref["dq"]))
+
+
+def test_opt_out_with_seqlen(pools):
+    assert max(pools.run(3, _opted_out, 10)) <= FP64_RTOL
+
+
+def _fewer_tokens_than_ranks() -> str:
+    rank, G = comm.world()
+    q = torch.randn(1, 1 if rank < 2 else 0, 2, D)       # N = 2 tokens over 3 ranks: rank 2 has none
+    try:
+        burst_attn_func(q, q, q)
+    except ValueError as e:
+        return str(e)
+    raise AssertionError("no ValueError")
+
+
+def test_fewer_tokens_than_ranks_is_a_value_error_on_every_rank(pools):
+    msgs = pools.run(3, _fewer_tokens_than_ranks)
+    assert "seq_local=q.shape[1]=0 must be positive" in msgs[2]
+    assert msgs[0] == msgs[1] and "inputs rejected on rank(s) [2]" in msgs[0]
+    with pytest.raises(ValueError, match=r"seqlen=2 must be >= 3 .* seqlen >= number of chunks"):
+        lengths("contiguous", 3, 2)
