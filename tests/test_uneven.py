@@ -334,3 +334,24 @@ def test_fewer_tokens_than_ranks_is_a_value_error_on_every_rank(pools):
     assert msgs[0] == msgs[1] and "inputs rejected on rank(s) [2]" in msgs[0]
     with pytest.raises(ValueError, match=r"seqlen=2 must be >= 3 .* seqlen >= number of chunks"):
         lengths("contiguous", 3, 2)
+
+
+# ---------------------------------------------------------------- skipping and balance with a token more
+
+
+def test_causal_skipping_and_zigzag_balance_at_uneven_n():
+    """Causal: the contiguous pairs above the diagonal are still empty plans (skipped), and the plans cover
+    the N(N+1)/2 live entries exactly once; zigzag (and striped) stay balanced up to the extra tokens:
+    1 + O(G/N) at a realistic N."""
+    from burst_impl import balance, masks, plan
+
+    causal = masks.Causal()
+    for n, g in ((10, 3), (17, 4), (23, 5)):
+        for layout in ("contiguous", "zigzag", "striped"):
+            e = plan.entries_matrix(causal, layout, n, g)
+            assert int(e.sum()) == n * (n + 1) // 2, (layout, n, g)
+        e = plan.entries_matrix(causal, "contiguous", n, g)
+        assert all(int(e[a, b]) == 0 for a in range(g) for b in range(a + 1, g)), e
+    for layout in ("zigzag", "striped"):
+        w = balance.work_per_rank(causal, layout, 4099, 4)
+        assert balance.imbalance(w["rows"]) < 1.002 and balance.imbalance(w["cols"]) < 1.002, (layout, w)
