@@ -1,8 +1,8 @@
 """Any sequence length on any number of ranks (issue 22), and ranks that disagree get the same ValueError.
 
 Every sequence-parallel method x every layout it accepts x causal and full x MHA and GQA, at
-W = 1..5 and N = 2W + r for every r in 0..W-1 (plus N = 3W + r for a few r, so zigzag's 2W chunks get
-their extra tokens on the second chunks too), in fp64 against the fp64 reference: out, lse (where
+W = 1..5 and N = 2W + r for every r in 0..W-1 (plus N = 4W - 1, so zigzag's 2W chunks get their extra
+tokens on the second chunks too; what repeats a code path is left out, see ``_cases``), in fp64 against the fp64 reference: out, lse (where
 the method returns it), dq, dk, dv within 1e-12 relative, and the bytes counted on every rank equal
 the method's formula for that rank exactly. Windows and documents at uneven N; the model's loss and
 gradients at an uneven N; a disagreement test for each agreed parameter. Cases are looped inside one
@@ -54,8 +54,8 @@ def options_for(method: str, world_size: int) -> dict:
 
 
 def seqlens(world_size: int) -> list[int]:
-    """N = 2W + r for every r in 0..W-1, and 3W + 1, 3W + W-1 (zigzag's second chunks get tokens)."""
-    extra = sorted({3 * world_size + 1, 4 * world_size - 1}) if world_size > 1 else []
+    """N = 2W + r for every r in 0..W-1, and 4W - 1 (zigzag's second chunks get tokens too)."""
+    extra = [4 * world_size - 1] if world_size > 1 else []
     return [2 * world_size + r for r in range(world_size)] + extra
 
 
@@ -106,17 +106,21 @@ def _matrix(cases: list[tuple]) -> list:
 def _cases(world_size: int) -> list[tuple]:
     """The matrix, less what repeats a code path: ``burst`` (auto) is ``burst_qring``'s code for MHA and
     ``ring``'s for GQA (auto picks by bytes), so it runs GQA only; ``burst_double_ring`` is the flat
-    ring's code below W = 4 (its fallback, noted), so it runs contiguous only there; the N = 3W + r
-    values only for the layouts with 2 chunks per rank (zigzag, balanced:2)."""
+    ring's code below W = 4 (its fallback, noted), so it runs contiguous only there; ``usp`` with a
+    Ulysses degree of 1 (its default at W = 2, 3, 5) is the Burst ring itself, so it runs GQA only there;
+    at W = 1 every layout is the identity (contiguous only); the N = 4W - 1 value only for the layouts
+    with 2 chunks per rank (zigzag, balanced:2)."""
     out = []
     for method, layouts in METHOD_LAYOUTS.items():
         opts = options_for(method, world_size)
         for layout in layouts:
             if method == "burst_double_ring" and world_size != 4 and layout != "contiguous":
                 continue
+            if world_size == 1 and layout != "contiguous":
+                continue
             for causal in (False, True):
                 for kind, heads in heads_for(world_size).items():
-                    if method == "burst" and kind == "mha":
+                    if kind == "mha" and (method == "burst" or method == "usp" and world_size != 4):
                         continue
                     for n in seqlens(world_size):
                         if n > 3 * world_size and layout not in ("zigzag", "balanced:2"):
