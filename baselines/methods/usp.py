@@ -132,9 +132,12 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask
     def inner(qh, kh, vh):  # (B, N/r, Z/u, d) in ring-level layout order
         if r == 1:
             return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
-        return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
-                               layout=ring_layout, backward=backward, backend=backend, topology=ring_topology,
-                               node_size=ring_nodes, overlap=overlap, seqlen=n)
+        # the whole group agreed above (check_ulysses): the ring level's inputs follow from agreed ones,
+        # so its call skips a second agreement and takes N from it
+        with comm.check_shapes(False):
+            return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
+                                   layout=ring_layout, backward=backward, backend=backend, topology=ring_topology,
+                                   node_size=ring_nodes, overlap=overlap, seqlen=n)
 
     if u == 1:
         return inner(q, k, v)
