@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from baselines import AttnShape, get
-from burst_impl import burst_attn_func, comm, volume
+from burst_impl import burst_attn_func, comm
 from burst_impl.layout import lengths, shard
 from tests.refs import attention_reference, make_inputs, max_err
 
@@ -46,11 +45,12 @@ def heads_for(world_size: int) -> dict[str, tuple[int, int]]:
 
 
 def options_for(method: str, world_size: int) -> dict:
-    if method == "burst_double_ring" and world_size == 4:
-        return {"node_size": 2}                 # a real 2 x 2 double ring (elsewhere the flat fallback)
-    if method == "usp" and world_size == 4:
-        return {"ulysses_degree": 2}            # all-to-all of 2 inside, a ring of 2 across
-    return {}
+    """At W = 4: 2 nodes of 2 ranks for every method (bytes per link class: intra and inter), so
+    burst_double_ring is a real 2 x 2 double ring (elsewhere its flat fallback) and usp runs its
+    all-to-all of 2 inside a node and its ring of 2 across."""
+    if world_size != 4:
+        return {}
+    return {"node_size": 2, **({"ulysses_degree": 2} if method == "usp" else {})}
 
 
 def seqlens(world_size: int) -> list[int]:
@@ -67,7 +67,8 @@ def _rel(got, want, full) -> float:
 
 
 def _one(method, n, layout, causal, heads, mask, opts, refs):
-    """One case on this rank -> (worst relative error, counted bytes, formula bytes)."""
+    """One case on this rank -> (worst relative error, counted bytes by kind and by link class, the
+    formulas of both)."""
     rank, G = comm.world()
     z, zkv = heads
     key = (n, heads, causal, mask)
@@ -89,7 +90,10 @@ def _one(method, n, layout, causal, heads, mask, opts, refs):
     err = max(_rel(got[name], shard(ref[name], lay, rank, G), ref[name]) for name in got)
     if lse is not None:
         err = max(err, _rel(lse, shard(ref["lse"], lay, rank, G, dim=2), ref["lse"]))
-    return err, dict(counts), get(method).bytes(shape, rank=rank, **opts)
+    m = get(method)
+    link_opts = {n: x for n, x in opts.items() if n != "node_size"}
+    formula = (m.bytes(shape, rank=rank, **opts), m.links(shape, rank, opts.get("node_size"), **link_opts))
+    return err, (dict(counts), counts.link_dict()), formula
 
 
 def _matrix(cases: list[tuple]) -> list:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from burst_impl import comm, masks, volume
-from burst_impl.layout import LAYOUTS, check_even, check_layout, check_seqlen
+from burst_impl.layout import LAYOUTS, check_even, check_layout
 from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 

@@ -48,7 +48,7 @@ from burst_impl.topology import check_transport
 
 from ..local import local_attn
 from ..method import CHUNKED_LAYOUTS, Method, no_overlap
-from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
+from .ulysses import a2a_bytes, a2a_link_bytes, a2a_uneven, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
 Tensor = torch.Tensor
