@@ -363,3 +363,30 @@ def test_causal_skipping_and_zigzag_balance_at_uneven_n():
     for layout in ("zigzag", "striped"):
         w = balance.work_per_rank(causal, layout, 4099, 4)
         assert balance.imbalance(w["rows"]) < 1.002 and balance.imbalance(w["cols"]) < 1.002, (layout, w)
+
+
+# ---------------------------------------------------------------- methods as attention layers at uneven N
+
+
+@pytest.mark.parametrize("method,world_size,layout,options", [
+    ("burst", 3, "zigzag", {}), ("ulysses", 3, "contiguous", {}), ("usp", 4, "zigzag", {"ulysses_degree": 2}),
+])
+def test_layers_at_uneven_n(pools, method, world_size, layout, options):
+    """baselines.layer (projections + attention + output projection, what the harness's layer level runs)
+    at N = 2W*5 + 1: output and dX per rank, the summed weight gradients (fp32 against fp64, the
+    tolerance of tests/test_baselines_layer.py) and the bytes of every rank."""
+    from baselines.layer import full_grads
+    from tests.test_baselines_layer import B as LB, D as LD, FP32_RTOL, _run_layer, layer_reference
+
+    shape = AttnShape(LB, 10 * world_size + 1, 6 if world_size == 3 else 4, 2 if world_size == 4 else 3, LD,
+                      world_size, dtype="float32", causal=True, layout=layout)
+    results = pools.run(world_size, _run_layer, method, shape, options)
+    ref = layer_reference(shape)
+    for rank, res in enumerate(results):
+        for name in ("y", "dx"):
+            err = (res[name].double() - shard(ref[name], layout, rank, world_size)).abs().max().item()
+            assert err <= FP32_RTOL * max(ref[name].abs().max().item(), 1.0), f"{method} rank {rank} {name}: {err}"
+        assert res["counts"] == get(method).bytes(shape, rank=rank, **options), f"{method} rank {rank}: bytes"
+    for name, g in full_grads([r["grads"] for r in results], shape).items():
+        err = (g - ref["grads"][name]).abs().max().item()
+        assert err <= FP32_RTOL * max(ref["grads"][name].abs().max().item(), 1.0), f"{method} grad {name}: {err}"

@@ -128,7 +128,7 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
     s = case.shape
     lay = attn_layer.make_layer(case.method, s, group=group, seed=case.seed, device=device,
                                 **kernel_options(case))
-    tokens = s.seqlen if lay.input == "replicated" else s.local_seqlen
+    tokens = s.seqlen if lay.input == "replicated" else s.lengths[rank]   # this rank's share of N
     gen = _generator(case.seed, rank)
     hidden = s.heads * s.head_dim
     grad = case.mode != "forward"
