@@ -120,9 +120,9 @@ def validate_call(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous", backw
     n = sum(lens) if lens is not None else (seqlen if seqlen is not None else q.shape[1] * world_size)
     the_mask, layout = _check_global(n, layout, causal, mask, world_size)
     expected = lengths(layout, world_size, n)
-    held = lens if lens is not None else None
-    if held is not None and held != expected or held is None and q.shape[1] != expected[rank]:
-        where = f"the ranks hold {held}" if held is not None else f"rank {rank} holds {q.shape[1]}"
+    # every rank's length (agreed), or this rank's alone (the check off: the caller vouches for the rest)
+    if lens is not None and lens != expected or lens is None and q.shape[1] != expected[rank]:
+        where = f"the ranks hold {lens}" if lens is not None else f"rank {rank} holds {q.shape[1]}"
         raise ValueError(f"seq_local=q.shape[1]: {where} tokens, but layout={str(layout)!r} splits N={n} over "
                          f"world_size={world_size} as {expected} (rank r must hold layout.lengths(...)[r] tokens: "
                          "shard the inputs with burst_impl.layout.shard)")
