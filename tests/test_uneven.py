@@ -408,3 +408,28 @@ def test_harness_runs_an_uneven_case(tmp_path):
         assert r["comm_fwd_bytes"] == r["comm_fwd_formula_bytes"] > 0, r["method"]
         assert r["comm_bwd_bytes"] == r["comm_bwd_formula_bytes"] > 0, r["method"]
         assert len(set(r["comm_fwd_bytes_per_rank"])) == 2, r["comm_fwd_bytes_per_rank"]   # ranks differ
+
+
+def _bad_on_one_rank() -> list[str]:
+    """Method rules that fail on the last rank only (ring_rsa's backend, usp's ulysses_degree): every
+    rank raises (the others: "inputs rejected"), none waits in the agreement."""
+    rank, G = comm.world()
+    q, k, v, _ = make_inputs(1, 8, 4, 4, D)
+    q, k, v = (shard(t, "contiguous", rank, G) for t in (q, k, v))
+    bad = rank == G - 1
+    msgs = []
+    for method, kw in (("ring_rsa", {"backend": "cpu_flash" if bad else None}),
+                       ("usp", {"ulysses_degree": 3 if bad else 2})):
+        try:
+            get(method).call(q, k, v, causal=True, **kw)
+        except ValueError as e:
+            msgs.append(str(e))
+        else:
+            raise AssertionError(f"{method}: no ValueError on rank {rank}")
+    return msgs
+
+
+def test_a_method_rule_failing_on_one_rank_raises_on_every_rank(pools):
+    msgs = pools.run(2, _bad_on_one_rank, timeout=60)
+    assert "backend='cpu_flash'" in msgs[1][0] and "inputs rejected on rank(s) [1]" in msgs[0][0]
+    assert "ulysses_degree=3" in msgs[1][1] and "inputs rejected on rank(s) [1]" in msgs[0][1]

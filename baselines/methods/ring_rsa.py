@@ -138,16 +138,16 @@ def ring_rsa_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     ``node_size`` (ranks per node; None: ``LOCAL_WORLD_SIZE``) sets the link class of
     the counted sends; ``overlap=False`` waits for each ring transfer before computing.
     """
-    if backend not in (None, "reference"):
-        raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
-                         "pass None or 'reference'")
-    def check_overlap():
+    def check_own():   # before the agreement, so a rank failing them is named on every rank
+        if backend not in (None, "reference"):
+            raise ValueError(f"backend={backend!r}: ring_rsa materialises its scores with plain matmuls; "
+                             "pass None or 'reference'")
         if not isinstance(overlap, bool):
             raise ValueError(f"overlap={overlap!r} must be True or False")
 
     call = validate_call(q, k, v, layout=layout, softmax_scale=softmax_scale, grad_comm_dtype=grad_comm_dtype,
                          group=group, causal=causal, mask=mask, method="ring_rsa",
-                         options=dict(node_size=node_size, overlap=overlap), seqlen=seqlen, checks=(check_overlap,))
+                         options=dict(node_size=node_size, overlap=overlap), seqlen=seqlen, checks=(check_own,))
     nodes = Nodes.of(group, node_size)
     # the all-reduced dK, dV: fp32 by default, fp64 for fp64 inputs (end to end)
     grad_dtype = grad_comm_dtype if grad_comm_dtype is not None else stats_dtype(q.dtype)

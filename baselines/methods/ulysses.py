@@ -63,13 +63,14 @@ def kv_replication(heads: int, kv_heads: int, degree: int) -> int:
 
 def check_ulysses(q: Tensor, k: Tensor, v: Tensor, layout, degree: int, world_size: int,
                   softmax_scale, backend: str | None = None, group=None, causal: bool = False, mask=None, *,
-                  method: str = "ulysses", options: dict | None = None, seqlen: int | None = None):
+                  method: str = "ulysses", options: dict | None = None, seqlen: int | None = None,
+                  checks: tuple = ()):
     """All checks before any communication (``validate_call``: the ranks agree, N) -> (kv replication
     factor, resolved mask, resolved layout, N). The head rule (``kv_replication``) is checked before
     the agreement, so that a rank with other heads is named by it rather than crashing the all-to-all."""
     call = validate_call(q, k, v, layout=layout, softmax_scale=softmax_scale, backend=backend, group=group,
                          causal=causal, mask=mask, method=method, options=options, seqlen=seqlen,
-                         checks=(lambda: kv_replication(q.shape[2], k.shape[2], degree),))
+                         checks=(*checks, lambda: kv_replication(q.shape[2], k.shape[2], degree)))
     return kv_replication(q.shape[2], k.shape[2], degree), call.mask, call.layout, call.seqlen
 
 

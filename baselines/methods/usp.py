@@ -71,6 +71,10 @@ def check_degrees(world_size: int, ulysses_degree, ring_degree=None) -> tuple[in
     return u, r
 
 
+def _raise(error: Exception):
+    raise error
+
+
 def _group_ranks(group) -> list[int]:
     if group is None or group is dist.group.WORLD:
         return list(range(dist.get_world_size()))
@@ -113,11 +117,15 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask
     (None: ``LOCAL_WORLD_SIZE``, else one node).
     """
     g, G = comm.world(group)
-    u, r = check_degrees(G, ulysses_degree, ring_degree)
+    try:   # a bad degree on one rank is named on every rank by the agreement (checks=), not left to hang it
+        u, r = check_degrees(G, ulysses_degree, ring_degree)
+        degree_checks: tuple = ()
+    except ValueError as e:
+        u, r, degree_checks = 1, G, (lambda e=e: _raise(e),)
     opts = dict(ulysses_degree=u, backward=backward, node_size=getattr(node_size, "node", node_size),
                 ring_topology=ring_topology, overlap=overlap)
     rep, the_mask, layout, n = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group, causal, mask,
-                                             method="usp", options=opts, seqlen=seqlen)
+                                             method="usp", options=opts, seqlen=seqlen, checks=degree_checks)
     if isinstance(layout, str) and layout not in CHUNKED_LAYOUTS and u > 1 and r > 1:
         raise ValueError(f"layout={layout!r} is not supported by usp with ulysses_degree={u} and ring degree {r}: "
                          "the all-to-all of u consecutive ranks gathers tokens that are not a ring-level "
