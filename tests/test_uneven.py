@@ -35,7 +35,7 @@ METHOD_LAYOUTS = {
     "ulysses": ("contiguous", "zigzag", "striped", "balanced:2"),
     "usp": ("contiguous", "zigzag", "balanced:2"),
 }
-RETURNS_LSE = ("burst", "burst_qring", "burst_double_ring")
+RETURNS_LSE = ("burst", "burst_qring", "burst_double_ring", "burst_no_overlap", "burst_double_ring_no_overlap")
 
 
 def heads_for(world_size: int) -> dict[str, tuple[int, int]]:
@@ -433,3 +433,14 @@ def test_a_method_rule_failing_on_one_rank_raises_on_every_rank(pools):
     msgs = pools.run(2, _bad_on_one_rank, timeout=60)
     assert "backend='cpu_flash'" in msgs[1][0] and "inputs rejected on rank(s) [1]" in msgs[0][0]
     assert "ulysses_degree=3" in msgs[1][1] and "inputs rejected on rank(s) [1]" in msgs[0][1]
+
+
+def test_timing_variants_at_uneven_n(pools):
+    """The ``*_no_overlap`` variants (every transfer waited for before computing) at W = 4, 2 x 2 nodes,
+    N = 4W + 1 and 4W + 3, causal, GQA: the same numerics and bytes as their method."""
+    heads = heads_for(4)["gqa"]
+    cases = [(m, n, layout, True, heads, "", {"node_size": 2, **({"ulysses_degree": 2} if "usp" in m else {})})
+             for m in ("burst_no_overlap", "burst_double_ring_no_overlap", "usp_no_overlap", "ring_rsa_no_overlap")
+             for layout in ("contiguous", "zigzag") for n in (17, 19)]
+    for rank, bad in enumerate(pools.run(4, _matrix, cases, timeout=300)):
+        assert not bad, f"rank {rank}: {bad[:3]}"
