@@ -444,3 +444,20 @@ def test_timing_variants_at_uneven_n(pools):
              for layout in ("contiguous", "zigzag") for n in (17, 19)]
     for rank, bad in enumerate(pools.run(4, _matrix, cases, timeout=300)):
         assert not bad, f"rank {rank}: {bad[:3]}"
+
+
+def test_double_ring_on_2x3_and_3x2_at_uneven_n(pools):
+    """The double ring's receive shapes (each peer's schedule) and its per-link formula on grids that are
+    not square: W = 6 as 2 nodes x 3 ranks and 3 x 2, N = 6*2 + 1 and 6*3 + 5, and both backwards."""
+    heads = (6, 2)
+    cases = [(m, n, "zigzag", True, heads, "", {"node_size": ns})
+             for m in ("burst_double_ring", "burst_double_ring_no_overlap") for ns in (3, 2) for n in (13, 23)]
+    for rank, bad in enumerate(pools.run(6, _matrix, cases + _forced_backwards(), timeout=300)):
+        assert not bad, f"rank {rank}: {bad[:3]}"
+
+
+def _forced_backwards() -> list[tuple]:
+    """Both backwards on the double ring: burst_double_ring's auto picks the query side for MHA and the
+    key/value side for GQA (6 vs 1 kv heads), by bytes (volume.cheaper_backward)."""
+    return [("burst_double_ring", 17, "contiguous", True, (6, 6), "", {"node_size": 3}),     # MHA: query side
+            ("burst_double_ring", 17, "striped", False, (6, 1), "", {"node_size": 2})]       # GQA: key/value side
