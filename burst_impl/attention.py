@@ -32,8 +32,10 @@ They run on a transport built once per call before any byte is sent
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 
@@ -42,7 +44,7 @@ from .balance import resolve_layout
 from .comm import AccumulatorRing, circulate  # the ring helpers live in comm; re-exported
 from .kernels import (FLOAT_DTYPES, attn_backward, attn_forward, compute_delta, default_scale,
                       resolve_backend, stats_dtype)
-from .layout import check_seqlen
+from .layout import check_layout, check_seqlen, is_balanced_name, lengths
 from .plan import ALL, StepPlan, step_plan
 from .shape import AttnShape
 from .topology import transport as topology_transport
@@ -57,40 +59,117 @@ _DTYPE_NAMES = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES)
 def check_inputs(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous",
                  backward: str = "burst", softmax_scale: float | None = None, backend: str | None = None,
                  grad_comm_dtype: torch.dtype | None = None, group=None, causal: bool = False,
-                 mask=None) -> tuple[masks.Mask, object]:
+                 mask=None, **agree) -> tuple[masks.Mask, object]:
+    """``validate_call``'s resolved (mask, layout): the one validation every sequence-parallel method
+    calls first (see there)."""
+    c = validate_call(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale, backend=backend,
+                      grad_comm_dtype=grad_comm_dtype, group=group, causal=causal, mask=mask, **agree)
+    return c.mask, c.layout
+
+
+@dataclass(frozen=True)
+class Call:
+    """What ``validate_call`` settled: the resolved mask and layout, the global N and every rank's length."""
+
+    mask: masks.Mask
+    layout: object
+    seqlen: int
+    lengths: tuple[int, ...]
+
+
+def validate_call(q: Tensor, k: Tensor, v: Tensor, *, layout="contiguous", backward: str = "burst",
+                  softmax_scale: float | None = None, backend: str | None = None,
+                  grad_comm_dtype: torch.dtype | None = None, group=None, causal: bool = False, mask=None,
+                  method: str = "burst", options: dict | None = None, seqlen: int | None = None,
+                  checks: tuple = ()) -> Call:
     """Raise ValueError (naming parameter, value and rule) before any communication.
 
-    The one validation every sequence-parallel method calls first: tensors,
-    dtypes (float16, bfloat16, float32, float64), shapes, layout, backward
-    scheme, ``softmax_scale`` (finite, positive), ``grad_comm_dtype`` (a
-    floating dtype), ``backend`` (known, and able to run on the tensors'
-    device and dtype), membership of ``group``, and the mask (``masks.resolve``
-    for the global N = seq_local * G: window sizes, document boundaries, block
-    mask shape) with the layout it is split by (``"balanced"`` resolved for
-    that mask; N must split into its chunks). With ``comm.check_shapes``
-    on, the ranks of ``group`` also compare their shapes and outcomes (one
-    small all-gather), so uneven shards, or bad input on one rank only, raise
-    on every rank instead of hanging the first transfer.
-
-    Returns the resolved (mask, layout).
+    Local rules: tensors, dtypes (float16, bfloat16, float32, float64), shapes, layout, backward
+    scheme, ``softmax_scale`` (finite, positive), ``grad_comm_dtype`` (a floating dtype), ``backend``
+    (known, and able to run on the tensors' device and dtype), membership of ``group``. Then, with
+    ``comm.check_shapes`` on (the default), one all-gather of a fixed-size signature over ``group``
+    (``comm.agree_on_inputs``): every rank learns every rank's local length, so N, and the ranks must
+    agree on dtype, batch, heads, kv heads, head dim, causal, mask, softmax_scale, layout, backward,
+    grad_comm_dtype, backend, ``method`` and its ``options``, else the same ValueError on every
+    rank. Off: N is ``seqlen``, else seq_local x G. Then the rules that need N, identical on every
+    rank: the mask (``masks.resolve``: window sizes, document boundaries, block mask shape), the
+    layout (``"balanced"`` resolved), ``N >= number of chunks``, and each rank's length is the
+    layout's (``layout.lengths``). ``checks``: the method's own local rules (callables raising
+    ValueError), run with the local ones, before the agreement (so a rank that fails them is named
+    on every rank instead of leaving the others in the collective).
     """
-    _, world_size = comm.world(group)  # a non-member raises here, and must not join the shape check below
-    problem, resolved = None, (None, None)
+    rank, world_size = comm.world(group)  # a non-member raises here, and must not join the agreement below
+    problem = None
     try:
-        resolved = _check_local(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
-                                backend=backend, grad_comm_dtype=grad_comm_dtype, causal=causal, mask=mask,
-                                world_size=world_size)
+        _check_local(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale, backend=backend,
+                     grad_comm_dtype=grad_comm_dtype)
+        for check in checks:
+            check()
     except ValueError as e:
         problem = e
-    if comm.shape_check_enabled():
-        comm.agree_on_inputs(group, _signature(q, k, v), problem, _describe)
+    lens = None
+    if comm.shape_check_enabled() and world_size > 1:
+        values = _agreed_values(q, k, causal, mask, softmax_scale, layout, backward, grad_comm_dtype, backend,
+                                method, options, seqlen)
+        rows = comm.agree_on_inputs(group, [_hash(x) for x in values] + [_local_len(q)], problem, _describe,
+                                    names=AGREED + ("seq_local",), values=[_readable(x) for x in values] + [""],
+                                    vary=(len(AGREED),))
+        lens = tuple(row[-1] for row in rows)
     if problem is not None:
         raise problem
-    return resolved
+    n = sum(lens) if lens is not None else (seqlen if seqlen is not None else q.shape[1] * world_size)
+    the_mask, layout = _check_global(n, layout, causal, mask, world_size)
+    expected = lengths(layout, world_size, n)
+    # every rank's length (agreed), or this rank's alone (the check off: the caller vouches for the rest)
+    if lens is not None and lens != expected or lens is None and q.shape[1] != expected[rank]:
+        where = f"the ranks hold {lens}" if lens is not None else f"rank {rank} holds {q.shape[1]}"
+        raise ValueError(f"seq_local=q.shape[1]: {where} tokens, but layout={str(layout)!r} splits N={n} over "
+                         f"world_size={world_size} as {expected} (rank r must hold layout.lengths(...)[r] tokens: "
+                         "shard the inputs with burst_impl.layout.shard)")
+    if seqlen is not None and seqlen != n:
+        raise ValueError(f"seqlen={seqlen} must equal the sum of the ranks' seq_local, {n}")
+    return Call(the_mask, layout, n, expected)
 
 
-def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm_dtype, causal=False,
-                 mask=None, world_size=1):
+# What the ranks of a call must agree on (one signature slot each, in this order; then the local length).
+AGREED = ("dtype", "batch", "heads", "kv_heads", "head_dim", "causal", "mask", "softmax_scale", "layout",
+          "backward", "grad_comm_dtype", "backend", "method", "options", "seqlen")
+
+
+def _agreed_values(q, k, causal, mask, softmax_scale, layout, backward, grad_comm_dtype, backend, method,
+                   options, seqlen) -> list:
+    shape = tuple(q.shape) if isinstance(q, Tensor) and q.dim() == 4 else (None,) * 4
+    kv = k.shape[2] if isinstance(k, Tensor) and k.dim() == 4 else None
+    the_mask = getattr(mask, "key", mask)
+    return [getattr(q, "dtype", None), shape[0], shape[2], kv, shape[3], bool(causal), the_mask, softmax_scale,
+            getattr(layout, "chunks", layout), backward, grad_comm_dtype, backend, method,
+            sorted((options or {}).items()), seqlen]
+
+
+def _readable(value):
+    """What a disagreement message shows of an agreed value: options as a dict (its keys get named)."""
+    return {k: repr(v) for k, v in value} if isinstance(value, list) else repr(value)
+
+
+def _hash(value) -> int:
+    """A stable (process-independent) signed 63-bit hash of ``repr(value)``."""
+    return int.from_bytes(hashlib.blake2b(repr(value).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def _local_len(q) -> int:
+    return q.shape[1] if isinstance(q, Tensor) and q.dim() >= 2 else -1
+
+
+def _check_global(seqlen: int, layout, causal, mask, world_size: int):
+    """The rules that need N: the mask for N, the layout resolved for it, N >= its chunks."""
+    the_mask = masks.resolve(bool(causal), mask, seqlen)
+    layout = resolve_layout(layout, the_mask, seqlen, world_size)
+    # the layout (checked), its rank count and N >= its chunks, before any send
+    check_seqlen(seqlen, layout, world_size, name="N=sum of seq_local over the ranks")
+    return the_mask, layout
+
+
+def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm_dtype):
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}={type(t).__name__} must be a torch.Tensor (batch, seq_local, heads, head_dim)")
@@ -114,11 +193,8 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
         raise ValueError(f"backward={backward!r} is unknown; choose one of {BACKWARDS}")
     if q.shape[1] == 0:
         raise ValueError(f"seq_local=q.shape[1]={q.shape[1]} must be positive")
-    seqlen = q.shape[1] * world_size
-    the_mask = masks.resolve(bool(causal), mask, seqlen)
-    layout = resolve_layout(layout, the_mask, seqlen, world_size)
-    # the layout (checked), its rank count and N's split into its chunks, before any send
-    check_seqlen(seqlen, layout, world_size, name=f"N=seq_local*G=q.shape[1]*{world_size}")
+    if not is_balanced_name(layout):
+        check_layout(layout)
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real) \
                 or not math.isfinite(softmax_scale) or not softmax_scale > 0:
@@ -128,22 +204,10 @@ def _check_local(q, k, v, *, layout, backward, softmax_scale, backend, grad_comm
         raise ValueError(f"grad_comm_dtype={grad_comm_dtype!r} must be a floating torch.dtype: one of "
                          f"{_DTYPE_NAMES} (or None: fp32, fp64 for fp64 inputs)")
     resolve_backend(q.device, backend, q.dtype, q.shape[-1])
-    return the_mask, layout
-
-
-def _signature(q, k, v) -> list[int]:
-    """13 ints: the shapes of q, k, v (-1 where not a 4-D tensor) and the dtype's index."""
-    sig: list[int] = []
-    for t in (q, k, v):
-        dims = list(t.shape) if isinstance(t, torch.Tensor) and t.dim() == 4 else []
-        sig += dims + [-1] * (4 - len(dims))
-    dt = getattr(q, "dtype", None)
-    return sig + [FLOAT_DTYPES.index(dt) if dt in FLOAT_DTYPES else -1]
 
 
 def _describe(sig: list[int]) -> str:
-    shapes = ", ".join(f"{n} {tuple(sig[4 * i:4 * i + 4])}" for i, n in enumerate("qkv"))
-    return f"{shapes}, dtype {FLOAT_DTYPES[sig[12]] if sig[12] >= 0 else '?'}"
+    return ", ".join(f"{n} #{x}" for n, x in zip(AGREED + ("seq_local",), sig))
 
 
 # ---------------------------------------------------------------- numerics
@@ -260,8 +324,9 @@ def backward_tiles(plan: StepPlan, dout, q, k, v, lse, delta, scale, backend,
 class _Planner:
     """Plans of one call (mask, layout, N, G); counts the skipped pairs and live entries of this rank."""
 
-    def __init__(self, mask, layout, local_len: int, world_size: int):
-        self.args = (mask, layout, local_len * world_size, world_size)
+    def __init__(self, mask, layout, seqlen: int, world_size: int):
+        self.args = (mask, layout, seqlen, world_size)
+        self.lengths = lengths(layout, world_size, seqlen)   # every rank's shard length (blocks in flight)
         self.skipped = 0
         self.entries = 0
 
@@ -280,62 +345,65 @@ class _Planner:
 # ---------------------------------------------------------------- forward / backward
 
 
-def ring_forward(q, k, v, *, mask, scale, ring, layout, backend):
+def ring_forward(q, k, v, *, mask, scale, ring, layout, backend, seqlen):
     """-> (out (B,S,Z,d) in q.dtype, lse (B,Z,S) in the statistics dtype). ``ring``: the transport."""
-    plans = _Planner(mask, layout, q.shape[1], ring.size)
+    plans = _Planner(mask, layout, seqlen, ring.size)
     state = RowState(q)
 
     def on_block(step, owner, kv):
         forward_tiles(state, plans(ring.rank, owner), q, kv[0], kv[1], scale, backend)
         return None
 
-    circulate(ring, [k, v], "forward", ("k", "v"), on_block)
+    circulate(ring, [k, v], "forward", ("k", "v"), on_block,
+              shapes=comm.seq_shapes([k, v], (1, 1), plans.lengths))   # (B, S_owner, Zkv, d) blocks
     plans.note("forward")
     out, lse = state.result()
     return out.to(q.dtype), lse
 
 
-def burst_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype):
+def burst_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype, seqlen):
     """Query side circulates; dK, dV accumulate at home; dQ rides the second ring."""
-    plans = _Planner(mask, layout, q.shape[1], ring.size)
+    plans = _Planner(mask, layout, seqlen, ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)  # (B, Z, S); travels instead of O
     dk = GradAcc(k, acc, torch.zeros_like(k, dtype=acc))
     dv = GradAcc(v, acc, torch.zeros_like(v, dtype=acc))
-    dq_ring = AccumulatorRing(ring, ("dq",), [q], grad_dtype, acc)
+    dq_ring = AccumulatorRing(ring, ("dq",), [q], grad_dtype, acc, shapes=comm.seq_shapes([q], (1,), plans.lengths))
 
     def on_block(step, owner, qside):
         q_j, do_j, lse_j, delta_j = qside
         plan = plans(owner, ring.rank)
         if plan.empty:
             return None
-        dq = GradAcc(q, acc)
+        dq = GradAcc(q_j, acc)   # (B, S_owner, Z, d): the visiting block's length
         backward_tiles(plan, do_j, q_j, k, v, lse_j, delta_j, scale, backend, dq, dk, dv)
         return [dq.t]
 
-    (dq,) = circulate(ring, [q, dout, lse, delta], "backward", ("q", "dout", "lse", "delta"), on_block,
-                      acc=dq_ring)
+    bundle = [q, dout, lse, delta]    # (B, S, Z, d) x2, (B, Z, S) x2
+    (dq,) = circulate(ring, bundle, "backward", ("q", "dout", "lse", "delta"), on_block,
+                      acc=dq_ring, shapes=comm.seq_shapes(bundle, (1, 1, 2, 2), plans.lengths))
     plans.note("backward")
     return dq, dk.t, dv.t
 
 
-def kv_ring_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype):
+def kv_ring_backward(dout, q, k, v, out, lse, *, mask, scale, ring, layout, backend, grad_dtype, seqlen):
     """Key/value side circulates; dQ accumulates at home; dK, dV ride the second ring."""
-    plans = _Planner(mask, layout, q.shape[1], ring.size)
+    plans = _Planner(mask, layout, seqlen, ring.size)
     acc = stats_dtype(q.dtype)
     delta = compute_delta(dout, out)
     dq = GradAcc(q, acc, torch.zeros_like(q, dtype=acc))
-    dkv_ring = AccumulatorRing(ring, ("dk", "dv"), [k, v], grad_dtype, acc)
+    kv_shapes = comm.seq_shapes([k, v], (1, 1), plans.lengths)   # (B, S_owner, Zkv, d) blocks
+    dkv_ring = AccumulatorRing(ring, ("dk", "dv"), [k, v], grad_dtype, acc, shapes=kv_shapes)
 
     def on_block(step, owner, kv):
         plan = plans(ring.rank, owner)
         if plan.empty:
             return None
-        dk, dv = GradAcc(k, acc), GradAcc(v, acc)
+        dk, dv = GradAcc(kv[0], acc), GradAcc(kv[1], acc)
         backward_tiles(plan, dout, q, kv[0], kv[1], lse, delta, scale, backend, dq, dk, dv)
         return [dk.t, dv.t]
 
-    dk, dv = circulate(ring, [k, v], "backward", ("k", "v"), on_block, acc=dkv_ring)
+    dk, dv = circulate(ring, [k, v], "backward", ("k", "v"), on_block, acc=dkv_ring, shapes=kv_shapes)
     plans.note("backward")
     return dq.t, dk, dv
 
@@ -352,12 +420,12 @@ def resolve_backward(backward: str, q: Tensor, k: Tensor, world_size: int, grad_
 
 class _BurstAttnFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, scale, ring, layout, backward, backend, grad_dtype):
+    def forward(ctx, q, k, v, mask, scale, ring, layout, backward, backend, grad_dtype, seqlen):
         out, lse = ring_forward(q, k, v, mask=mask, scale=scale, ring=ring, layout=layout,
-                                backend=backend)
+                                backend=backend, seqlen=seqlen)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.cfg = dict(mask=mask, scale=scale, ring=ring, layout=layout, backend=backend,
-                       grad_dtype=grad_dtype)
+                       grad_dtype=grad_dtype, seqlen=seqlen)
         ctx.backward_name = backward
         ctx.mark_non_differentiable(lse)
         return out, lse
@@ -366,14 +434,15 @@ class _BurstAttnFn(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = BACKWARD_FNS[ctx.backward_name](dout, q, k, v, out, lse, **ctx.cfg)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None, None
 
 
 def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask=None,
                     softmax_scale: float | None = None, group=None, layout="contiguous",
                     backward: str = "auto", backend: str | None = None,
                     grad_comm_dtype: torch.dtype | None = None, return_lse: bool = False,
-                    topology: str = "flat", node_size: int | None = None, overlap: bool = True):
+                    topology: str = "flat", node_size: int | None = None, overlap: bool = True,
+                    seqlen: int | None = None):
     """BurstAttention on local shards.
 
     q (B, N/G, Z, d), k and v (B, N/G, Zkv, d), Z a multiple of Zkv, each rank
@@ -395,11 +464,14 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, ma
     (dQ for "burst", dK/dV for "ring"); None (default) means fp32, or fp64 for
     fp64 inputs, so that G partial sums do not lose precision in bf16.
 
-    Every rank of ``group`` must hold shards of the same shape. A rank cannot
-    see a mismatch (e.g. N=10 over 3 ranks split 4/3/3) without asking the
-    others, so by default it is not checked and the first transfer hangs until
-    the process-group timeout; ``comm.check_shapes(True)`` turns on a check
-    (one small all-gather per call) that raises ValueError on every rank.
+    Any N >= the layout's chunks (``burst_impl.layout``: shards of uneven N
+    differ by at most a token per chunk; rank r holds ``layout.lengths(layout,
+    G, N)[r]`` tokens). Before the first byte the ranks agree on their inputs
+    (``validate_call``: one small all-gather per call, which also gives every
+    rank every shard's length); disagreement is the same ValueError on every
+    rank. ``comm.check_shapes(False)`` skips it for callers that guarantee
+    agreement: then N is ``seqlen`` (required for uneven shards), else
+    seq_local x G.
     If a block computation raises on one rank, that rank finishes its part of
     the ring transfers and then raises; its peers complete without error (and
     without its contribution), and the group stays usable.
@@ -415,9 +487,9 @@ def burst_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, ma
     """
     c = _prepare(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group, layout=layout,
                  backward=backward, backend=backend, grad_comm_dtype=grad_comm_dtype, topology=topology,
-                 node_size=node_size, overlap=overlap)
+                 node_size=node_size, overlap=overlap, seqlen=seqlen)
     out, lse = _BurstAttnFn.apply(q, k, v, c["mask"], c["scale"], c["ring"], c["layout"], c["backward"],
-                                  c["backend"], c["grad_dtype"])
+                                  c["backend"], c["grad_dtype"], c["seqlen"])
     return (out, lse) if return_lse else out
 
 
@@ -425,29 +497,31 @@ def burst_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         causal: bool = False, mask=None, softmax_scale: float | None = None, group=None,
                         layout="contiguous", backward: str = "auto", backend: str | None = None,
                         grad_comm_dtype: torch.dtype | None = None, topology: str = "flat",
-                        node_size: int | None = None, overlap: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+                        node_size: int | None = None, overlap: bool = True, seqlen: int | None = None
+                        ) -> tuple[Tensor, Tensor, Tensor]:
     """The operator's backward from a saved forward: (dq, dk, dv) of ``burst_attn_func`` with the same
     keywords, given its ``out`` and ``lse`` (as ``return_lse=True`` gives them), without autograd. For
     callers that keep (out, lse) themselves, e.g. sequence-level checkpointing (burst_impl.model.checkpoint)."""
     c = _prepare(q, k, v, causal=causal, mask=mask, softmax_scale=softmax_scale, group=group, layout=layout,
                  backward=backward, backend=backend, grad_comm_dtype=grad_comm_dtype, topology=topology,
-                 node_size=node_size, overlap=overlap)
+                 node_size=node_size, overlap=overlap, seqlen=seqlen)
     name = c.pop("backward")
     dq, dk, dv = BACKWARD_FNS[name](dout, q, k, v, out, lse, **c)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def _prepare(q, k, v, *, causal, mask, softmax_scale, group, layout, backward, backend, grad_comm_dtype,
-             topology, node_size, overlap) -> dict:
+             topology, node_size, overlap, seqlen=None) -> dict:
     """Everything the forward and the backward need, settled before any byte is sent: inputs validated
     (``check_inputs``), the transport, scale, gradient dtype and the backward scheme (``auto`` resolved,
     and noted). Keys: the keywords of ``BACKWARD_FNS`` plus ``backward``."""
-    the_mask, layout = check_inputs(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale,
-                                    backend=backend, grad_comm_dtype=grad_comm_dtype, group=group, causal=causal,
-                                    mask=mask)
+    opts = dict(topology=topology, node_size=getattr(node_size, "node", node_size), overlap=overlap)
+    call = validate_call(q, k, v, layout=layout, backward=backward, softmax_scale=softmax_scale, backend=backend,
+                         grad_comm_dtype=grad_comm_dtype, group=group, causal=causal, mask=mask, method="burst",
+                         options=opts, seqlen=seqlen)
     ring = topology_transport(group, topology, node_size, overlap=overlap)
     grad_dtype = grad_comm_dtype if grad_comm_dtype is not None else stats_dtype(q.dtype)
     chosen = resolve_backward(backward, q, k, ring.size, grad_dtype)
     comm.note("burst.backward", chosen)
-    return dict(mask=the_mask, scale=default_scale(q.shape[-1], softmax_scale), ring=ring, layout=layout,
-                backend=backend, grad_dtype=grad_dtype, backward=chosen)
+    return dict(mask=call.mask, scale=default_scale(q.shape[-1], softmax_scale), ring=ring, layout=call.layout,
+                backend=backend, grad_dtype=grad_dtype, backward=chosen, seqlen=call.seqlen)

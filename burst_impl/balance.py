@@ -30,7 +30,7 @@ import functools
 
 import torch
 
-from .layout import BALANCED, ChunkLayout, check_layout, is_balanced_name, positions
+from .layout import BALANCED, ChunkLayout, check_layout, chunk_bounds, is_balanced_name, positions
 from .masks import Mask
 
 Tensor = torch.Tensor
@@ -64,9 +64,11 @@ def balance_report(mask: Mask, layout, seqlen: int, world_size: int) -> dict:
 
 
 def chunk_work(mask: Mask, seqlen: int, n_chunks: int) -> tuple[Tensor, Tensor]:
-    """(row work, column work) of each of ``n_chunks`` equal chunks, float64."""
-    rows = mask.row_counts(seqlen).double().reshape(n_chunks, -1).sum(1)
-    cols = mask.col_counts(seqlen).double().reshape(n_chunks, -1).sum(1)
+    """(row work, column work) of each of ``n_chunks`` chunks (``layout.chunk_bounds``: lengths differ by at
+    most one token), float64."""
+    sizes = [b - a for a, b in chunk_bounds(seqlen, n_chunks)]
+    rows = torch.stack([c.sum() for c in mask.row_counts(seqlen).double().split(sizes)])
+    cols = torch.stack([c.sum() for c in mask.col_counts(seqlen).double().split(sizes)])
     return rows, cols
 
 
@@ -146,10 +148,10 @@ def balanced_layout(mask: Mask, seqlen: int, world_size: int, per_rank: int = DE
     if isinstance(per_rank, bool) or not isinstance(per_rank, int) or per_rank <= 0:
         raise ValueError(f"layout='balanced:{per_rank}': chunks per rank must be a positive integer")
     n = world_size * per_rank
-    if seqlen <= 0 or seqlen % n:
-        raise ValueError(f"layout='balanced:{per_rank}' cannot split seqlen={seqlen} evenly: it needs a multiple "
-                         f"of {n} ({per_rank} chunks per rank x world_size={world_size}); choose another N or "
-                         f"'balanced:K' with K*G dividing N")
+    if seqlen < n:
+        raise ValueError(f"layout='balanced:{per_rank}' cannot split seqlen={seqlen}: the rule is seqlen >= number "
+                         f"of chunks = {n} ({per_rank} chunks per rank x world_size={world_size}), so that every "
+                         f"chunk holds a token; choose a longer N or 'balanced:K' with K*G <= N")
     return _balanced(mask, seqlen, world_size, per_rank)
 
 

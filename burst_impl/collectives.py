@@ -44,12 +44,18 @@ def _ring_link(group, nodes: Nodes | None) -> str:
 
 
 def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str, kind: str,
-                nodes: Nodes | None = None) -> Tensor:
+                nodes: Nodes | None = None, scatter_sizes=None, gather_sizes=None) -> Tensor:
     """Split ``x`` in G parts along ``scatter_dim``, send part j to rank j, concatenate
-    the received parts along ``gather_dim`` in rank order. Not differentiable."""
+    the received parts along ``gather_dim`` in rank order. Not differentiable.
+
+    ``scatter_sizes``/``gather_sizes`` (G ints each, the same on every rank): part j's length along
+    ``scatter_dim``, and the length along ``gather_dim`` of the part rank j sends here (uneven
+    sequence shards); None: G equal parts, and every received part shaped like the sent ones."""
     G = _size(group)
     if G == 1:
         return x
+    if scatter_sizes is not None or gather_sizes is not None:
+        return _all_to_all_uneven(x, scatter_dim, gather_dim, group, phase, kind, nodes, scatter_sizes, gather_sizes)
     if x.shape[scatter_dim] % G:
         raise ValueError(f"x.shape[{scatter_dim}]={x.shape[scatter_dim]} must be divisible by the group size {G}")
     # (G, ...) with the part for rank j at index j, contiguous for all_to_all_single.
@@ -63,6 +69,35 @@ def all_to_all_(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str,
     return torch.cat(recv.unbind(0), dim=gather_dim)
 
 
+def _all_to_all_uneven(x: Tensor, scatter_dim: int, gather_dim: int, group, phase: str, kind: str,
+                       nodes: Nodes | None, scatter_sizes, gather_sizes) -> Tensor:
+    """``all_to_all_`` with parts of different lengths (lists of tensors instead of one stacked buffer);
+    the bytes counted are those of the parts sent to the other ranks, by the peer's link class."""
+    rank, G = comm.world(group)
+    if scatter_sizes is None:
+        if x.shape[scatter_dim] % G:
+            raise ValueError(f"x.shape[{scatter_dim}]={x.shape[scatter_dim]} must be divisible by the group size {G}")
+        scatter_sizes = [x.shape[scatter_dim] // G] * G
+    send = [p.contiguous() for p in x.split(list(scatter_sizes), dim=scatter_dim)]   # part j for rank j
+    recv = []
+    for j in range(G):   # rank j's part: our shape with its scatter-dim length, its gather-dim length
+        shape = list(send[rank].shape)
+        if gather_sizes is not None:
+            shape[gather_dim] = gather_sizes[j]
+        recv.append(torch.empty(shape, dtype=x.dtype, device=x.device))
+    nodes = nodes or Nodes.of(group)
+    by_link = {"intra": 0, "inter": 0}
+    for j in range(G):
+        if j != rank:
+            by_link["intra" if nodes.node[j] == nodes.node[rank] else "inter"] += comm.nbytes(send[j])
+    comm.record_split(phase, kind, by_link)
+    if dist.get_backend(group) == "gloo":
+        _all_to_all_receive_first(recv, send, group)
+    else:
+        dist.all_to_all(recv, send, group=group)
+    return torch.cat(recv, dim=gather_dim)
+
+
 def _all_to_all_receive_first(recv: Tensor, send: Tensor, group) -> None:
     """``all_to_all_single`` on gloo as point-to-point messages, every receive posted before any send.
 
@@ -70,7 +105,8 @@ def _all_to_all_receive_first(recv: Tensor, send: Tensor, group) -> None:
     r-i; for the pair (r, r+G/2) that is a send posted before the peer's receive, which serialises
     the pair's two directions (see ``burst_impl.comm.Channel.start``); this order reaches the link
     rate (measured: docs/findings.md, gloo posting order). Same bytes,
-    same pieces (piece j of ``send`` to group rank j, piece j of ``recv`` from it)."""
+    same pieces (piece j of ``send`` to group rank j, piece j of ``recv`` from it; ``send``/``recv`` may be
+    lists of pieces of different shapes)."""
     rank, G = comm.world(group)
     recv[rank].copy_(send[rank])
     peers = [(rank + i) % G for i in range(1, G)]
@@ -122,20 +158,22 @@ def all_reduce_(x: Tensor, group, phase: str, kind: str, nodes: Nodes | None = N
 
 class _AllToAll(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, scatter_dim, gather_dim, group, kind, grad_kind, nodes):
-        ctx.cfg = (scatter_dim, gather_dim, group, grad_kind, nodes)
-        return all_to_all_(x, scatter_dim, gather_dim, group, "forward", kind, nodes)
+    def forward(ctx, x, scatter_dim, gather_dim, group, kind, grad_kind, nodes, scatter_sizes, gather_sizes):
+        ctx.cfg = (scatter_dim, gather_dim, group, grad_kind, nodes, scatter_sizes, gather_sizes)
+        return all_to_all_(x, scatter_dim, gather_dim, group, "forward", kind, nodes, scatter_sizes, gather_sizes)
 
     @staticmethod
     def backward(ctx, g):
-        scatter_dim, gather_dim, group, grad_kind, nodes = ctx.cfg
-        # The transpose of an all-to-all is the all-to-all with the dims swapped.
-        return all_to_all_(g, gather_dim, scatter_dim, group, "backward", grad_kind, nodes), *([None] * 6)
+        scatter_dim, gather_dim, group, grad_kind, nodes, scatter_sizes, gather_sizes = ctx.cfg
+        # The transpose of an all-to-all is the all-to-all with the dims (and the split sizes) swapped.
+        return all_to_all_(g, gather_dim, scatter_dim, group, "backward", grad_kind, nodes, gather_sizes,
+                           scatter_sizes), *([None] * 8)
 
 
 def all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group=None, *, kind: str,
-               grad_kind: str, nodes: Nodes | None = None) -> Tensor:
-    return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind, nodes)
+               grad_kind: str, nodes: Nodes | None = None, scatter_sizes=None, gather_sizes=None) -> Tensor:
+    """Differentiable ``all_to_all_`` (split sizes as there)."""
+    return _AllToAll.apply(x, scatter_dim, gather_dim, group, kind, grad_kind, nodes, scatter_sizes, gather_sizes)
 
 
 def _dual_pair(forward_fn, backward_fn, name: str):

@@ -177,27 +177,30 @@ def global_rank(group, group_rank: int) -> int:
     return dist.get_global_rank(group, group_rank)
 
 
-# ---------------------------------------------------------------- opt-in cross-rank shape check
+# ---------------------------------------------------------------- cross-rank agreement (on by default)
 
-_check_shapes = False
+_check_shapes = True
 
 
 class check_shapes:
-    """Turn the cross-rank shape check of every ring / all-to-all method on or off.
+    """Turn the cross-rank agreement check of every ring / all-to-all method on (default) or off.
 
-    A rank cannot see from its own shard that another rank holds a shard of a
-    different length (e.g. N=10 over 3 ranks split 4/3/3): each rank's local
-    checks pass and the first transfer then hangs until the process-group
-    timeout. With the check on, the shared input validation
-    (``burst_impl.attention.check_inputs``) all-gathers every rank's shapes
-    and dtype (14 integers per rank, not counted by ``count_bytes``: it is a
-    check, not the method's traffic) before the first send, and every rank
-    raises the same ValueError if they differ, or if any rank's inputs failed
-    its local checks. Off by default (it is one extra collective per call);
-    the experiment worker turns it on.
+    A rank cannot see from its own inputs what the other ranks hold: how long
+    their shards are (N = 10 over 3 ranks is 4/3/3), or whether they passed
+    the same dtype, heads, mask, scale, layout or options. With the check on,
+    the shared input validation (``burst_impl.attention.validate_call``)
+    all-gathers a fixed-size int64 signature of every rank's call (17 ints
+    per rank: hashes of the non-length parameters and the local length; not
+    counted by ``count_bytes``: it is a check, not the method's traffic)
+    before the first send. Every rank then knows every shard's length (so N),
+    and raises the same ValueError, naming the parameter and each rank's
+    value, if they disagree or if any rank's inputs failed its local checks;
+    the group stays usable. Off, each rank takes N from ``seqlen=`` (where
+    the method takes it) or as seq_local x G (even shards): for callers that
+    guarantee agreement and want to save the collective.
 
-        comm.check_shapes(True)            # from now on
-        with comm.check_shapes(True): ...  # inside the block only
+        comm.check_shapes(False)            # from now on
+        with comm.check_shapes(False): ...  # inside the block only
     """
 
     def __init__(self, enabled: bool = True):
@@ -216,17 +219,27 @@ def shape_check_enabled() -> bool:
     return _check_shapes
 
 
-def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, describe: Callable[[list[int]], str]
-                    ) -> None:
-    """All-gather ``signature`` (ints) and this rank's validation outcome over ``group``; ValueError
-    on every rank unless every rank passed and all signatures are equal. Not counted."""
+def _device_of(group) -> torch.device:
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, describe: Callable[[list[int]], str],
+                    *, names: Sequence[str] | None = None, values: Sequence[str] | None = None,
+                    vary: Sequence[int] = ()) -> list[list[int]]:
+    """All-gather ``signature`` (ints, the same count on every rank) and this rank's validation outcome
+    over ``group``; ValueError on every rank unless every rank passed and the signatures agree outside
+    the slots ``vary`` (e.g. the local length). Returns every rank's signature (rank order). Not counted.
+
+    ``names``/``values``: the parameter name and this rank's readable value of each slot (a string, or a
+    dict of named options, of which the differing keys are named); on a
+    disagreement the readable values of the differing slots are gathered too (an error path only), so
+    the message names the parameter and every rank's value, identically on every rank."""
     _, size = world(group)
     if size == 1:
-        return
-    device = torch.device("cpu")
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    mine = torch.tensor([0 if problem is None else 1, *signature], dtype=torch.int64, device=device)
+        return [list(signature)]
+    mine = torch.tensor([0 if problem is None else 1, *signature], dtype=torch.int64, device=_device_of(group))
     every = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
     rows = [t.cpu().tolist() for t in every]
@@ -234,10 +247,26 @@ def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, 
     if bad and problem is None:
         raise ValueError(f"inputs rejected on rank(s) {bad} of the group (see the ValueError there); "
                          "nothing was sent")
-    if not bad and any(row != rows[0] for row in rows):
+    differ = [i for i in range(len(signature)) if i not in vary and any(row[i + 1] != rows[0][i + 1] for row in rows)]
+    if bad or not differ:
+        return [row[1:] for row in rows]
+    if names is None or values is None:
         per_rank = "; ".join(f"rank {r}: {describe(row[1:])}" for r, row in enumerate(rows))
         raise ValueError(f"local shapes or dtypes differ across the ranks of the group ({per_rank}); every "
                          "rank must hold a shard of the same shape (the global sequence must split evenly)")
+    readable = [None] * size
+    dist.all_gather_object(readable, [values[i] for i in differ], group=group)
+    parts = []
+    for j, i in enumerate(differ):
+        got = [readable[r][j] for r in range(size)]
+        if all(isinstance(x, dict) for x in got):   # method options: name the keys that differ
+            keys = sorted({key for x in got for key in x if any(y.get(key, "?") != x.get(key, "?") for y in got)})
+            parts += [f"{names[i]}.{key}: " + ", ".join(f"rank {r}: {x.get(key, '(none)')}" for r, x in enumerate(got))
+                      for key in keys]
+        else:
+            parts.append(f"{names[i]}: " + ", ".join(f"rank {r}: {x}" for r, x in enumerate(got)))
+    raise ValueError("the ranks of the group disagree on " + "; ".join(parts) + " (every rank must pass the same "
+                     "value; nothing was sent)")
 
 
 # ---------------------------------------------------------------- point-to-point channels
@@ -260,9 +289,12 @@ class Channel:
     def __init__(self, group, dst: int, src: int, link: str, tag: int = 0):
         self.group, self.dst, self.src, self.link, self.tag = group, dst, src, link, tag
 
-    def start(self, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str]) -> "Pending":
+    def start(self, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str],
+              recv_shapes: Sequence[Sequence[int]] | None = None) -> "Pending":
         tensors = [t.contiguous() for t in tensors]
-        recv = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+        # what arrives is the peer's block, which may be a token longer or shorter than ours (uneven N)
+        recv = [torch.empty(tuple(shape), dtype=t.dtype, device=t.device)
+                for t, shape in zip(tensors, recv_shapes or [t.shape for t in tensors])]
         # Receives first, then sends. NCCL groups the batch, so the order is free there; gloo posts the
         # operations one by one, and when two ranks exchange with each other (a ring of 2: the double
         # ring's outer ring over 2 nodes, USP's ring over 2 groups) a send posted before its peer's
@@ -345,13 +377,22 @@ class Transport:
     write: dict[str, Channel]
     description: str = ""
 
-    def post(self, channel: Channel, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str]) -> Pending:
-        pending = channel.start(tensors, phase, kinds)
+    def post(self, channel: Channel, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str],
+             recv_shapes: Sequence[Sequence[int]] | None = None) -> Pending:
+        # even shards: the 3-argument call (receive buffers shaped like the sent tensors)
+        pending = channel.start(tensors, phase, kinds) if recv_shapes is None else \
+            channel.start(tensors, phase, kinds, recv_shapes)
         if not self.overlap:
             pending.wait()
         return pending
 
     def owner(self, step: int) -> int:
+        raise NotImplementedError
+
+    def src_owner(self, channel: str, step: int) -> int:
+        """The owner of the block (or of the accumulator) that arrives on ``channel`` when it is posted at
+        ``step`` (``size + i``: the i-th route of ``acc_finish``): what the sending peer holds then. With
+        uneven shards it sizes the receive buffers."""
         raise NotImplementedError
 
     def bundle_posts(self, step: int) -> tuple[str, ...]:
@@ -393,6 +434,9 @@ class Ring(Transport):
     def owner(self, step: int) -> int:
         return (self.rank - step) % self.size
 
+    def src_owner(self, channel: str, step: int) -> int:
+        return (self.rank - 1 - step) % self.size   # rank-1 sends what it holds at this step
+
     def bundle_posts(self, step: int) -> tuple[str, ...]:
         return ("next",) if step < self.size - 1 else ()
 
@@ -425,32 +469,36 @@ class AccumulatorRing:
     """
 
     def __init__(self, ring: Transport, kinds: Sequence[str], like: Sequence[Tensor], dtype,
-                 acc_dtype=torch.float32):
+                 acc_dtype=torch.float32, shapes: Callable[[int], list] | None = None):
         self.ring, self.kinds, self.dtype, self.acc_dtype = ring, kinds, dtype, acc_dtype
         self.like = like
+        # owner -> shapes of that block's accumulators (uneven shards); None: every block is like ``like``
+        self.shapes = shapes
         self.own: list[Tensor] | None = None
         self.kept: list[Tensor] | None = None
         self.pending: dict[str, Pending] = {}
 
-    def _sum(self, route: AccRoute, grads: list[Tensor] | None) -> list[Tensor]:
+    def _sum(self, route: AccRoute, grads: list[Tensor] | None, owner: int) -> list[Tensor]:
         parts = [self.pending.pop(ch).wait() for ch in route.takes]
         if route.kept:
             parts.append(self.kept)
             self.kept = None
         if not parts:
             return [g.to(self.dtype) for g in grads] if grads is not None else \
-                [torch.zeros_like(t, dtype=self.dtype) for t in self.like]
+                [torch.zeros(shape, dtype=self.dtype, device=t.device) for t, shape in
+                 zip(self.like, self.shapes(owner) if self.shapes else [t.shape for t in self.like])]
         acc = parts[0]
         for extra in parts[1:] + ([grads] if grads is not None else []):
             acc = [a.add_(x) for a, x in zip(acc, extra)]
         return acc
 
-    def _dispatch(self, then: str, acc: list[Tensor]) -> None:
+    def _dispatch(self, then: str, acc: list[Tensor], step: int) -> None:
         if then == "keep":
             self.kept = acc
             return
         assert then not in self.pending, f"accumulator channel {then!r} already has a transfer in flight"
-        self.pending[then] = self.ring.post(self.ring.write[then], acc, "backward", self.kinds)
+        self.pending[then] = self.ring.post(self.ring.write[then], acc, "backward", self.kinds,
+                                            self.shapes(self.ring.src_owner(then, step)) if self.shapes else None)
 
     def push(self, step: int, grads: list[Tensor] | None) -> None:
         """This rank's contribution to the block visiting at ``step`` (None: no work)."""
@@ -458,13 +506,13 @@ class AccumulatorRing:
         if route.then == "own":
             self.own = grads
             return
-        self._dispatch(route.then, self._sum(route, grads))
+        self._dispatch(route.then, self._sum(route, grads, self.ring.owner(step)), step)
 
     def finish(self) -> list[Tensor]:
         """Totals for this rank's own block, in ``acc_dtype``."""
-        for route in self.ring.acc_finish():
-            if route.then != "own":
-                self._dispatch(route.then, self._sum(route, None))
+        for i, route in enumerate(self.ring.acc_finish()):
+            if route.then != "own":   # parts always arrive here (a finishing route never starts a sum)
+                self._dispatch(route.then, self._sum(route, None, self.ring.rank), self.ring.size + i)
                 continue
             own = self.own if self.own is not None else [torch.zeros_like(t, dtype=self.acc_dtype) for t in self.like]
             own = [o.to(self.acc_dtype) for o in own]
@@ -483,8 +531,12 @@ class AccumulatorRing:
 
 def circulate(ring: Transport, bundle: list[Tensor], phase: str, kinds: Sequence[str],
               on_block: Callable[[int, int, list[Tensor]], list[Tensor] | None],
-              acc: AccumulatorRing | None = None) -> list[Tensor] | None:
+              acc: AccumulatorRing | None = None, shapes: Callable[[int], list] | None = None
+              ) -> list[Tensor] | None:
     """Visit the G blocks of ``bundle``: ``on_block(step, owner, tensors)``; returns ``acc.finish()``.
+
+    ``shapes(owner)``: the shapes of that owner's block of the bundle, where the shards differ in length
+    (uneven N; ``seq_shapes``); None: every block has this rank's shapes.
 
     Step s holds the block of ``ring.owner(s)`` (flat ring: rank (rank - s)
     mod G). The transfers that bring the next blocks are posted before
@@ -509,7 +561,8 @@ def circulate(ring: Transport, bundle: list[Tensor], phase: str, kinds: Sequence
         for step in range(ring.size):
             for name in ring.bundle_posts(step):
                 assert name not in pending, f"read channel {name!r} already has a transfer in flight"
-                pending[name] = ring.post(ring.read[name], bundle, phase, kinds)
+                pending[name] = ring.post(ring.read[name], bundle, phase, kinds,
+                                          shapes(ring.src_owner(name, step)) if shapes else None)
             contrib = None
             if error is None:
                 try:
@@ -531,3 +584,22 @@ def circulate(ring: Transport, bundle: list[Tensor], phase: str, kinds: Sequence
     if error is not None:
         raise error
     return result
+
+
+def seq_shapes(tensors: Sequence[Tensor], seq_dims: Sequence[int], lengths: Sequence[int]
+               ) -> Callable[[int], list] | None:
+    """``owner -> shapes`` of ``tensors``' block held by ``owner``, whose sequence dimension (``seq_dims``,
+    e.g. 1 for (B, S, Z, d), 2 for lse (B, Z, S)) is ``lengths[owner]`` long; None when all lengths are equal
+    (every block then has this rank's shapes)."""
+    if len(set(lengths)) <= 1:
+        return None
+    base = [list(t.shape) for t in tensors]
+
+    def shapes(owner: int) -> list:
+        out = []
+        for shape, dim in zip(base, seq_dims):
+            shape = list(shape)
+            shape[dim] = lengths[owner]
+            out.append(shape)
+        return out
+    return shapes

@@ -18,6 +18,17 @@ takes a named layout or a ChunkLayout.
 
 ``runs`` cuts a rank's positions into arithmetic runs (``masks.Run``), which
 is what the masks classify (``burst_impl.plan``).
+
+Any N. A sequence of N tokens cut into C chunks gives chunk i
+``N // C + (1 if i < N % C else 0)`` tokens (``chunk_bounds``: the
+``torch.tensor_split`` rule), so chunk lengths differ by at most one token
+and every layout is defined for every N >= C (C = chunks per rank x G; G for
+striped, where rank r holds ``ceil((N - r) / G)`` tokens). Zigzag's extra
+tokens go to chunks 0, 1, ... (ranks 0, 1, ..., then ranks G-1, G-2, ... for
+their second chunk), so rank lengths differ by at most one as well.
+N < C (a chunk, or a rank, without tokens) is a ValueError naming the rule
+``seqlen >= C``. ``lengths`` gives every rank's length for N: what each
+rank of a ring needs to know to receive a block of another rank.
 """
 from __future__ import annotations
 
@@ -68,6 +79,9 @@ def is_balanced_name(layout) -> bool:
 
 
 def check_layout(layout) -> None:
+    if isinstance(layout, GroupedLayout):
+        check_layout(layout.base)
+        return
     if isinstance(layout, ChunkLayout):
         layout.validate()
         return
@@ -79,6 +93,8 @@ def check_layout(layout) -> None:
 
 
 def chunks_per_rank(layout) -> int:
+    if isinstance(layout, GroupedLayout):
+        return chunks_per_rank(layout.base) * layout.degree
     check_layout(layout)
     if isinstance(layout, ChunkLayout):
         return layout.per_rank
@@ -86,15 +102,58 @@ def chunks_per_rank(layout) -> int:
 
 
 def check_seqlen(seqlen: int, layout, world_size: int, *, name: str = "seqlen") -> None:
-    """ValueError unless a global sequence of ``seqlen`` splits as ``layout`` needs."""
-    if isinstance(layout, ChunkLayout) and layout.world_size != world_size:
+    """ValueError unless a global sequence of ``seqlen`` splits as ``layout`` needs: every chunk (every
+    rank, for striped) gets at least one token, ``seqlen >= chunks per rank x world_size``."""
+    if isinstance(layout, (ChunkLayout, GroupedLayout)) and layout.world_size != world_size:
         raise ValueError(f"layout={layout} assigns chunks to {layout.world_size} ranks, not world_size={world_size}")
+    if isinstance(layout, GroupedLayout):
+        check_seqlen(seqlen, layout.base, layout.base_world_size, name=name)
+        return
     n_chunks = chunks_per_rank(layout) * world_size
-    if seqlen % n_chunks != 0 or seqlen <= 0:
+    if isinstance(seqlen, bool) or not isinstance(seqlen, int) or seqlen < n_chunks:
         raise ValueError(
-            f"{name}={seqlen} must be a positive multiple of {n_chunks} "
-            f"({chunks_per_rank(layout)} chunk(s) per rank x world_size={world_size}) for layout={str(layout)!r}"
+            f"{name}={seqlen} must be >= {n_chunks} ({chunks_per_rank(layout)} chunk(s) per rank x "
+            f"world_size={world_size}) for layout={str(layout)!r}: the rule is seqlen >= number of chunks, "
+            "so that every chunk (and every rank) holds at least one token"
         )
+
+
+def check_even(seqlen: int, layout, world_size: int, *, who: str, name: str = "seqlen") -> None:
+    """ValueError unless ``seqlen`` splits into the layout's chunks exactly: for the methods whose
+    collectives take equal shards (TP-V3's all-gather, the peer adapters), not for the ring and
+    all-to-all methods, which take any N >= the chunks (issue 22)."""
+    check_seqlen(seqlen, layout, world_size, name=name)
+    n_chunks = chunks_per_rank(layout) * world_size
+    if seqlen % n_chunks:
+        raise ValueError(f"{name}={seqlen} must be a multiple of {n_chunks} ({chunks_per_rank(layout)} chunk(s) per "
+                         f"rank x world_size={world_size}) for {who}: its collectives take equal shards (burst, "
+                         f"ring, ring_rsa, ulysses and usp take any N >= {n_chunks})")
+
+
+def chunk_bounds(seqlen: int, n_chunks: int) -> list[tuple[int, int]]:
+    """[start, end) of each of ``n_chunks`` chunks of ``seqlen`` tokens: the first ``seqlen % n_chunks``
+    chunks hold one token more (``torch.tensor_split``'s rule)."""
+    base, extra = divmod(seqlen, n_chunks)
+    out, start = [], 0
+    for i in range(n_chunks):
+        end = start + base + (i < extra)
+        out.append((start, end))
+        start = end
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def lengths(layout, world_size: int, seqlen: int) -> tuple[int, ...]:
+    """Tokens held by each rank (rank order) for a global sequence of ``seqlen`` tokens."""
+    return tuple(int(positions(layout, r, world_size, seqlen).numel()) for r in range(world_size))
+
+
+def offsets(layout, world_size: int, seqlen: int) -> tuple[int, ...]:
+    """Where each rank's shard starts in the concatenation of the shards in rank order (G+1 entries)."""
+    out = [0]
+    for n in lengths(layout, world_size, seqlen):
+        out.append(out[-1] + n)
+    return tuple(out)
 
 
 def chunk_ids(layout, rank: int, world_size: int) -> list[int]:
@@ -110,12 +169,15 @@ def chunk_ids(layout, rank: int, world_size: int) -> list[int]:
 
 
 def positions(layout, rank: int, world_size: int, seqlen: int) -> torch.Tensor:
-    """Global token positions of ``rank``'s shard in local order, shape (seqlen/G,)."""
+    """Global token positions of ``rank``'s shard in local order, shape (about seqlen/G,): chunk lengths
+    from ``chunk_bounds`` (equal when the chunks divide N)."""
     check_seqlen(seqlen, layout, world_size)
+    if isinstance(layout, GroupedLayout):
+        return layout.positions(rank, seqlen)
     if layout == "striped":
         return torch.arange(rank, seqlen, world_size)
-    c = seqlen // (chunks_per_rank(layout) * world_size)
-    return torch.cat([torch.arange(i * c, (i + 1) * c) for i in chunk_ids(layout, rank, world_size)])
+    bounds = chunk_bounds(seqlen, chunks_per_rank(layout) * world_size)
+    return torch.cat([torch.arange(*bounds[i]) for i in chunk_ids(layout, rank, world_size)])
 
 
 def runs_of(pos: torch.Tensor) -> tuple[Run, ...]:
@@ -137,12 +199,40 @@ def runs(layout, rank: int, world_size: int, seqlen: int) -> tuple[Run, ...]:
     return runs_of(positions(layout, rank, world_size, seqlen))
 
 
-def group_layout(layout, world_size: int, degree: int):
+@dataclass(frozen=True)
+class GroupedLayout:
+    """Ring rank i of ``world_size`` = G/degree holds the union of the ``base`` shards of ranks
+    i*degree .. i*degree+degree-1 of G, in position order (USP's ring level when N does not split
+    evenly: the union of u uneven shards is not itself a named shard of the ring level)."""
+
+    base: object
+    base_world_size: int
+    degree: int
+
+    @property
+    def world_size(self) -> int:
+        return self.base_world_size // self.degree
+
+    def positions(self, rank: int, seqlen: int) -> torch.Tensor:
+        members = [positions(self.base, rank * self.degree + m, self.base_world_size, seqlen)
+                   for m in range(self.degree)]
+        return torch.cat(members).sort().values
+
+    def __str__(self) -> str:
+        return f"{self.base}/{self.degree}"
+
+
+def group_layout(layout, world_size: int, degree: int, seqlen: int | None = None):
     """The layout at ring level when groups of ``degree`` consecutive ranks gather their shards
     (USP): ring rank i holds the union of ranks i*degree .. i*degree+degree-1. Named layouts keep
-    their name (contiguous and zigzag regroup exactly; ``burst_impl.reorder`` checks it); a
+    their name when ``seqlen`` splits into the chunks of both levels (contiguous and zigzag then
+    regroup exactly; ``burst_impl.reorder`` checks it), else become a ``GroupedLayout``; a
     ChunkLayout becomes the ChunkLayout of the unions, chunks in position order."""
     if not isinstance(layout, ChunkLayout):
+        # a ChunkLayout's unions cut N into the same chunks at both levels, whatever N; named layouts
+        # cut it into chunks of the ring level, which only nest in the G-level ones when they divide N
+        if seqlen is not None and degree > 1 and seqlen % (chunks_per_rank(layout) * world_size):
+            return GroupedLayout(layout, world_size, degree)
         return layout
     r = world_size // degree
     merged = tuple(tuple(sorted(c for m in range(degree) for c in layout.chunks[i * degree + m])) for i in range(r))
@@ -152,7 +242,7 @@ def group_layout(layout, world_size: int, degree: int):
 def shard(x: torch.Tensor, layout: str, rank: int, world_size: int, dim: int = 1) -> torch.Tensor:
     """The local shard of the full-sequence tensor ``x`` held by ``rank`` (a copy)."""
     idx = positions(layout, rank, world_size, x.shape[dim]).to(x.device)
-    return x.index_select(dim, idx).contiguous()
+    return x.index_select(dim, idx).contiguous()   # (.., len(idx), ..): lengths(...)[rank] tokens
 
 
 def unshard(shards: list[torch.Tensor], layout: str, dim: int = 1) -> torch.Tensor:

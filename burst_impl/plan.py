@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .kernels.common import TileMask
-from .layout import positions, runs, runs_of
+from .layout import lengths, positions, runs, runs_of
 from .masks import Causal, Full, Mask, Piece
 
 Tensor = torch.Tensor
@@ -186,11 +186,12 @@ def step_plan(mask: Mask, layout, a: int, b: int, seqlen: int, world_size: int) 
     key = ("step", mask.key, layout, a, b, seqlen, world_size, _skip)
 
     def make():
-        nq = seqlen // world_size
+        sizes = lengths(layout, world_size, seqlen)   # the shards differ by a token where N does not split
+        nq, nk = sizes[a], sizes[b]
         if not _skip:
-            return build_plan(mask, None, None, nq, nq, skip=False, q_pos=positions(layout, a, world_size, seqlen),
+            return build_plan(mask, None, None, nq, nk, skip=False, q_pos=positions(layout, a, world_size, seqlen),
                               k_pos=positions(layout, b, world_size, seqlen))
-        return build_plan(mask, runs(layout, a, world_size, seqlen), runs(layout, b, world_size, seqlen), nq, nq,
+        return build_plan(mask, runs(layout, a, world_size, seqlen), runs(layout, b, world_size, seqlen), nq, nk,
                           same_shard=a == b)
     return _cached(key, make)
 

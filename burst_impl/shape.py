@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import masks
-from .layout import LAYOUT_NAMES, check_seqlen, is_balanced_name
+from .layout import LAYOUT_NAMES, check_seqlen, is_balanced_name, lengths
 from .balance import resolve_layout
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16,
@@ -114,8 +114,23 @@ class AttnShape:
 
     @property
     def rows(self) -> int:
-        """B * N/G: query rows (tokens) held by one rank."""
+        """B * N/G: query rows (tokens) held by one rank (even N; ``rank_rows`` in general)."""
         return self.batch * self.local_seqlen
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Tokens of each rank's shard (``layout.lengths`` of the resolved layout): N/G each when the
+        layout's chunks divide N, else differing by at most a token per chunk."""
+        return lengths(self.resolved_layout, self.world_size, self.seqlen)
+
+    @property
+    def even(self) -> bool:
+        """True when every rank holds the same number of tokens."""
+        return self.seqlen % self.world_size == 0 and len(set(self.lengths)) == 1
+
+    def rank_rows(self, rank: int) -> int:
+        """B * (tokens of ``rank``'s shard)."""
+        return self.batch * self.lengths[rank]
 
     def validate(self) -> None:
         """ValueError naming the field, the value and the rule: each field's own ``check``, then the

@@ -187,6 +187,12 @@ class DoubleRing(Transport):
     def owner(self, step: int) -> int:
         return self.plan.owner(step)
 
+    def src_owner(self, channel: str, step: int) -> int:
+        if step >= self.size:   # acc_finish's only send: the intra-node hop home, of the receiver's own block
+            return self.rank
+        src = self.plan.peer(channel, -1)
+        return DoubleRingSchedule(self.plan.E, self.plan.I, src).owner(step)
+
     def bundle_posts(self, step: int) -> tuple[str, ...]:
         return self.plan.bundle_posts(step)
 

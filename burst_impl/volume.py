@@ -4,7 +4,8 @@ Every function takes the problem shape (``burst_impl.shape.AttnShape``).
 
 Notation as in PAPER.md: B batch, N global sequence, G ranks, Z query heads,
 Zkv key/value heads, d head dim, e bytes per input element, f bytes per
-element of the travelling gradient accumulators (4: fp32 by default).
+element of the travelling gradient accumulators (4: fp32 by default; 8 for fp64
+inputs, whose accumulators are fp64: ``grad_elem_size=None``).
 Every rank sends G-1 blocks of each circulating tensor (the block it owns
 never travels back to it), each block B*(N/G) rows, so the per-rank volume
 of a tensor with w values per token is (G-1)/G * B*N*w elements.
@@ -32,11 +33,21 @@ Every circulating tensor and accumulator makes G-1 sends per rank, split as
                  local index I-1 of each node (when E > 1), intra-node for the others;
     double ring: E*(I-1) intra-node and E-1 inter-node, on every rank
                  (``burst_impl.topology``; E = 1 or I = 1 is the flat ring).
+
+Uneven shards (N not split evenly by the layout; ``AttnShape.lengths``).
+Blocks are as long as their owner's shard, so a rank's bytes depend on
+which blocks it sends (``ring_sends``): on the flat ring it sends every
+block but that of rank+1 (the one it receives last) and the accumulator
+of every block but its own. Rows sent per rank:
+    circulating tensors: B * (N - S_{rank+1});   accumulators: B * (N - S_rank)
+(the double ring: the sum over its schedule's sends, per link class). With
+even shards both are (G-1)*B*N/G and every function gives what it gave before.
 """
 from __future__ import annotations
 
 from .nodes import Nodes, formula_nodes, ring_links
 from .shape import AttnShape
+from .topology import DoubleRingSchedule
 
 FP32 = 4
 
@@ -54,45 +65,79 @@ def _blocks(s: AttnShape) -> int:
 
 
 def forward_bytes(s: AttnShape) -> dict[str, int]:
-    kv = _blocks(s) * s.kv_heads * s.head_dim * s.elem_size
-    return {"k": kv, "v": kv}
+    return _table(s, "forward", _blocks(s), _blocks(s))
 
 
-def burst_backward_bytes(s: AttnShape, grad_elem_size: int = FP32) -> dict[str, int]:
-    rows = _blocks(s)
-    qd = rows * s.heads * s.head_dim
-    return {
-        "q": qd * s.elem_size,
-        "dout": qd * s.elem_size,
-        "lse": rows * s.heads * stats_size(s.elem_size),
-        "delta": rows * s.heads * stats_size(s.elem_size),
-        "dq": qd * grad_elem_size,
-    }
+def burst_backward_bytes(s: AttnShape, grad_elem_size: int | None = None) -> dict[str, int]:
+    return _table(s, "burst", _blocks(s), _blocks(s), grad_elem_size)
 
 
-def ring_backward_bytes(s: AttnShape, grad_elem_size: int = FP32) -> dict[str, int]:
-    kv = _blocks(s) * s.kv_heads * s.head_dim
-    return {"k": kv * s.elem_size, "v": kv * s.elem_size, "dk": kv * grad_elem_size, "dv": kv * grad_elem_size}
+def ring_backward_bytes(s: AttnShape, grad_elem_size: int | None = None) -> dict[str, int]:
+    return _table(s, "ring", _blocks(s), _blocks(s), grad_elem_size)
+
+
+def _table(s: AttnShape, what: str, rows: int, acc_rows: int, grad_elem_size: int | None = None) -> dict[str, int]:
+    """Bytes by kind of the forward ("forward") or a backward ("burst", "ring") when the circulating
+    blocks one rank sends hold ``rows`` rows in all and the accumulators it sends ``acc_rows``."""
+    kv, qd = s.kv_heads * s.head_dim, s.heads * s.head_dim
+    grad_elem_size = stats_size(s.elem_size) if grad_elem_size is None else grad_elem_size
+    if what == "forward":
+        return {"k": rows * kv * s.elem_size, "v": rows * kv * s.elem_size}
+    if what == "burst":
+        return {"q": rows * qd * s.elem_size, "dout": rows * qd * s.elem_size,
+                "lse": rows * s.heads * stats_size(s.elem_size), "delta": rows * s.heads * stats_size(s.elem_size),
+                "dq": acc_rows * qd * grad_elem_size}
+    return {"k": rows * kv * s.elem_size, "v": rows * kv * s.elem_size, "dk": acc_rows * kv * grad_elem_size,
+            "dv": acc_rows * kv * grad_elem_size}
 
 
 BACKWARD_BYTES = {"burst": burst_backward_bytes, "ring": ring_backward_bytes}
 
 
-def expected_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int = FP32
-                   ) -> dict[tuple[str, str], int]:
-    """``{(phase, kind): bytes}`` one rank sends for one forward + backward."""
+def expected_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int | None = None, *, rank: int = 0,
+                   topology: str = "flat", node_size: int | Nodes | None = None,
+                   lengths: tuple[int, ...] | None = None) -> dict[tuple[str, str], int]:
+    """``{(phase, kind): bytes}`` rank ``rank`` sends for one forward + backward (every rank the same
+    with even shards). ``lengths``: the ranks' shard lengths (default ``s.lengths``)."""
+    lens = s.lengths if lengths is None else lengths
+    if len(set(lens)) > 1:
+        links = expected_link_bytes(s, backward, grad_elem_size, topology=topology, node_size=node_size,
+                                    rank=rank, lengths=lens)
+        out: dict[tuple[str, str], int] = {}
+        for (phase, kind, _), b in links.items():
+            out[(phase, kind)] = out.get((phase, kind), 0) + b
+        return out
     out = {("forward", k): v for k, v in forward_bytes(s).items()}
     out.update({("backward", k): v for k, v in BACKWARD_BYTES[backward](s, grad_elem_size).items()})
     return {k: v for k, v in out.items() if v}
 
 
-def cheaper_backward(s: AttnShape, grad_elem_size: int = FP32) -> str:
+def ring_sends(nodes: Nodes, rank: int, topology: str = "flat") -> tuple[list, list]:
+    """(circulating sends, accumulator sends) of ``rank`` in one pass: lists of (block owner, link class),
+    from the transport's schedule (``comm.Ring``, ``topology.DoubleRingSchedule``); G-1 of each."""
+    G = nodes.size
+    if G == 1:
+        return [], []
+    grid = nodes.grid() if topology == "double" else None
+    if grid is None or grid[0] < 2 or grid[1] < 2:
+        link = ring_links(nodes, rank)
+        return [((rank - t) % G, link) for t in range(G - 1)], [((rank - t) % G, link) for t in range(1, G)]
+    E, I = grid
+    plan = DoubleRingSchedule(E, I, rank)
+    bundle = [(plan.owner(t), ch) for t in range(G) for ch in plan.bundle_posts(t)]
+    acc = [(plan.owner(t), plan.acc_route(t).then) for t in range(1, G) if plan.acc_route(t).then in ("intra", "inter")]
+    acc.append((plan.node * I + (plan.local + 1) % I, "intra"))   # acc_finish: the last intra hop, home
+    return bundle, acc
+
+
+def cheaper_backward(s: AttnShape, grad_elem_size: int | None = None) -> str:
     """The backward scheme that sends fewer bytes; ties go to "burst".
 
     Per token: burst moves Z*(d*(2e+f) + 8) bytes, ring moves Zkv*d*(2e+2f).
     For MHA burst always wins; with GQA (Z >= about 2*Zkv) ring wins.
     """
     e = s.elem_size
+    grad_elem_size = stats_size(e) if grad_elem_size is None else grad_elem_size
     b = s.heads * (s.head_dim * (2 * e + grad_elem_size) + 2 * stats_size(e))
     r = s.kv_heads * s.head_dim * (2 * e + 2 * grad_elem_size)
     return "burst" if b <= r else "ring"
@@ -142,10 +187,24 @@ def split_by_link(table: dict[tuple[str, str], int], hops: dict[str, int]) -> di
     return out
 
 
-def expected_link_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int = FP32, *,
-                        topology: str = "flat", node_size: int | Nodes | None = None, rank: int = 0
-                        ) -> dict[tuple[str, str, str], int]:
+def expected_link_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int | None = None, *,
+                        topology: str = "flat", node_size: int | Nodes | None = None, rank: int = 0,
+                        lengths: tuple[int, ...] | None = None) -> dict[tuple[str, str, str], int]:
     """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward on a ring of
-    ``topology`` over ``node_size`` ranks per node (None: ``LOCAL_WORLD_SIZE``, else one node)."""
+    ``topology`` over ``node_size`` ranks per node (None: ``LOCAL_WORLD_SIZE``, else one node).
+    ``lengths``: the ranks' shard lengths (default ``s.lengths``); uneven ones are summed over the
+    blocks of ``ring_sends``."""
     nodes = formula_nodes(s.world_size, node_size)
-    return split_by_link(expected_bytes(s, backward, grad_elem_size), ring_hops(nodes, rank, topology))
+    lens = s.lengths if lengths is None else lengths
+    if len(set(lens)) <= 1:
+        return split_by_link(expected_bytes(s, backward, grad_elem_size), ring_hops(nodes, rank, topology))
+    bundle, acc = ring_sends(nodes, rank, topology)
+    out: dict[tuple[str, str, str], int] = {}
+    for link in sorted({ln for _, ln in bundle + acc}):
+        rows = s.batch * sum(lens[o] for o, ln in bundle if ln == link)
+        acc_rows = s.batch * sum(lens[o] for o, ln in acc if ln == link)
+        for phase, what in (("forward", "forward"), ("backward", backward)):
+            for kind, b in _table(s, what, rows, acc_rows, grad_elem_size).items():
+                if b:
+                    out[(phase, kind, link)] = b
+    return out

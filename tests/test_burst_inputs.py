@@ -16,7 +16,9 @@ from tests.refs import attention_reference, make_inputs, max_err
 
 BAD = [
     # (description, kwargs builder, fragment the message must contain)
-    ("odd zigzag", lambda q, k, v: dict(q=q[:, :5], k=k[:, :5], v=v[:, :5], layout="zigzag"), "seq_local"),
+    # N = 2 over 2 ranks in zigzag: 4 chunks, fewer tokens than chunks (an odd N is fine now: issue 22)
+    ("fewer tokens than chunks", lambda q, k, v: dict(q=q[:, :1], k=k[:, :1], v=v[:, :1], layout="zigzag"),
+     "seq_local"),
     ("k/v shapes", lambda q, k, v: dict(q=q, k=k, v=v[:, :, :1]), "v.shape"),
     ("seq mismatch", lambda q, k, v: dict(q=q[:, :4], k=k, v=v), "seq_local"),
     ("heads", lambda q, k, v: dict(q=q[:, :, :3], k=k, v=v), "multiple of key/value heads"),
@@ -107,9 +109,11 @@ def test_zigzag_positions():
     assert positions("striped", 1, 3, 9).tolist() == [1, 4, 7]
 
 
-def test_shard_rejects_indivisible():
-    with pytest.raises(ValueError, match="multiple of 6"):
-        shard(torch.zeros(1, 10), "zigzag", 0, 3)
+def test_shard_rejects_fewer_tokens_than_chunks():
+    """N = 10 over 3 zigzag ranks is fine (issue 22: 3/3/4 tokens); N = 5 < 6 chunks leaves a chunk empty."""
+    assert [shard(torch.arange(10).view(1, 10), "zigzag", r, 3).shape[1] for r in range(3)] == [3, 3, 4]
+    with pytest.raises(ValueError, match="must be >= 6"):
+        shard(torch.zeros(1, 5), "zigzag", 0, 3)
 
 
 # ---------------------------------------------------------------- kernels and merge

@@ -93,7 +93,7 @@ def _bad(tmp_path, patch: dict, drop: tuple = ()) -> str:
     ({"measure.pass": "fwd"}, "measure.pass", "unknown key"),
     ({"methods": ["burst", "nonsense"]}, "methods", "'nonsense' is not registered"),
     ({"baseline": "ring"}, "baseline", "must be one of methods"),
-    ({"sweep.seqlen": [98]}, "sweep", "multiple of 4"),               # zigzag at G=2: 2G chunks
+    ({"sweep.seqlen": [2]}, "sweep", "must be >= 4"),                 # zigzag at G=2: 2G chunks (any N >= 4 splits)
     ({"sweep.world_size": 16, "cluster": "a100_8"}, "sweep.world_size", "exceeds"),
     ({"sweep.world_size": 12, "cluster": "a100_32"}, "sweep.world_size", "multiple of gpus_per_node"),
     ({"measure.modes": ["sideways"]}, "measure.modes", "unknown"),

@@ -20,9 +20,11 @@ from burst_impl.method import Method, Schedule, no_overlap
 ORDER = 0
 
 
-def burst_bytes(s: AttnShape, backward: str = "auto", **_) -> dict:
+def burst_bytes(s: AttnShape, backward: str = "auto", rank: int = 0, topology: str = "flat", node_size=None,
+                **_) -> dict:
+    """Bytes of ``rank`` (they differ between ranks only with uneven shards)."""
     chosen = volume.cheaper_backward(s) if backward == "auto" else backward
-    return volume.expected_bytes(s, backward=chosen)
+    return volume.expected_bytes(s, backward=chosen, rank=rank, topology=topology, node_size=node_size)
 
 
 def burst_link_bytes(s: AttnShape, rank: int, node_size=None, backward: str = "auto", topology: str = "flat",
@@ -47,7 +49,8 @@ def _burst_fn(backward: str):
 
 BURST = Method(
     name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
-    comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory,
+    comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "auto", rank, node_size=node_size),
+    memory_bytes=ring_family_memory,
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
     operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
     description="BurstAttention: K/V ring forward; backward circulates whichever side is cheaper",
@@ -58,7 +61,8 @@ METHODS = (
     BURST,
     Method(
         name="burst_qring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
-        comm_bytes=lambda s, **_: burst_bytes(s, "burst"), memory_bytes=ring_family_memory,
+        comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "burst", rank, node_size=node_size),
+        memory_bytes=ring_family_memory,
         link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "burst"),
         operator_backward="burst", schedule=Schedule("ring", {"default": "burst"}),
         description="BurstAttention with the query-circulating backward forced",

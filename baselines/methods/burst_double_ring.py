@@ -33,7 +33,8 @@ def _links(s, rank, node_size, **_):
 BURST_DOUBLE_RING = Method(
     name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
     options={"topology": "double"}, operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
-    comm_bytes=lambda s, **_: burst_bytes(s, "auto"), memory_bytes=ring_family_memory, link_bytes=_links,
+    comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "auto", rank, "double", node_size),
+    memory_bytes=ring_family_memory, link_bytes=_links,
     description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
                 "nodes meanwhile (same local rank on the next node)",
     travels="as burst; per rank E(I-1) intra-node and E-1 inter-node sends of each circulating tensor",

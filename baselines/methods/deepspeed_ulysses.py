@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from burst_impl import comm
 from burst_impl.attention import check_inputs
-from burst_impl.layout import check_seqlen
+from burst_impl.layout import check_even
 from burst_impl.shape import AttnShape
 
 from burst_impl.collectives import record_formula
@@ -90,7 +90,7 @@ def deepspeed_ulysses_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool =
     if layout != "contiguous":
         raise ValueError(f"layout={layout!r}: the DeepSpeed adapter supports only 'contiguous' "
                          "(DistributedAttention gathers shards in rank order)")
-    check_seqlen(q.shape[1] * G, layout, G)
+    check_even(q.shape[1] * G, layout, G, who="deepspeed_ulysses")
     if kv_replication(q.shape[2], k.shape[2], G) != 1:
         raise ValueError(f"kv_heads={k.shape[2]} must be divisible by the group size {G} for the "
                          "DeepSpeed adapter (we do not replicate kv heads for it)")
@@ -113,6 +113,7 @@ def _check(s: AttnShape, **_) -> None:
     if s.heads % s.world_size or s.kv_heads % s.world_size:
         raise ValueError(f"heads={s.heads} and kv_heads={s.kv_heads} must be divisible by "
                          f"world_size={s.world_size} for deepspeed_ulysses (no kv replication there)")
+    check_even(s.seqlen, s.layout, s.world_size, who="deepspeed_ulysses")
 
 
 METHODS = (Method(

@@ -31,7 +31,8 @@ def _links(s, rank, node_size, **_):
 LOONGTRAIN_DOUBLE_RING = Method(
     name="loongtrain_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("ring"),
     options={"topology": "double"}, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
-    comm_bytes=lambda s, **_: burst_bytes(s, "ring"), memory_bytes=ring_family_memory, link_bytes=_links,
+    comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "ring", rank, "double", node_size),
+    memory_bytes=ring_family_memory, link_bytes=_links,
     description="LoongTrain's double ring: K/V circulate on the double ring forward and backward, with the "
                 "fp32 dK, dV accumulators",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32), on the double ring",

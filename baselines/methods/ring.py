@@ -37,8 +37,8 @@ def ring_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mas
                            node_size=node_size, overlap=overlap)
 
 
-def ring_comm_bytes(s, **_) -> dict[tuple[str, str], int]:
-    return volume.expected_bytes(s, backward="ring")
+def ring_comm_bytes(s, rank: int = 0, node_size=None, **_) -> dict[tuple[str, str], int]:
+    return volume.expected_bytes(s, backward="ring", rank=rank, node_size=node_size)
 
 
 METHODS = (Method(

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from burst_impl import comm
 from burst_impl.attention import check_inputs
+from burst_impl.layout import check_even
 from burst_impl.shape import AttnShape
 
 from burst_impl.collectives import record_formula
@@ -62,7 +63,8 @@ def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
                             softmax_scale: float | None = None, group=None,
                             layout: str = "contiguous") -> Tensor:
     """ring-flash-attn under our signature; q (B, N/G, Z, d), k/v (B, N/G, Zkv, d) on CUDA."""
-    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale)
+    check_inputs(q, k, v, layout=layout, softmax_scale=softmax_scale, group=group, method="ring_flash_attn")
+    check_even(q.shape[1] * comm.world(group)[1], layout, comm.world(group)[1], who="ring_flash_attn")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"q.dtype={q.dtype}: ring-flash-attn runs flash-attn kernels, which take "
                          "float16 or bfloat16 only")

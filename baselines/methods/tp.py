@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from burst_impl import comm, masks, volume
-from burst_impl.layout import LAYOUTS, check_layout, check_seqlen
+from burst_impl.layout import LAYOUTS, check_even, check_layout
 from burst_impl.nodes import Nodes, formula_nodes
 from burst_impl.shape import AttnShape
 
@@ -101,7 +101,7 @@ def tp_v3_forward(x: Tensor, wq: Tensor, wk: Tensor, wv: Tensor, wo: Tensor, *, 
     """Megatron V3 (sequence-parallel) attention layer: x (B, N/G, H) ``layout`` shard -> y (B, N/G, H)."""
     _, G = comm.world(group)
     n = x.shape[1] * G
-    check_seqlen(n, layout, G, name="global seqlen (x.shape[1]*G)")
+    check_even(n, layout, G, who="tp_v3", name="global seqlen (x.shape[1]*G)")
     masks.resolve(causal, mask, n)            # ValueError before any communication
     nodes = Nodes.of(group, node_size)
     perm = reorder.gather_perm(layout, G, n, tuple(range(G)), 0, 1)
@@ -155,6 +155,7 @@ def tp_memory_bytes(s: AttnShape, version: str) -> int:
 
 def _check(s: AttnShape, **_) -> None:
     tp_heads(s.heads, s.kv_heads, s.world_size, 0)
+    check_even(s.seqlen, s.layout, s.world_size, who="tensor parallelism")
 
 
 METHODS = (

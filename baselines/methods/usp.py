@@ -48,7 +48,7 @@ from burst_impl.topology import check_transport
 
 from burst_impl.local import local_attn
 from burst_impl.method import CHUNKED_LAYOUTS, Method, Schedule, no_overlap
-from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
+from .ulysses import a2a_bytes, a2a_link_bytes, a2a_uneven, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
 Tensor = torch.Tensor
@@ -69,6 +69,10 @@ def check_degrees(world_size: int, ulysses_degree, ring_degree=None) -> tuple[in
         raise ValueError(f"ulysses_degree={u} x ring_degree={ring_degree} = {u * int(ring_degree)} "
                          f"must equal the world size {world_size}")
     return u, r
+
+
+def _raise(error: Exception):
+    raise error
 
 
 def _group_ranks(group) -> list[int]:
@@ -101,7 +105,7 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask
                   softmax_scale: float | None = None, group=None, layout="contiguous",
                   ulysses_degree: int | None = None, ring_degree: int | None = None,
                   backward: str = "auto", backend: str | None = None, node_size: int | Nodes | None = None,
-                  ring_topology: str = "double", overlap: bool = True) -> Tensor:
+                  ring_topology: str = "double", overlap: bool = True, seqlen: int | None = None) -> Tensor:
     """USP on local sequence shards (B, N/G, Z, d) -> (B, N/G, Z, d).
 
     ``ulysses_degree`` u (required) ranks per all-to-all group; the ring
@@ -113,8 +117,15 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask
     (None: ``LOCAL_WORLD_SIZE``, else one node).
     """
     g, G = comm.world(group)
-    u, r = check_degrees(G, ulysses_degree, ring_degree)
-    rep, the_mask, layout = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group, causal, mask)
+    try:   # a bad degree on one rank is named on every rank by the agreement (checks=), not left to hang it
+        u, r = check_degrees(G, ulysses_degree, ring_degree)
+        degree_checks: tuple = ()
+    except ValueError as e:
+        u, r, degree_checks = 1, G, (lambda e=e: _raise(e),)
+    opts = dict(ulysses_degree=u, backward=backward, node_size=getattr(node_size, "node", node_size),
+                ring_topology=ring_topology, overlap=overlap)
+    rep, the_mask, layout, n = check_ulysses(q, k, v, layout, u, G, softmax_scale, backend, group, causal, mask,
+                                             method="usp", options=opts, seqlen=seqlen, checks=degree_checks)
     if isinstance(layout, str) and layout not in CHUNKED_LAYOUTS and u > 1 and r > 1:
         raise ValueError(f"layout={layout!r} is not supported by usp with ulysses_degree={u} and ring degree {r}: "
                          "the all-to-all of u consecutive ranks gathers tokens that are not a ring-level "
@@ -124,20 +135,23 @@ def usp_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, mask
     uly_nodes, ring_nodes = nodes.sub([i * u + m for m in range(u)]), nodes.sub([m * u + j for m in range(r)])
     check_transport(ring_nodes, ring_topology, overlap)   # before the first all-to-all sends a byte
     uly_group, ring_group = subgroups(group, u)
-    ring_layout = group_layout(layout, G, u)   # what ring index i holds once its Ulysses group gathered
+    ring_layout = group_layout(layout, G, u, n)   # what ring index i holds once its Ulysses group gathered
 
     def inner(qh, kh, vh):  # (B, N/r, Z/u, d) in ring-level layout order
         if r == 1:
             return local_attn(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, backend=backend)
-        return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
-                               layout=ring_layout, backward=backward, backend=backend, topology=ring_topology,
-                               node_size=ring_nodes, overlap=overlap)
+        # the whole group agreed above (check_ulysses): the ring level's inputs follow from agreed ones,
+        # so its call skips a second agreement and takes N from it
+        with comm.check_shapes(False):
+            return burst_attn_func(qh, kh, vh, mask=the_mask, softmax_scale=softmax_scale, group=ring_group,
+                                   layout=ring_layout, backward=backward, backend=backend, topology=ring_topology,
+                                   node_size=ring_nodes, overlap=overlap, seqlen=n)
 
     if u == 1:
         return inner(q, k, v)
     return ulysses_core(q, k, v, rep=rep, a2a_group=uly_group, members=tuple(i * u + m for m in range(u)),
                         world_size=G, layout=layout, inner_rank=i, inner_size=r, inner=inner, prefix="a2a_",
-                        inner_layout=ring_layout if r > 1 else None, nodes=uly_nodes)
+                        inner_layout=ring_layout if r > 1 else None, nodes=uly_nodes, seqlen=n)
 
 
 # ---------------------------------------------------------------- closed forms
@@ -149,14 +163,25 @@ def _ring_shape(s: AttnShape, u: int, r: int) -> AttnShape:
                      world_size=r)
 
 
-def usp_comm_bytes(s: AttnShape, ulysses_degree: int, backward: str = "auto") -> dict[tuple[str, str], int]:
-    """All-to-all bytes within the Ulysses group plus Burst ring bytes at the ring level."""
+def _ring_lengths(s: AttnShape, u: int, r: int) -> tuple[int, ...]:
+    """Tokens of each ring rank once its Ulysses group gathered (the sums of u consecutive shards)."""
+    lens = s.lengths
+    return tuple(sum(lens[i * u:(i + 1) * u]) for i in range(r))
+
+
+def usp_comm_bytes(s: AttnShape, ulysses_degree: int, backward: str = "auto", rank: int = 0,
+                   ring_topology: str = "double", node_size=None) -> dict[tuple[str, str], int]:
+    """All-to-all bytes within the Ulysses group plus Burst ring bytes at the ring level (of ``rank``:
+    they differ between ranks only with uneven shards)."""
     u, r = check_degrees(s.world_size, ulysses_degree)
-    out = a2a_bytes(s, u, prefix="a2a_")
+    out = a2a_bytes(s, u, prefix="a2a_", rank=rank)
     if r > 1:
         ring = _ring_shape(s, u, r)
         chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
-        for key, b in volume.expected_bytes(ring, backward=chosen).items():
+        i, j = divmod(rank, u)
+        nodes = formula_nodes(s.world_size, node_size).sub([m * u + j for m in range(r)])
+        for key, b in volume.expected_bytes(ring, backward=chosen, rank=i, topology=ring_topology, node_size=nodes,
+                                            lengths=_ring_lengths(s, u, r)).items():
             out[key] = out.get(key, 0) + b
     return {k: v for k, v in out.items() if v}
 
@@ -168,13 +193,22 @@ def usp_link_bytes(s: AttnShape, rank: int, node_size=None, ulysses_degree: int 
     nodes = formula_nodes(s.world_size, node_size)
     u, r = check_degrees(s.world_size, _degree(s, ulysses_degree, nodes))
     i, j = divmod(rank, u)
-    out = a2a_link_bytes(a2a_bytes(s, u, prefix="a2a_"), nodes.sub([i * u + m for m in range(u)]), j)
+    uly_nodes = nodes.sub([i * u + m for m in range(u)])
+    if s.even:
+        out = a2a_link_bytes(a2a_bytes(s, u, prefix="a2a_"), uly_nodes, j)
+    else:
+        out = a2a_uneven(s, u, "a2a_", rank, uly_nodes) if u > 1 else {}
     if r > 1:
         ring = _ring_shape(s, u, r)
         chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
         ring_nodes = nodes.sub([m * u + j for m in range(r)])
-        out.update(volume.split_by_link(volume.expected_bytes(ring, backward=chosen),
-                                        volume.ring_hops(ring_nodes, i, ring_topology)))
+        lens = _ring_lengths(s, u, r)
+        if len(set(lens)) > 1:
+            out.update(volume.expected_link_bytes(ring, chosen, topology=ring_topology, node_size=ring_nodes,
+                                                  rank=i, lengths=lens))
+        else:
+            out.update(volume.split_by_link(volume.expected_bytes(ring, backward=chosen),
+                                            volume.ring_hops(ring_nodes, i, ring_topology)))
     return out
 
 
@@ -233,8 +267,8 @@ def _check(s: AttnShape, ulysses_degree=None, node_size=None, **_) -> None:
 
 USP = Method(
     name="usp", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
-    comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, **_: usp_comm_bytes(
-        s, _degree(s, ulysses_degree, node_size), backward),
+    comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, rank=0, ring_topology="double",
+    **_: usp_comm_bytes(s, _degree(s, ulysses_degree, node_size), backward, rank, ring_topology, node_size),
     memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
         s, _degree(s, ulysses_degree, node_size)),
     link_bytes=usp_link_bytes, check=_check, schedule=Schedule("usp"),

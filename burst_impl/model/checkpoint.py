@@ -206,9 +206,10 @@ def check_checkpoint(model, seqlen: int) -> None:
         if not spec.causal:
             raise ValueError("checkpoint='seq' needs causal attention (the recomputed first half must "
                              "attend only to itself)")
-        if local % 2:
+        if local % 2 or seqlen % (2 * G):   # equal, even shards: the halves must be the layout's sub-shards
             raise ValueError(f"checkpoint='seq' caches the second half of each rank's local sequence: "
-                             f"seq_local = N/G = {seqlen}/{G} = {local} must be even")
+                             f"seq_local = N/G = {seqlen}/{G} = {local} must be even and equal on every rank "
+                             f"(N a multiple of 2G = {2 * G})")
         if G > 1 and spec.layout not in ("zigzag", "striped"):
             raise ValueError(f"checkpoint='seq' with layout={spec.layout!r} at G={G}: the ranks' first local "
                              "halves must form the first global half, which holds for 'zigzag' and 'striped' only")

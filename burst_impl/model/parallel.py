@@ -22,7 +22,7 @@ import torch
 
 from burst_impl.collectives import all_reduce_
 from burst_impl import comm
-from burst_impl.layout import check_layout, check_seqlen, positions, shard
+from burst_impl.layout import check_even, check_layout, check_seqlen, positions, shard
 
 Tensor = torch.Tensor
 KINDS = ("single", "sp", "tp_v1", "tp_v3")
@@ -52,7 +52,9 @@ class ParallelPlan:
 
     def check_seqlen(self, seqlen: int) -> None:
         """ValueError (before any communication) unless the global sequence splits for the layout."""
-        if self.shards_sequence:
+        if self.shards_sequence and self.kind == "tp_v3":   # its all-gather takes equal shards
+            check_even(seqlen, self.layout, self.world_size, who="tp_v3")
+        elif self.shards_sequence:                          # any N >= the layout's chunks (issue 22)
             check_seqlen(seqlen, self.layout, self.world_size)
         elif seqlen <= 0:
             raise ValueError(f"seqlen={seqlen} must be positive")

@@ -212,9 +212,12 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
         rec["mem_model_bytes"] = None
         rec["mem_model_error"] = str(e)
     if case.measure_comm:
-        formula = method.bytes(shape)
-        f_fwd = sum(v for (p, _), v in formula.items() if p == "forward")
-        f_bwd = sum(v for (p, _), v in formula.items() if p == "backward")
+        # per rank: with uneven shards (issue 22) each rank sends its own blocks' bytes; the record's
+        # formula totals are the largest rank's, as the counted totals are
+        formulas = [method.bytes(shape, rank=r) for r in range(shape.world_size)]
+        formula = formulas[0]
+        f_fwd = max(sum(v for (p, _), v in f.items() if p == "forward") for f in formulas)
+        f_bwd = max(sum(v for (p, _), v in f.items() if p == "backward") for f in formulas)
         has_bwd = case.mode != "forward"
         rec.update({
             "comm_fwd_bytes": max(r["comm_fwd"] for r in per_rank),

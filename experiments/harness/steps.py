@@ -87,10 +87,11 @@ def build_op_step(case: Case, method: Method, *, rank: int, group, device: torch
     gen = _generator(case.seed, rank)
     dt = s.torch_dtype
     grad = case.mode != "forward"
-    q = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device).requires_grad_(grad)
-    k = _randn((s.batch, s.local_seqlen, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
-    v = _randn((s.batch, s.local_seqlen, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
-    dout = _randn((s.batch, s.local_seqlen, s.heads, s.head_dim), gen, dt, device)
+    n = s.lengths[rank]          # N/G, or this rank's share of an uneven N (layout.lengths)
+    q = _randn((s.batch, n, s.heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    k = _randn((s.batch, n, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    v = _randn((s.batch, n, s.kv_heads, s.head_dim), gen, dt, device).requires_grad_(grad)
+    dout = _randn((s.batch, n, s.heads, s.head_dim), gen, dt, device)
 
     def forward():
         return method.call(q, k, v, causal=s.causal, mask=s.mask, group=group, layout=s.layout,
@@ -107,7 +108,7 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
     s = case.shape
     lay = attn_layer.make_layer(case.method, s, group=group, seed=case.seed, device=device,
                                 **kernel_options(case))
-    tokens = s.seqlen if lay.input == "replicated" else s.local_seqlen
+    tokens = s.seqlen if lay.input == "replicated" else s.lengths[rank]   # this rank's share of N
     gen = _generator(case.seed, rank)
     hidden = s.heads * s.head_dim
     grad = case.mode != "forward"

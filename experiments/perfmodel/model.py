@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from baselines import AttnShape, get
+from burst_impl.layout import check_even
 
 from ..profiles.hardware import Hardware, load_hardware
 from burst_impl.flops import MODES
@@ -117,6 +118,8 @@ def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -
     m = get(base)
     options = dict(options or {})
     m.validate(shape, **options)
+    # the schedules model N/G tokens per rank; uneven shards (issue 22) run, but are not modelled
+    check_even(shape.seqlen, shape.resolved_layout, shape.world_size, who="the performance model")
     if level == "op" and m.level == "layer":
         raise ValueError(f"level='op': method {method!r} is an attention layer (tensor parallel); "
                          "use level='layer'")
