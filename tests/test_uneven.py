@@ -268,7 +268,7 @@ def _model_run(method: str, layouts: list[str], seqlen: int, options: dict) -> d
     tokens, labels = global_batch("tiny", seqlen=seqlen)
     out = {}
     for layout in layouts:
-        model = sequence_parallel(build_model(cfg), method, layout=layout, **options)
+        model = sequence_parallel(build_model(cfg), get(method), layout=layout, **options)
         with comm.count_bytes() as step:
             loss = loss_and_grads(model, tokens, labels).item()
         ids = prefill_step(model, tokens)

@@ -124,7 +124,7 @@ def _shape_checked_once(step: Step) -> Step:
     """``step`` whose first call runs with ``comm.check_shapes`` on: shards of different shapes on
     different ranks then raise a ValueError on every rank instead of hanging the first transfer.
     The check is on by default since issue 22 (about 0.3 ms per call on gloo,
-    docs/findings_uneven.md); this keeps the first call checked even where a caller turned it off."""
+    docs/sequence_lengths.md); this keeps the first call checked even where a caller turned it off."""
     name = "setup" if step.setup is not None else "step"
     fn = getattr(step, name)
     done = False
