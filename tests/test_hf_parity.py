@@ -48,7 +48,8 @@ def global_ids(seed: int = 1, batch: int = BATCH, seqlen: int = SEQLEN) -> torch
 
 
 @functools.lru_cache(maxsize=32)
-def reference(family: str, dtype=torch.float64, variant: tuple = (), batch_kw: tuple = (), seqlen: int = SEQLEN):
+def reference(family: str, dtype=torch.float64, variant: tuple = (), batch_kw: tuple = (),
+              seqlen: int = SEQLEN):
     """(loss, {name: grad in fp64}) of the unmodified single-process model on the global batch."""
     from baselines.hf import single_loss_and_grads
     from baselines.hf.models import build
@@ -92,7 +93,8 @@ def run_cases(cases: list[tuple], batch_kw: dict | None = None, seqlen: int = SE
                 continue
         if fsdp:
             hf.shard_model(model)
-        loss, grads = hf.sp_loss_and_grads(model, global_ids(seqlen=seqlen), layout=layout, fsdp=fsdp, **(batch_kw or {}))
+        loss, grads = hf.sp_loss_and_grads(model, global_ids(seqlen=seqlen), layout=layout, fsdp=fsdp,
+                                           **(batch_kw or {}))
         out[case] = (loss.item(), {n: g.double() for n, g in grads.items()} if rank == 0 else None)
     return out
 
