@@ -169,17 +169,22 @@ def _setup_lines(records: list[dict]) -> list[str]:
     out = ["## Training setup of each row", "",
            "| row | method | loss | checkpoint (as run) | weights | ZeRO stage | offload |",
            "|---|---|---|---|---|---:|---|"]
-    seen = set()
-    for r in records:
-        row = r.get("variant") or r["method"]
-        if row in seen:
-            continue
-        seen.add(row)
+    for row, r in _one_per_row(records):
         m = r["model"]["memory"]
         out.append(f"| {r.get('variant_label') or row} | `{r['method']}` | {m['loss']} | {m['checkpoint']} | "
                    f"{m['weights']} | {r.get('zero_stage', 3 if m['weights'] == 'fsdp2' else 0)} | "
                    f"{r.get('offload', 'none')} |")
     return out + [""]
+
+
+def _one_per_row(records: list[dict]):
+    """(row, its first record): a row is a spec's variant, or its method where it has none."""
+    seen = set()
+    for r in records:
+        row = r.get("variant") or r["method"]
+        if row not in seen:
+            seen.add(row)
+            yield row, r
 
 
 def _variant_tables(records: list[dict], meta: dict, hbm: str) -> list[str]:
@@ -277,12 +282,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
     out += ["## Where the time goes (largest case of each method, seconds, whole model)", "",
             "| method | case | attention layers | MLP blocks | LM head | exposed grad sync | recompute |",
             "|---|---|---:|---:|---:|---:|---:|"]
-    seen = set()
-    for r in sorted(records, key=lambda r: (-r["seqlen"] * r["batch"], -r["world_size"])):
-        row = r.get("variant") or r["method"]
-        if row in seen:
-            continue
-        seen.add(row)
+    for row, r in _one_per_row(sorted(records, key=lambda r: (-r["seqlen"] * r["batch"], -r["world_size"]))):
         p = r["model"]["parts_s"]
         out.append(f"| `{row}` | N={human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
                    f"{p['attention']:.3g} | {p['mlp']:.3g} | {p['head']:.3g} | {p['grad_sync_exposed']:.3g} | "

@@ -37,14 +37,19 @@ def _shapes(claim: Claim, exp: Experiment, methods: dict[str, MethodMap], measur
     return [by_shape(exp.records, methods[n], measured, claim.select) for n in names]
 
 
-def _speedup(claim, exp, methods, measured) -> Outcome:
-    parts, statuses = [], []
+def _pairs(claim, exp, methods, measured):
+    """(other method, shape, claim.method's record, other's record) at the largest shape both have."""
     for other in claim.against:
         tabs = _shapes(claim, exp, methods, measured, (claim.method, other))
         at = largest_common(tabs)
-        if at is None:
-            continue
-        r = time_ratio(tabs[0][at], tabs[1][at])
+        if at is not None:
+            yield other, at, tabs[0][at], tabs[1][at]
+
+
+def _speedup(claim, exp, methods, measured) -> Outcome:
+    parts, statuses = [], []
+    for other, at, mine, theirs in _pairs(claim, exp, methods, measured):
+        r = time_ratio(mine, theirs)
         statuses.append(r.status)
         parts.append(f"vs {other} at N={at[1]}: {r.text()}")
     if not parts:
@@ -84,12 +89,8 @@ def _bytes(rec: dict) -> float:
 
 def _less_bytes(claim, exp, methods, measured) -> Outcome:
     parts, statuses = [], []
-    for other in claim.against:
-        tabs = _shapes(claim, exp, methods, measured, (claim.method, other))
-        at = largest_common(tabs)
-        if at is None:
-            continue
-        mine, theirs = _bytes(tabs[0][at]), _bytes(tabs[1][at])
+    for other, at, mine_rec, theirs_rec in _pairs(claim, exp, methods, measured):
+        mine, theirs = _bytes(mine_rec), _bytes(theirs_rec)
         if not theirs:
             continue
         less = 1 - mine / theirs
@@ -101,18 +102,27 @@ def _less_bytes(claim, exp, methods, measured) -> Outcome:
     return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts) + paper + "; bytes are counted, exact", exp)
 
 
+def _losses(rec: dict) -> list[float] | None:
+    """The values a record offers for "the same function": its held-out perplexity (Table 4's own
+    quantity, ``measure.modes: [perplexity]``) or else its training losses, step by step."""
+    if rec.get("perplexity") is not None:
+        return [rec["perplexity"]]
+    return rec.get("losses") or None
+
+
 def _equal_loss(claim, exp, methods, measured) -> Outcome:
     names = (claim.method, *claim.against)
-    tabs = [{k: r for k, r in t.items() if r.get("losses")} for t in _shapes(claim, exp, methods, measured, names)]
+    tabs = [{k: r for k, r in t.items() if _losses(r)} for t in _shapes(claim, exp, methods, measured, names)]
     present = [t for t in tabs if t]
     at = largest_common(present) if len(present) >= 2 else None
     if at is None:
         return Outcome(MISSING, f"{exp.name}: no losses of two of the methods at one shape", exp)
-    losses = [t[at]["losses"] for t in present]
+    losses = [_losses(t[at]) for t in present]
+    what = "perplexities" if present[0][at].get("perplexity") is not None else "losses"
     spread = max((max(step) - min(step)) / min(step) for step in zip(*losses))
     status = REPRODUCED if spread <= claim.tolerance else CONTRADICTED
     return Outcome(status, f"{exp.name} at N={at[1]}: {len(present)} methods, largest relative spread of the "
-                           f"losses {spread:.1e} (paper's own spread {claim.tolerance:.0e})", exp)
+                           f"{what} {spread:.1e} (paper's own spread {claim.tolerance:.0e})", exp)
 
 
 def _ordering(claim, exp, methods, measured) -> Outcome:
