@@ -68,8 +68,14 @@ def find_roots(base: Path = R.RESULTS_BASE, machine: str | None = None) -> list[
 
 
 def _normalise(rec: dict) -> dict:
-    """A record with the keys the papers' selects use at its top level: config keys (model, zero, variant)."""
-    return {**{k: v for k, v in (rec.get("config") or {}).items() if k not in rec}, **rec}
+    """A record with the keys the papers' selects use at its top level: config keys (model, zero, variant).
+    A modelled model-level record's ``model`` is the prediction's details (a dict); its config names the
+    model, as a measured record's ``model`` does."""
+    config = rec.get("config") or {}
+    out = {**{k: v for k, v in config.items() if k not in rec}, **rec}
+    if isinstance(rec.get("model"), dict) and isinstance(config.get("model"), str):
+        out["model"] = config["model"]
+    return out
 
 
 @functools.lru_cache(maxsize=None)
