@@ -1,7 +1,8 @@
 """Sequence parallelism through the whole model, as a function applied to a built model.
 
-    from baselines.registry import get       # the caller resolves a name; the model takes the Method
     model = sequence_parallel(build_model(cfg), get("burst"), group=g, layout="zigzag")
+
+(``get`` is ``baselines.registry.get``: the caller resolves a name, the model takes the ``Method``.)
 
 Each of the G ranks of ``group`` holds N/G tokens of every sequence in
 ``layout`` (``burst_impl.layout``: contiguous, zigzag, striped). Embedding,
