@@ -379,9 +379,7 @@ class Transport:
 
     def post(self, channel: Channel, tensors: Sequence[Tensor], phase: str, kinds: Sequence[str],
              recv_shapes: Sequence[Sequence[int]] | None = None) -> Pending:
-        # even shards: the 3-argument call (receive buffers shaped like the sent tensors)
-        pending = channel.start(tensors, phase, kinds) if recv_shapes is None else \
-            channel.start(tensors, phase, kinds, recv_shapes)
+        pending = channel.start(tensors, phase, kinds, recv_shapes)   # None: shaped like the sent tensors
         if not self.overlap:
             pending.wait()
         return pending

@@ -99,17 +99,12 @@ def expected_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int | 
                    lengths: tuple[int, ...] | None = None) -> dict[tuple[str, str], int]:
     """``{(phase, kind): bytes}`` rank ``rank`` sends for one forward + backward (every rank the same
     with even shards). ``lengths``: the ranks' shard lengths (default ``s.lengths``)."""
-    lens = s.lengths if lengths is None else lengths
-    if len(set(lens)) > 1:
-        links = expected_link_bytes(s, backward, grad_elem_size, topology=topology, node_size=node_size,
-                                    rank=rank, lengths=lens)
-        out: dict[tuple[str, str], int] = {}
-        for (phase, kind, _), b in links.items():
-            out[(phase, kind)] = out.get((phase, kind), 0) + b
-        return out
-    out = {("forward", k): v for k, v in forward_bytes(s).items()}
-    out.update({("backward", k): v for k, v in BACKWARD_BYTES[backward](s, grad_elem_size).items()})
-    return {k: v for k, v in out.items() if v}
+    links = expected_link_bytes(s, backward, grad_elem_size, topology=topology, node_size=node_size,
+                                rank=rank, lengths=lengths)
+    out: dict[tuple[str, str], int] = {}
+    for (phase, kind, _), b in links.items():
+        out[(phase, kind)] = out.get((phase, kind), 0) + b
+    return out
 
 
 def ring_sends(nodes: Nodes, rank: int, topology: str = "flat") -> tuple[list, list]:
@@ -119,6 +114,9 @@ def ring_sends(nodes: Nodes, rank: int, topology: str = "flat") -> tuple[list, l
     if G == 1:
         return [], []
     grid = nodes.grid() if topology == "double" else None
+    if topology == "double" and grid is None:
+        raise ValueError(f"topology='double' on {nodes.describe()}: the group must split into equal nodes "
+                         "of consecutive ranks")
     if grid is None or grid[0] < 2 or grid[1] < 2:
         link = ring_links(nodes, rank)
         return [((rank - t) % G, link) for t in range(G - 1)], [((rank - t) % G, link) for t in range(1, G)]
@@ -192,12 +190,10 @@ def expected_link_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: i
                         lengths: tuple[int, ...] | None = None) -> dict[tuple[str, str, str], int]:
     """``{(phase, kind, link): bytes}`` rank ``rank`` sends for one forward + backward on a ring of
     ``topology`` over ``node_size`` ranks per node (None: ``LOCAL_WORLD_SIZE``, else one node).
-    ``lengths``: the ranks' shard lengths (default ``s.lengths``); uneven ones are summed over the
-    blocks of ``ring_sends``."""
+    ``lengths``: the ranks' shard lengths (default ``s.lengths``): each block sent is as long as its
+    owner's shard (``ring_sends``); with even shards every send is B*N/G rows."""
     nodes = formula_nodes(s.world_size, node_size)
     lens = s.lengths if lengths is None else lengths
-    if len(set(lens)) <= 1:
-        return split_by_link(expected_bytes(s, backward, grad_elem_size), ring_hops(nodes, rank, topology))
     bundle, acc = ring_sends(nodes, rank, topology)
     out: dict[tuple[str, str, str], int] = {}
     for link in sorted({ln for _, ln in bundle + acc}):

@@ -186,8 +186,8 @@ class _Logged:
     def __init__(self, channel, side, name, log):
         self.channel, self.side, self.name, self.log = channel, side, name, log
 
-    def start(self, tensors, phase, kinds):
-        pending = self.channel.start(tensors, phase, kinds)
+    def start(self, tensors, phase, kinds, recv_shapes=None):
+        pending = self.channel.start(tensors, phase, kinds, recv_shapes)
         self.log.append(("post", self.side, self.name))
         log, side, name, wait = self.log, self.side, self.name, pending.wait
 

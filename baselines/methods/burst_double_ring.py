@@ -26,15 +26,18 @@ from .burst import _burst_fn, burst_bytes, burst_link_bytes, ring_family_memory
 ORDER = 5
 
 
-def _links(s, rank, node_size, **_):
-    return burst_link_bytes(s, rank, node_size, "auto", topology="double")
+def double_ring_formulas(backward: str) -> dict:
+    """``comm_bytes`` and ``link_bytes`` of the operator with ``backward`` on the double ring (per rank:
+    they differ between ranks only with uneven shards)."""
+    return dict(
+        comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, backward, rank, "double", node_size),
+        link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, backward, topology="double"))
 
 
 BURST_DOUBLE_RING = Method(
     name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
     options={"topology": "double"}, operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
-    comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "auto", rank, "double", node_size),
-    memory_bytes=ring_family_memory, link_bytes=_links,
+    memory_bytes=ring_family_memory, **double_ring_formulas("auto"),
     description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "
                 "nodes meanwhile (same local rank on the next node)",
     travels="as burst; per rank E(I-1) intra-node and E-1 inter-node sends of each circulating tensor",

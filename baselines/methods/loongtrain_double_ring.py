@@ -19,20 +19,16 @@ from __future__ import annotations
 from burst_impl.layout import LAYOUT_NAMES
 from burst_impl.method import Method, Schedule, no_overlap
 
-from .burst import _burst_fn, burst_bytes, burst_link_bytes, ring_family_memory
+from .burst import _burst_fn, ring_family_memory
+from .burst_double_ring import double_ring_formulas
 
 ORDER = 80     # after every older method: registry order sets the figures' colours
-
-
-def _links(s, rank, node_size, **_):
-    return burst_link_bytes(s, rank, node_size, "ring", topology="double")
 
 
 LOONGTRAIN_DOUBLE_RING = Method(
     name="loongtrain_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("ring"),
     options={"topology": "double"}, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
-    comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "ring", rank, "double", node_size),
-    memory_bytes=ring_family_memory, link_bytes=_links,
+    memory_bytes=ring_family_memory, **double_ring_formulas("ring"),
     description="LoongTrain's double ring: K/V circulate on the double ring forward and backward, with the "
                 "fp32 dK, dV accumulators",
     travels="fwd: K, V; bwd: K, V + dK, dV ring (fp32), on the double ring",

@@ -134,33 +134,23 @@ def ulysses_attn_func(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, 
 
 def a2a_bytes(s: AttnShape, degree: int, prefix: str = "", rank: int = 0) -> dict[tuple[str, str], int]:
     """Bytes rank ``rank`` sends in the four forward and four backward all-to-alls over ``degree`` ranks
-    (its group: ranks ``degree * (rank // degree)`` ..., as in USP; all G for Ulysses).
-
-    Even shards: each all-to-all sends (degree-1)/degree of the local buffer, B*(N/G)*z*d elements
-    with z = Z for q/out and z = Zkv*rep for k/v. Uneven: the parts summed by ``a2a_uneven``."""
-    if degree == 1:
-        return {}
-    if not s.even:
-        out: dict[tuple[str, str], int] = {}
-        for (phase, kind, _), b in a2a_uneven(s, degree, prefix, rank, None).items():
-            out[(phase, kind)] = out.get((phase, kind), 0) + b
-        return out
-    zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, degree)
-    qb = s.rows * s.heads * s.head_dim * s.elem_size * (degree - 1) // degree
-    kb = s.rows * zkv * s.head_dim * s.elem_size * (degree - 1) // degree
-    out = {}
-    for phase, names in (("forward", ("q", "k", "v", "out")), ("backward", ("dq", "dk", "dv", "dout"))):
-        for n in names:
-            out[(phase, prefix + n)] = kb if n.lstrip("d") in ("k", "v") else qb
+    (its group: ranks ``degree * (rank // degree)`` ..., as in USP; all G for Ulysses): ``a2a_link_bytes``
+    summed over link classes. Even shards: (degree-1)/degree of the local buffer, B*(N/G)*z*d elements
+    with z = Z for q/out and z = Zkv*rep for k/v."""
+    out: dict[tuple[str, str], int] = {}
+    for (phase, kind, _), b in a2a_link_bytes(s, degree, prefix, rank, None).items():
+        out[(phase, kind)] = out.get((phase, kind), 0) + b
     return out
 
 
-def a2a_uneven(s: AttnShape, degree: int, prefix: str, rank: int, nodes: Nodes | None
-               ) -> dict[tuple[str, str, str], int]:
-    """``{(phase, kind, link): bytes}`` of rank ``rank``'s all-to-alls with uneven shards (S_j tokens on
-    member j; ``nodes``: the group's node map, None: all "intra"). q, k, v forward and dout backward scatter
+def a2a_link_bytes(s: AttnShape, degree: int, prefix: str, rank: int, nodes: Nodes | None
+                   ) -> dict[tuple[str, str, str], int]:
+    """``{(phase, kind, link): bytes}`` of rank ``rank``'s all-to-alls (S_j tokens on member j of its
+    group; ``nodes``: the group's node map, None: all "intra"). q, k, v forward and dout backward scatter
     heads: a part of S_rank*z/degree rows to each other member; out forward and dq, dk, dv backward scatter
     the sequence: S_j*z/degree rows to member j."""
+    if degree == 1:
+        return {}
     zkv = s.kv_heads * kv_replication(s.heads, s.kv_heads, degree)
     base = degree * (rank // degree)
     members = range(base, base + degree)
@@ -184,18 +174,8 @@ def ulysses_comm_bytes(s: AttnShape, rank: int = 0, **_) -> dict[tuple[str, str]
     return a2a_bytes(s, s.world_size, rank=rank)
 
 
-def a2a_link_bytes(table: dict, nodes: Nodes, rank: int) -> dict[tuple[str, str, str], int]:
-    """All-to-all bytes of ``rank`` in a group on ``nodes`` by link class: of its G-1 equal pieces,
-    one per peer, (same-node peers) go intra-node and the rest inter-node."""
-    same = nodes.same_node(rank)
-    return volume.split_by_link(table, {"intra": same - 1, "inter": nodes.size - same})
-
-
 def ulysses_link_bytes(s: AttnShape, rank: int, node_size=None, **_) -> dict[tuple[str, str, str], int]:
-    nodes = formula_nodes(s.world_size, node_size)
-    if not s.even:
-        return a2a_uneven(s, s.world_size, "", rank, nodes)
-    return a2a_link_bytes(ulysses_comm_bytes(s), nodes, rank)
+    return a2a_link_bytes(s, s.world_size, "", rank, formula_nodes(s.world_size, node_size))
 
 
 def ulysses_memory_bytes(s: AttnShape, **_) -> int:

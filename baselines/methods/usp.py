@@ -48,7 +48,7 @@ from burst_impl.topology import check_transport
 
 from burst_impl.local import local_attn
 from burst_impl.method import CHUNKED_LAYOUTS, Method, Schedule, no_overlap
-from .ulysses import a2a_bytes, a2a_link_bytes, a2a_uneven, check_ulysses, kv_replication, ulysses_core
+from .ulysses import a2a_bytes, a2a_link_bytes, check_ulysses, kv_replication, ulysses_core
 
 ORDER = 40
 Tensor = torch.Tensor
@@ -193,22 +193,13 @@ def usp_link_bytes(s: AttnShape, rank: int, node_size=None, ulysses_degree: int 
     nodes = formula_nodes(s.world_size, node_size)
     u, r = check_degrees(s.world_size, _degree(s, ulysses_degree, nodes))
     i, j = divmod(rank, u)
-    uly_nodes = nodes.sub([i * u + m for m in range(u)])
-    if s.even:
-        out = a2a_link_bytes(a2a_bytes(s, u, prefix="a2a_"), uly_nodes, j)
-    else:
-        out = a2a_uneven(s, u, "a2a_", rank, uly_nodes) if u > 1 else {}
+    out = a2a_link_bytes(s, u, "a2a_", rank, nodes.sub([i * u + m for m in range(u)]))
     if r > 1:
         ring = _ring_shape(s, u, r)
         chosen = volume.cheaper_backward(ring) if backward == "auto" else backward
-        ring_nodes = nodes.sub([m * u + j for m in range(r)])
-        lens = _ring_lengths(s, u, r)
-        if len(set(lens)) > 1:
-            out.update(volume.expected_link_bytes(ring, chosen, topology=ring_topology, node_size=ring_nodes,
-                                                  rank=i, lengths=lens))
-        else:
-            out.update(volume.split_by_link(volume.expected_bytes(ring, backward=chosen),
-                                            volume.ring_hops(ring_nodes, i, ring_topology)))
+        out.update(volume.expected_link_bytes(ring, chosen, topology=ring_topology,
+                                              node_size=nodes.sub([m * u + j for m in range(r)]), rank=i,
+                                              lengths=_ring_lengths(s, u, r)))
     return out
 
 
