@@ -130,7 +130,9 @@ def test_a_measured_ablation_mirror_is_read_at_its_own_size():
     recs = [_rec(m, 1.0 - 0.05 * i, 0.99 - 0.05 * i, 1.01 - 0.05 * i, variant=n, tokens_per_s=1000 / (1 - 0.05 * i),
                  mem_peak_bytes=2 ** 30) for i, (n, m) in enumerate(zip(names, methods))]
     status, detail = steps_outcome(table, _exp(*recs), load_methods(), measured=True)
-    assert "step changes" in detail, detail
+    # tokens/s rises at every step: the paper's 4 moving tokens/s steps agree; the memory stays put, so
+    # none of the paper's 3 moving memory steps does (not moving is not a decrease either)
+    assert status == "mixed" and "4 of 7 step changes" in detail, (status, detail)
 
 
 def test_modelled_records_are_deterministic_and_combining_says_disagreement():

@@ -36,7 +36,9 @@ def _step(q, before: dict, after: dict, paper_change: float, measured: bool) -> 
             return NO_INTERVAL
         if ib[0] <= ia[1] and ia[0] <= ib[1]:
             return INCONCLUSIVE
-    return REPRODUCED if (ours > 0) == (paper_change > 0) else CONTRADICTED
+    # the paper's step moved (by more than FLAT): ours must move the same way; not moving at all is not
+    # agreeing with a decrease
+    return REPRODUCED if ours * paper_change > 0 else CONTRADICTED
 
 
 def steps_outcome(table: PaperTable, exp: Experiment, methods: dict[str, MethodMap], measured: bool):
