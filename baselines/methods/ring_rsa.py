@@ -164,10 +164,8 @@ def ring_rsa_comm_bytes(s, grad_elem_size: int | None = None, rank: int = 0, **_
     G = s.world_size
     f = grad_elem_size if grad_elem_size is not None else volume.stats_size(s.elem_size)
     kv = s.batch * s.seqlen * s.kv_heads * s.head_dim          # one full-length K (elements)
-    if s.even:
-        hop = kv // G * (G - 1) * s.elem_size                  # G-1 blocks of N/G rows
-    else:                                                      # every block but rank+1's (flat ring)
-        hop = (kv - s.rank_rows((rank + 1) % G) * s.kv_heads * s.head_dim) * s.elem_size
+    # every block but rank+1's (the flat ring): G-1 blocks of N/G rows with even shards
+    hop = (kv - s.rank_rows((rank + 1) % G) * s.kv_heads * s.head_dim) * s.elem_size if G > 1 else 0
     ar = 2 * kv * f * (G - 1) // G                             # all-reduce of a full-length buffer
     out = {("forward", "k"): hop, ("forward", "v"): hop, ("backward", "k"): hop, ("backward", "v"): hop,
            ("backward", "dk"): ar, ("backward", "dv"): ar}
