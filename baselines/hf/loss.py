@@ -2,15 +2,13 @@
 
 Each rank holds the logits (B, S, V) of its S = N/G tokens and their labels, already shifted
 globally (``shard_batch``): the loss does NOT shift (HF's ``ForCausalLMLoss`` would, which on a
-shard pairs tokens with the wrong targets). ``global_loss`` is ``burst_impl.model.parallel.global_mean``:
+shard pairs tokens with the wrong targets). ``global_loss`` is ``burst_impl.model.parallel.mean_over``:
 its value is sum_all / count_all (one counted all-reduce of [sum, count] in fp64), its gradient
 that of local_sum / count_all, so summing the weight gradients over the group (``sync_grads``, or
 FSDP2's reduce-scatter with a divide factor of 1, ``baselines.hf.fsdp``) gives exactly the
 single-process gradient. The same ``token_loss_sum`` on the full batch is the single-process loss.
 """
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -35,18 +33,16 @@ def token_loss_sum(logits: Tensor, labels: Tensor, ignore_index: int = -100) -> 
     return total, (labels != ignore_index).sum()
 
 
-def _plan_holder(group, model=None) -> SimpleNamespace:
-    """What ``parallel.global_mean`` / ``sync_grads`` read: ``.parallel`` (and ``named_parameters``)."""
+def _plan(group) -> parallel.ParallelPlan:
+    """The sequence split of ``group`` as the model's parallelism describes it (every rank N/G tokens)."""
     rank, world_size = comm.world(group)
-    names = () if model is None else tuple(n for n, p in model.named_parameters() if p.requires_grad)
-    plan = parallel.ParallelPlan("sp", group=group, rank=rank, world_size=world_size, reduce_grads=names)
-    return SimpleNamespace(parallel=plan, named_parameters=(model.named_parameters if model is not None else None))
+    return parallel.ParallelPlan("sp", group=group, rank=rank, world_size=world_size)
 
 
 def global_loss(logits: Tensor, labels: Tensor, group=None, ignore_index: int = -100) -> Tensor:
     """The mean token loss over all ranks of ``group`` (value identical on every rank)."""
     total, count = token_loss_sum(logits, labels, ignore_index)
-    return parallel.global_mean(_plan_holder(group), total, count)
+    return parallel.mean_over(_plan(group), total, count)
 
 
 def sync_grads(model, group=None) -> None:
@@ -55,4 +51,4 @@ def sync_grads(model, group=None) -> None:
     if any(hasattr(p, "full_tensor") for p in model.parameters()):
         raise ValueError("model has DTensor (FSDP2) parameters: their gradients are reduce-scattered in the "
                          "backward; do not call sync_grads on it")
-    parallel.sync_grads(_plan_holder(group, model))
+    parallel.sum_grads(_plan(group), [p for p in model.parameters() if p.requires_grad])

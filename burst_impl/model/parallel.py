@@ -97,7 +97,12 @@ def global_mean(model, loss_sum: Tensor, count: Tensor) -> Tensor:
     share, so that summing the weight gradients over the group (``sync_grads``
     or FSDP2's reduce-scatter) gives exactly the single-device gradient.
     """
-    plan = plan_of(model)
+    return mean_over(plan_of(model), loss_sum, count)
+
+
+def mean_over(plan: ParallelPlan, loss_sum: Tensor, count: Tensor) -> Tensor:
+    """``global_mean`` for the tokens ``plan`` splits, without a model (e.g. a Hugging Face model's
+    loss, ``baselines.hf``)."""
     if not plan.shards_sequence:
         return loss_sum / count
     both = torch.stack([loss_sum.detach().to(torch.float64), count.to(torch.float64)])
@@ -141,8 +146,14 @@ def _reduced(model) -> list[Tensor]:
 def sync_grads(model) -> None:
     """Sum the partial gradients of ``plan.reduce_grads`` over the group: counted all-reduces
     (phase "backward", kind "grads") of flat buckets. No-op on one rank and under FSDP2."""
-    plan = plan_of(model)
-    grads = [p.grad for p in _reduced(model) if p.grad is not None]
+    sum_grads(plan_of(model), _reduced(model))
+
+
+def sum_grads(plan: ParallelPlan, params: list[Tensor]) -> None:
+    """``sync_grads`` of ``params`` over ``plan.group``, without a model (``baselines.hf``)."""
+    if plan.world_size == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
     for bucket in _buckets(grads):
         flat = all_reduce_(torch.cat([g.reshape(-1) for g in bucket]), plan.group, "backward", "grads")
         for g, part in zip(bucket, flat.split([g.numel() for g in bucket])):
