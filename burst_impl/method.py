@@ -40,7 +40,12 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
 * ``tp_version``: for tensor-parallel layers, the Megatron flavour ("v1", "v3")
   that the whole-model transform (``baselines.tensor_parallel``) applies;
 * ``schedule``: the performance model's schedule family and its options
-  (``Schedule``; the topology and overlap come from ``options``).
+  (``Schedule``; the topology and overlap come from ``options``);
+* ``colour``, ``marker``: how figures draw it, the same in every figure
+  (``colour``: an index into matplotlib's 20-colour "tab20" palette, where an
+  even index is a dark shade and the next odd one its light shade, which a
+  timing variant takes; ``marker``: a matplotlib marker). None: a stable
+  colour and marker derived from the name.
 
 The byte report lists every method that is not a timing variant (``variant_of``);
 the generated methods table (``docs/methods.md``) is one row per entry.
@@ -114,6 +119,8 @@ class Method:
     fresh_output: Callable[..., bool] = _never
     tp_version: str | None = None                 # "v1" / "v3" for tensor-parallel layers
     schedule: Schedule | None = None              # None: not modelled
+    colour: int | None = None                     # tab20 index in figures (a variant: its method's + 1)
+    marker: str | None = None
 
     def __post_init__(self):
         if self.level not in LEVELS:
@@ -191,7 +198,7 @@ def no_overlap(base: Method) -> Method:
     """``base``'s timing variant ``<name>_no_overlap``: the same entry with ``overlap=False``
     (every ring transfer waited for before the step computes), same numerics and bytes."""
     return replace(base, name=f"{base.name}_no_overlap", options={**base.options, "overlap": False},
-                   variant_of=base.name,
+                   variant_of=base.name, colour=None if base.colour is None else base.colour + 1,
                    description=f"{base.name} with overlap=False: each ring transfer is waited for before "
                                "the step computes",
                    travels=f"as {base.name}, serialised with the compute")

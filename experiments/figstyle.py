@@ -2,10 +2,9 @@
 the finishing every figure gets on saving (tick labels that never overlap, nothing clipped).
 
 Every figure module imports this first: it selects matplotlib's Agg backend (files only, no display).
-A method keeps its colour in every figure and every run because the colour is written down here, per
-name (``COLOURS``, the 20 colours of tab20), not derived from the registry's order: adding a method never
-moves another's colour. A method added to the registry needs its entry here (a test says so); until then
-it gets a stable colour from its name.
+A method keeps its colour in every figure and every run because its ``Method`` says it (``colour``: one
+of the 20 colours of tab20, ``marker``), not the registry's order: adding a method never moves another's
+colour. A method without one gets a stable colour and marker from its name.
 """
 from __future__ import annotations
 
@@ -21,22 +20,9 @@ from baselines.registry import METHODS
 
 _TAB20 = plt.get_cmap("tab20").colors
 _PALETTE = plt.get_cmap("tab10").colors      # for things that are not methods (layouts, series)
-# method -> tab20 index; a *_no_overlap variant takes the light shade of its method's hue
-_COLOUR_INDEX = {
-    "burst": 0, "burst_no_overlap": 1, "ring": 2, "ring_flash_attn": 3, "burst_double_ring": 4,
-    "burst_double_ring_no_overlap": 5, "ring_rsa": 6, "ring_rsa_no_overlap": 7, "ulysses": 8,
-    "deepspeed_ulysses": 9, "usp": 10, "usp_no_overlap": 11, "tp_v3": 12, "tp_v3_noflash": 13,
-    "loongtrain_double_ring": 14, "loongtrain_double_ring_no_overlap": 15, "tp_v1": 16, "tp_v1_noflash": 17,
-    "burst_qring": 18, "burst_nolao": 19,
-}
-COLOURS = {m: _TAB20[i] for m, i in _COLOUR_INDEX.items()}
-_MARKERS = {
-    "burst": "o", "burst_no_overlap": "o", "burst_qring": "P", "burst_nolao": "o", "burst_double_ring": "D",
-    "burst_double_ring_no_overlap": "D", "ring": "s", "ring_flash_attn": "X", "ring_rsa": "^",
-    "ring_rsa_no_overlap": "^", "ulysses": "v", "deepspeed_ulysses": "<", "usp": "h", "usp_no_overlap": "h",
-    "tp_v1": "*", "tp_v1_noflash": "*", "tp_v3": "p", "tp_v3_noflash": "p", "loongtrain_double_ring": ">",
-    "loongtrain_double_ring_no_overlap": ">",
-}
+# The performance model's model-only variants (experiments/perfmodel/schedules: no registry entry, so no
+# Method to carry a colour): tab20 index and marker, the light shade of their method's hue where free.
+_MODEL_ONLY = {"burst_nolao": (19, "o"), "tp_v1_noflash": (17, "*"), "tp_v3_noflash": (13, "p")}
 FOOTER_GID = "provenance-footer"      # the one footer line of every figure (tests find it by this gid)
 _EXTRA_MARKERS = "o s D ^ v < > p h * P X".split()
 
@@ -46,18 +32,27 @@ def _method_order(m: str) -> int:
     return order.index(m) if m in order else len(order)
 
 
+def _index_and_marker(method: str) -> tuple[int | None, str | None]:
+    m = METHODS.get(method)
+    if m is not None:
+        return m.colour, m.marker
+    return _MODEL_ONLY.get(method, (None, None))
+
+
 def color(method: str) -> tuple:
-    """The method's colour in every figure; a name not yet listed gets a stable colour from its name."""
-    return COLOURS.get(method) or _TAB20[zlib.crc32(method.encode()) % len(_TAB20)]
+    """The method's colour in every figure; a name without one gets a stable colour from its name."""
+    index = _index_and_marker(method)[0]
+    return _TAB20[index if index is not None else zlib.crc32(method.encode()) % len(_TAB20)]
 
 
 def _variant(method: str) -> bool:
-    return method.endswith(("_no_overlap", "_nolao", "_noflash"))
+    m = METHODS.get(method)
+    return method in _MODEL_ONLY or (m is not None and m.variant_of is not None)
 
 
 def style(method: str) -> dict:
     """Colour, marker and line style: a variant (no overlap, no LAO, no FlashAttention) is dashed and hollow."""
-    marker = _MARKERS.get(method) or _EXTRA_MARKERS[zlib.crc32(method.encode()) % len(_EXTRA_MARKERS)]
+    marker = _index_and_marker(method)[1] or _EXTRA_MARKERS[zlib.crc32(method.encode()) % len(_EXTRA_MARKERS)]
     dashed = _variant(method)
     return {"color": color(method), "marker": marker, "linestyle": "--" if dashed else "-",
             "markersize": 6.5, "markerfacecolor": "none" if dashed else color(method)}

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from baselines.registry import METHODS
-from experiments.figstyle import COLOURS, FOOTER_GID, color, style
+from experiments.figstyle import FOOTER_GID, color, style
 
 ROOT = Path(__file__).resolve().parent.parent
 REF = ROOT / "results" / "reference" / "cpu2-amd-epyc"
@@ -17,12 +17,12 @@ MODELLED = ROOT / "results" / "modelled"
 # one experiment per drawing function: lines and bars (attention level), masks, model level, model summary
 # bars (one sequence length), batch, and the emulated-vs-modelled bars of experiments.cluster.report
 CASES = [(REF, "cpu_fig2_train"), (REF, "cpu_sparse_masks"), (REF, "cpu_model_fig2_train"),
-         (REF, "cpu_fig4b_batch"), (MODELLED, "burstengine_ablation_14b_1m_model_level")]
+         (REF, "cpu_fig4b_batch"), (MODELLED, "model_burstengine_ablation_14b_1m")]
 
 
 def test_every_method_has_its_own_colour_and_style():
-    missing = sorted(set(METHODS) - set(COLOURS))
-    assert not missing, f"add {missing} to experiments/figstyle.py's _COLOUR_INDEX and _MARKERS (a colour of its own)"
+    missing = sorted(n for n, m in METHODS.items() if m.colour is None or m.marker is None)
+    assert not missing, f"give {missing} a colour and marker of their own (Method.colour, Method.marker)"
     assert len({color(m) for m in METHODS}) == len(METHODS)
     assert len({(style(m)["color"], style(m)["marker"], style(m)["linestyle"]) for m in METHODS}) == len(METHODS)
 

@@ -48,7 +48,7 @@ def _burst_fn(backward: str):
 
 
 BURST = Method(
-    name="burst", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
+    name="burst", colour=0, marker="o", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
     comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "auto", rank, node_size=node_size),
     memory_bytes=ring_family_memory,
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "auto"),
@@ -60,7 +60,7 @@ BURST = Method(
 METHODS = (
     BURST,
     Method(
-        name="burst_qring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
+        name="burst_qring", colour=18, marker="P", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("burst"),
         comm_bytes=lambda s, rank=0, node_size=None, **_: burst_bytes(s, "burst", rank, node_size=node_size),
         memory_bytes=ring_family_memory,
         link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "burst"),

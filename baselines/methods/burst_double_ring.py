@@ -35,7 +35,7 @@ def double_ring_formulas(backward: str) -> dict:
 
 
 BURST_DOUBLE_RING = Method(
-    name="burst_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
+    name="burst_double_ring", colour=4, marker="D", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("auto"),
     options={"topology": "double"}, operator_backward="auto", schedule=Schedule("ring", {"default": "burst"}),
     memory_bytes=ring_family_memory, **double_ring_formulas("auto"),
     description="BurstAttention on the double ring: intra-node rings, the next round's block crossing "

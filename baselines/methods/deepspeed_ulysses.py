@@ -117,7 +117,7 @@ def _check(s: AttnShape, **_) -> None:
 
 
 METHODS = (Method(
-    name="deepspeed_ulysses", level="op", fn=deepspeed_ulysses_adapter,
+    name="deepspeed_ulysses", colour=9, marker="<", level="op", fn=deepspeed_ulysses_adapter,
     comm_bytes=deepspeed_ulysses_comm_bytes, memory_bytes=ulysses_memory_bytes,
     available=deepspeed_available, external="deepspeed", layouts=("contiguous",), masks=True,
     bytes_by_formula=True, check=_check, fresh_output=lambda s, **_: True, schedule=Schedule("ulysses"),

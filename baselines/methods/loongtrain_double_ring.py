@@ -26,7 +26,8 @@ ORDER = 80     # after every older method: registry order sets the figures' colo
 
 
 LOONGTRAIN_DOUBLE_RING = Method(
-    name="loongtrain_double_ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=_burst_fn("ring"),
+    name="loongtrain_double_ring", colour=14, marker=">", layouts=LAYOUT_NAMES, level="op", masks=True,
+    fn=_burst_fn("ring"),
     options={"topology": "double"}, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
     memory_bytes=ring_family_memory, **double_ring_formulas("ring"),
     description="LoongTrain's double ring: K/V circulate on the double ring forward and backward, with the "

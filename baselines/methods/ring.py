@@ -42,7 +42,8 @@ def ring_comm_bytes(s, rank: int = 0, node_size=None, **_) -> dict[tuple[str, st
 
 
 METHODS = (Method(
-    name="ring", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func, comm_bytes=ring_comm_bytes,
+    name="ring", colour=2, marker="s", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_attn_func,
+    comm_bytes=ring_comm_bytes,
     memory_bytes=ring_family_memory, operator_backward="ring", schedule=Schedule("ring", {"default": "ring"}),
     link_bytes=lambda s, rank, node_size, **_: burst_link_bytes(s, rank, node_size, "ring"),
     description="Blockwise ring attention (ring-flash-attn / Megatron CP style), "

@@ -84,7 +84,7 @@ def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
 
 
 METHODS = (Method(
-    name="ring_flash_attn", level="op", fn=ring_flash_attn_adapter,
+    name="ring_flash_attn", colour=3, marker="X", level="op", fn=ring_flash_attn_adapter,
     comm_bytes=ring_flash_attn_comm_bytes, memory_bytes=ring_family_memory,
     available=ring_flash_attn_available, external="ring-flash-attn", bytes_by_formula=True,
     kernel="flash_attn (ring-flash-attn's own calls)",

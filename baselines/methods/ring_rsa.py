@@ -185,7 +185,7 @@ def ring_rsa_memory_bytes(s, **_) -> int:
 
 
 RING_RSA = Method(
-    name="ring_rsa", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
+    name="ring_rsa", colour=6, marker="^", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ring_rsa_attn_func,
     comm_bytes=ring_rsa_comm_bytes, memory_bytes=ring_rsa_memory_bytes, link_bytes=ring_rsa_link_bytes,
     kernel="matmul (materialised scores)", schedule=Schedule("ring_rsa"),
     description="RingAttention as in the BurstAttention paper: Li et al. 2021 ring self-attention, "

@@ -160,7 +160,7 @@ def _check(s: AttnShape, **_) -> None:
 
 METHODS = (
     Method(
-        name="tp_v1", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v1_forward,
+        name="tp_v1", colour=16, marker="*", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v1_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v1"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v1"),
         link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v1"),
         check=_check, layer_input="replicated", tp_version="v1", schedule=Schedule("tp", {"version": "v1"}),
@@ -168,7 +168,7 @@ METHODS = (
         travels="fwd: all-reduce of the layer output (B, N, H); bwd: all-reduce of dX",
     ),
     Method(
-        name="tp_v3", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v3_forward,
+        name="tp_v3", colour=12, marker="p", layouts=LAYOUTS, level="layer", masks=True, fn=tp_v3_forward,
         comm_bytes=lambda s, **_: tp_comm_bytes(s, "v3"), memory_bytes=lambda s, **_: tp_memory_bytes(s, "v3"),
         link_bytes=lambda s, rank, node_size, **_: tp_link_bytes(s, rank, node_size, "v3"),
         check=_check, tp_version="v3", schedule=Schedule("tp", {"version": "v3"}),

@@ -189,7 +189,7 @@ def _check(s: AttnShape, **_) -> None:
 
 
 METHODS = (Method(
-    name="ulysses", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func,
+    name="ulysses", colour=8, marker="v", layouts=LAYOUT_NAMES, level="op", masks=True, fn=ulysses_attn_func,
     comm_bytes=ulysses_comm_bytes,
     memory_bytes=ulysses_memory_bytes, check=_check, link_bytes=ulysses_link_bytes,
     fresh_output=lambda s, **_: True, schedule=Schedule("ulysses"),

@@ -257,7 +257,7 @@ def _check(s: AttnShape, ulysses_degree=None, node_size=None, **_) -> None:
 
 
 USP = Method(
-    name="usp", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
+    name="usp", colour=10, marker="h", level="op", fn=_usp_fn, masks=True, layouts=("contiguous", "zigzag", "balanced"),
     comm_bytes=lambda s, ulysses_degree=None, backward="auto", node_size=None, rank=0, ring_topology="double",
     **_: usp_comm_bytes(s, _degree(s, ulysses_degree, node_size), backward, rank, ring_topology, node_size),
     memory_bytes=lambda s, ulysses_degree=None, node_size=None, **_: usp_memory_bytes(
