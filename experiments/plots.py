@@ -33,6 +33,7 @@ import yaml
 
 from baselines.registry import METHODS
 
+from .cli import run_cli
 from .figstyle import _PALETTE, _method_order, legend_outside, save_figure, style  # first: it selects Agg
 import matplotlib.pyplot as plt  # after figstyle: it chose the backend
 from matplotlib.patches import Patch
@@ -387,7 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "plots"))
     args = ap.parse_args(argv)
     base, files = Path(args.results), []
-    for root in R.result_roots(base):
+    roots = R.result_roots(base)
+    if not roots:
+        raise ValueError(f"--results={args.results}: no results under it (no <experiment>/{R.RESULTS_FILE})")
+    known = {p.parent.name for root in roots for p in root.glob(f"*/{R.RESULTS_FILE}")}
+    unknown = sorted(set(args.experiments) - known)
+    if unknown:
+        raise ValueError(f"experiments {unknown} have no results under --results={args.results}; "
+                         f"those with results: {sorted(known)}")
+    for root in roots:
         files += draw_all(root, Path(args.out) / root.relative_to(base), args.experiments or None)
     for f in files:
         print(f)
@@ -396,4 +405,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_cli(main))

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _run(module: str, *args: str) -> int:
     """The command line ``python -m <module> <args>`` in this process (what its __main__ guard runs)."""
-    mod = importlib.import_module(module if module == "experiments.run" else f"{module}.__main__")
+    mod = importlib.import_module(module if module in ("experiments.run", "experiments.plots")
+                                  else f"{module}.__main__")
     return run_cli(mod.main, list(args))
 
 
@@ -31,7 +32,9 @@ def _bad_spec(tmp_path: Path) -> Path:
     (("experiments.perfmodel", "no_such_spec", "--no-plots"), ["'no_such_spec' is neither a spec file"]),
     (("experiments.cluster", "report", "no_such_experiment", "--results", "{tmp}"), ["no_such_experiment"]),
     (("experiments.report", "--results", "{tmp}/missing"), ["no such folder"]),
-], ids=["run-unknown-name", "run-unknown-key", "perfmodel", "cluster", "report"])
+    (("experiments.plots", "no_such_experiment", "--results", "results/modelled", "--out", "{tmp}"),
+     ["['no_such_experiment'] have no results"]),
+], ids=["run-unknown-name", "run-unknown-key", "perfmodel", "cluster", "report", "plots"])
 def test_a_user_error_is_one_line_and_exit_2(tmp_path, capsys, args, words):
     args = tuple(a.format(bad=_bad_spec(tmp_path), tmp=tmp_path) for a in args)
     assert _run(*args) == 2
