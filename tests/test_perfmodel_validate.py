@@ -191,3 +191,37 @@ def test_ring_rsa_asks_for_its_softmax_and_both_gemm_shapes():
     t = measure([("softmax", 2, 32, 64, "forward", "float32"), ("softmax", 2, 32, 64, "backward", "float32"),
                  ("scores", 2, 32, 32, 8, 64, "float32")], procs=1, threads=1, seconds=0.01, rounds=1)
     assert all(v > 0 for v in t.seconds.values())
+
+
+def test_overlap_excess_lengthens_a_hidden_transfer_only(tmp_path):
+    # the G=2 ring of the hand schedule with a measured excess on the inter link: step 0 computes
+    # excess + ATTN beside its transfer, so a compute-bound step (N=256) gets the excess and a
+    # comm-bound one (N=4096: the 0.26 s transfer > ATTN + excess) does not
+    shape = AttnShape(batch=1, seqlen=256, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
+                      causal=False, layout="contiguous")
+    sent = sum(v for (p, _), v in get("burst").bytes(shape).items() if p == "forward")
+    a, k = 0.004, 2e-8
+    recs = [_record(4096, "burst", 1.0), _record(256, "burst", 0.6)]
+    rows = {r["seqlen"]: r for r in validate.compare(recs, _times(recs), rescale=False,
+                                                     excess={"inter": (a, k)})}
+    assert rows[256]["predicted_s"] == pytest.approx(_hand_burst_forward(256) + a + k * sent, rel=1e-9)
+    assert rows[4096]["predicted_s"] == pytest.approx(_hand_burst_forward(4096), rel=1e-9)
+    # the probe's file in the results root is what validate_experiment fits and uses; another profile's is ignored
+    rows_ = [{"pattern": "pair", "bytes": b, "excess_s": a + k * b} for b in (1 << 19, 1 << 21)]
+    (tmp_path / validate.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": rows_}))
+    got = validate.load_excess(tmp_path, "t_emu")["fit"]["inter"]
+    assert got == pytest.approx((a, k), rel=1e-9)
+    assert validate.load_excess(tmp_path, "another_profile") is None
+
+
+def test_fit_excess_keeps_both_terms_non_negative():
+    line = [{"pattern": "ring", "bytes": 1e6, "excess_s": 0.003}, {"pattern": "ring", "bytes": 3e6, "excess_s": 0.007}]
+    assert validate.fit_excess(line)["intra"] == pytest.approx((0.001, 2e-9))
+    # a line with a negative intercept goes through the origin instead; one size: all of it per byte
+    steep = [{"pattern": "pair", "bytes": 1e6, "excess_s": 0.001}, {"pattern": "pair", "bytes": 2e6, "excess_s": 0.005}]
+    a, k = validate.fit_excess(steep)["inter"]
+    assert a == 0 and k == pytest.approx((1e6 * 0.001 + 2e6 * 0.005) / (1e12 + 4e12))
+    one = validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "excess_s": 0.004}])
+    assert one == {"intra": (0.0, pytest.approx(2e-9))}
+    # a measured excess below 0 (noise: both faster than the slower of the two) counts as none
+    assert validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "excess_s": -0.001}])["intra"] == (0.0, 0.0)

@@ -5,6 +5,7 @@
     python -m experiments.cluster show                        # emulated clusters here: topology, rates, bytes per class
     python -m experiments.cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
     python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
+    python -m experiments.cluster overlap a800_ib_emu_2x4 --out F.json   # what overlap hides (overlap_probe.py)
     python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     python -m experiments.cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     python -m experiments.cluster report cpu_train_emulated --model   # + the performance model, per case
@@ -17,11 +18,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import signal
+import subprocess
 import time
 
 from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
-from .emulator import netns, selftest, shaping
+from ..harness import env as provenance
+from .emulator import netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from .report import ratios_of, report, with_model
@@ -105,7 +109,50 @@ def _selftest(prof, seconds: float) -> int:
         return 0 if worst <= 0.15 else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
+    """Bring a cluster up, run ``overlap_probe`` on every rank at once, print its table (and write it)."""
+    cases = overlap_probe.parse_cases(cases_text)
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
+    world = prof.nodes * prof.ranks_per_node
+    with EmulatedCluster(prof) as cl:
+        if not cl.emulated:
+            print(f"cannot probe: {cl.fallback}")
+            return 2
+        env = dict(os.environ, **cl.env(world), OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen(cmd, env=env, cwd=provenance.REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+                 for cmd in cl.launches(world, [str(repeats), cases_text], port=29590,
+                                        module="experiments.cluster.emulator.overlap_probe")]
+        logs = []
+        try:
+            logs = [p.communicate(timeout=900)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        info = cl.info(world)
+    lines = [ln for log in logs for ln in log.splitlines() if ln.startswith("OVERLAP_PROBE ")]
+    if not lines or any(p.returncode for p in procs):
+        raise RuntimeError("overlap probe failed: " + " | ".join(log.strip()[-600:] for log in logs))
+    per_rank = json.loads(lines[0].split(" ", 1)[1])
+    rows = overlap_probe.summarize(per_rank, cases)
+    print(info["summary"])
+    print(overlap_probe.table(rows))
+    if out:
+        rec = {"probe": "overlap", "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "git": provenance.git_info(), "versions": provenance.versions(),
+               "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats,
+               "cases": [c.name for c in cases], "rows": rows, "per_rank": per_rank}
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(rec, f, indent=1)
+        print(f"wrote {out}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m experiments.cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -118,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("profile")
     st.add_argument("--rates")
     st.add_argument("--seconds", type=float, default=3.0)
+    ov = sub.add_parser("overlap", help="what overlap hides: compute, a transfer, and both at once on every rank")
+    ov.add_argument("profile")
+    ov.add_argument("--rates")
+    ov.add_argument("--repeats", type=int, default=5)
+    ov.add_argument("--cases", default=",".join(c.name for c in overlap_probe.CASES),
+                    help="<ring|pair|oneway>:<tokens>:<bytes>, comma-separated")
+    ov.add_argument("--out", help="write the rows, raw samples and provenance as JSON")
     dn = sub.add_parser("down", help="tear clusters down")
     dn.add_argument("run_id", nargs="?")
     dn.add_argument("--stale", action="store_true", help="every cluster whose owner process is gone")
@@ -138,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     ra.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
     ra.add_argument("--json", action="store_true")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
 
     if args.cmd == "up":
         cl = EmulatedCluster(_profile(args.profile, args.rates)).up()
@@ -162,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "selftest":
         return _selftest(_profile(args.profile, args.rates), args.seconds)
+    if args.cmd == "overlap":
+        return _overlap(_profile(args.profile, args.rates), args.repeats, args.cases, args.out)
     if args.cmd == "down":
         ids = netns.run_ids() if args.all else netns.stale() if args.stale else [args.run_id] if args.run_id else []
         if not ids:

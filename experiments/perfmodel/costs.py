@@ -27,6 +27,9 @@ fitted to a paper's results.
   NIC; every rank of the node crossing gives exactly the profile's per-rank
   convention), and on PCIe nodes no more than its own PCIe link (the GPU
   reaches the NIC through it).
+* A transfer adds ``Link.excess_s + excess_s_per_byte x bytes`` to its
+  sender's compute stream, running beside it (0 on every accelerator profile:
+  there overlap is free; the emulated cluster's CPU ranks measure theirs).
 """
 from __future__ import annotations
 
@@ -145,6 +148,13 @@ class CostModel:
         if same_node or self.hw.inter is None:
             return self.hw.intra.bytes_per_s
         return self.hw.inter_flow_bytes_per_s(max(1, int(concurrent)))
+
+    def excess(self, nbytes: float, same_node: bool) -> float:
+        """Seconds a transfer of ``nbytes`` takes from its sender's compute while it runs (``Link.excess_s``)."""
+        if nbytes <= 0:
+            return 0.0
+        link = self.link(same_node)
+        return link.excess_s + link.excess_s_per_byte * nbytes
 
     def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1) -> float:
         """Seconds for one message (latency + size / rate); 0 for an empty one."""

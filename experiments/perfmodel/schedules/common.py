@@ -101,6 +101,9 @@ class Ctx:
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         seconds = self.cost.transfer(sum(nbytes.values()), same, conc)
+        extra = self.cost.excess(sum(nbytes.values()), same)
+        if extra > 0:   # what the transfer takes from the sender's compute meanwhile (CostModel.excess)
+            self.compute(src, f"{name}.excess", extra, deps=deps, phase=phase)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
                             nbytes={k: v for k, v in nbytes.items() if v})

@@ -1,0 +1,179 @@
+"""What a transfer costs a rank that computes meanwhile, on the emulated cluster (a diagnostic).
+
+The performance model counts a transfer that runs under a rank's compute as hidden: a ring step
+takes max(compute, transfer). This probe measures that on the emulated cluster, with the suite's
+own pieces: every rank at once (the ranks in their namespaces and CPU cgroups, gloo, as a run),
+repeats, interleaved,
+
+* ``compute``: fwd+bwd of one ``tokens x tokens`` block (the calibration's kernel, 8 heads x 32);
+* ``transfer``: one hop of ``nbytes``, posted as ``burst_impl.comm.Channel`` posts it (the
+  receive, then the send, one ``batch_isend_irecv``), waited for;
+* ``both``: the hop posted, the block computed, the hop waited for (a ring step with overlap);
+
+for each case of ``CASES``: ``ring`` (inside the node: send to the next rank, receive from the
+previous), ``pair`` (across nodes: a two-way exchange with the same local rank of the next node,
+the double ring's outer ring over 2 nodes), ``oneway`` (across nodes: node 0 sends, node 1
+receives). ``excess = both - max(compute, transfer)`` is what overlap did not hide; the wall and
+process CPU seconds (all threads: gloo's too) of each are reported, medians over ranks and repeats.
+
+    python -m experiments.cluster overlap a800_ib_emu_2x4 --out results/.../overlap_probe.json
+    torchrun ... -m experiments.cluster.emulator.overlap_probe <repeats> <case,...>   # what each rank runs
+
+Measurements: docs/findings.md#overlap-on-the-emulated-cluster.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from burst_impl import kernels
+
+HEADS, HEAD_DIM = 8, 32
+
+
+@dataclass(frozen=True)
+class Case:
+    pattern: str          # ring | pair | oneway
+    tokens: int           # compute: fwd+bwd of one tokens x tokens block
+    nbytes: int           # of the hop (float32 elements x 4)
+
+    @property
+    def name(self) -> str:
+        return f"{self.pattern}:{self.tokens}:{self.nbytes}"
+
+
+# the block sizes of cpu_double_ring_emulated_2x4 (2K and 8K tokens over 8 ranks: K and V of 256 and
+# 1024 tokens x 8 x 32 float32 = 512 KiB and 2 MiB per hop), with the compute of a block of that size
+CASES = (Case("ring", 256, 1 << 19), Case("ring", 1024, 1 << 21), Case("pair", 1024, 1 << 19),
+         Case("pair", 1024, 1 << 21), Case("oneway", 1024, 1 << 21))
+PATTERNS = ("ring", "pair", "oneway")
+
+
+def parse_cases(text: str) -> list[Case]:
+    """``pattern:tokens:nbytes`` items, comma-separated."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or parts[0] not in PATTERNS or not all(p.isdigit() and int(p) > 0 for p in parts[1:]):
+            raise ValueError(f"case={item!r} must be <pattern>:<tokens>:<bytes> with pattern in {PATTERNS} "
+                             "and positive integers")
+        if int(parts[2]) % 4:
+            raise ValueError(f"case={item!r}: bytes must be a multiple of 4 (float32 elements)")
+        out.append(Case(parts[0], int(parts[1]), int(parts[2])))
+    return out
+
+
+def peers(pattern: str, rank: int, world: int, per_node: int) -> tuple[int | None, int | None]:
+    """(send to, receive from) global ranks of ``rank`` for ``pattern`` (None: no such direction)."""
+    node, local = divmod(rank, per_node)
+    if pattern == "ring":
+        return node * per_node + (local + 1) % per_node, node * per_node + (local - 1) % per_node
+    nodes = world // per_node
+    nxt, prv = (rank + per_node) % world, (rank - per_node) % world
+    if pattern == "pair":
+        return nxt, prv
+    if pattern == "oneway":        # the first half of the nodes send, the second half receive
+        return (nxt, None) if node < nodes // 2 else (None, prv)
+    raise ValueError(f"pattern={pattern!r} must be one of {PATTERNS}")
+
+
+def _block(tokens: int):
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, tokens, HEADS, HEAD_DIM, generator=g) for _ in range(4))
+    scale = kernels.default_scale(HEAD_DIM, None)
+
+    def step():
+        out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale)
+        kernels.attn_backward(do, q, k, v, lse, kernels.compute_delta(do, out), causal=False, scale=scale)
+    return step
+
+
+def _probe_case(case: Case, repeats: int, per_node: int, iters: int = 4) -> dict[str, list]:
+    """Per kind, ``repeats`` (wall s, CPU s) means over ``iters`` steps of this rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dst, src = peers(case.pattern, rank, world, per_node)
+    step = _block(case.tokens)
+    send, recv = torch.randn(case.nbytes // 4), torch.empty(case.nbytes // 4)
+
+    def post():
+        ops = ([dist.P2POp(dist.irecv, recv, src)] if src is not None else []) + (
+            [dist.P2POp(dist.isend, send, dst)] if dst is not None else [])
+        return dist.batch_isend_irecv(ops)
+
+    def run(kind: str) -> tuple[float, float]:
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(iters):
+            reqs = post() if kind != "compute" else []
+            if kind != "transfer":
+                step()
+            for r in reqs:
+                r.wait()
+        dist.barrier()       # the slowest rank's end: a ring step ends when its neighbours' do
+        return (time.perf_counter() - t0) / iters, (time.process_time() - c0) / iters
+
+    step()
+    run("transfer")           # warm-up: connections, allocations
+    out: dict[str, list] = {"compute": [], "transfer": [], "both": []}
+    for _ in range(repeats):
+        for kind in out:
+            out[kind].append(run(kind))
+    return out
+
+
+def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
+    """One row per case: medians over ranks and repeats, and the excess of ``both`` over max(compute, transfer)."""
+    rows = []
+    for c in cases:
+        med = {}
+        for kind in ("compute", "transfer", "both"):
+            samples = [s for r in per_rank for s in r[c.name][kind]]
+            med[kind] = (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
+        # the excess per repeat (the three kinds of one repeat ran back to back), median over ranks and repeats
+        excess = [b[0] - max(cp[0], t[0]) for r in per_rank
+                  for cp, t, b in zip(r[c.name]["compute"], r[c.name]["transfer"], r[c.name]["both"])]
+        rows.append({"case": c.name, "pattern": c.pattern, "tokens": c.tokens, "bytes": c.nbytes,
+                     **{f"{k}_wall_s": v[0] for k, v in med.items()}, **{f"{k}_cpu_s": v[1] for k, v in med.items()},
+                     "excess_s": statistics.median(excess), "excess_samples_s": excess,
+                     "transfer_bytes_per_s": c.nbytes / med["transfer"][0]})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [f"{'case':<22} {'compute ms':>10} {'transfer ms':>11} {'both ms':>8} {'excess ms':>9} "
+             f"{'xfer MB/s':>9} {'cpu: comp':>9} {'xfer':>6} {'both':>6} ms"]
+    for r in rows:
+        lines.append(f"{r['case']:<22} {r['compute_wall_s'] * 1e3:10.1f} {r['transfer_wall_s'] * 1e3:11.1f} "
+                     f"{r['both_wall_s'] * 1e3:8.1f} {r['excess_s'] * 1e3:+9.1f} "
+                     f"{r['transfer_bytes_per_s'] / 1e6:9.1f} {r['compute_cpu_s'] * 1e3:9.1f} "
+                     f"{r['transfer_cpu_s'] * 1e3:6.1f} {r['both_cpu_s'] * 1e3:6.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(__doc__)
+        return 2
+    repeats, cases = int(argv[0]), parse_cases(argv[1])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    mine = {c.name: _probe_case(c, repeats, per_node) for c in cases}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() == 0:
+        print("OVERLAP_PROBE " + json.dumps(every), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
