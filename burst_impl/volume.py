@@ -57,25 +57,6 @@ def stats_size(elem_size: int) -> int:
     return 8 if elem_size == 8 else FP32
 
 
-def _blocks(s: AttnShape) -> int:
-    """Rows of all the blocks one rank sends of one tensor: (G-1) * B * N/G."""
-    if s.seqlen % s.world_size:
-        raise ValueError(f"seqlen={s.seqlen} must be divisible by world_size={s.world_size}")
-    return (s.world_size - 1) * s.rows
-
-
-def forward_bytes(s: AttnShape) -> dict[str, int]:
-    return _table(s, "forward", _blocks(s), _blocks(s))
-
-
-def burst_backward_bytes(s: AttnShape, grad_elem_size: int | None = None) -> dict[str, int]:
-    return _table(s, "burst", _blocks(s), _blocks(s), grad_elem_size)
-
-
-def ring_backward_bytes(s: AttnShape, grad_elem_size: int | None = None) -> dict[str, int]:
-    return _table(s, "ring", _blocks(s), _blocks(s), grad_elem_size)
-
-
 def _table(s: AttnShape, what: str, rows: int, acc_rows: int, grad_elem_size: int | None = None) -> dict[str, int]:
     """Bytes by kind of the forward ("forward") or a backward ("burst", "ring") when the circulating
     blocks one rank sends hold ``rows`` rows in all and the accumulators it sends ``acc_rows``."""
@@ -89,9 +70,6 @@ def _table(s: AttnShape, what: str, rows: int, acc_rows: int, grad_elem_size: in
                 "dq": acc_rows * qd * grad_elem_size}
     return {"k": rows * kv * s.elem_size, "v": rows * kv * s.elem_size, "dk": acc_rows * kv * grad_elem_size,
             "dv": acc_rows * kv * grad_elem_size}
-
-
-BACKWARD_BYTES = {"burst": burst_backward_bytes, "ring": ring_backward_bytes}
 
 
 def expected_bytes(s: AttnShape, backward: str = "burst", grad_elem_size: int | None = None, *, rank: int = 0,

@@ -28,11 +28,13 @@ def test_patterns_pair_the_ranks_as_the_rings_do():
 
 def test_summary_excess_is_both_over_the_slower_of_the_two():
     c = P.Case("ring", 256, 1024)
-    # two ranks, two repeats: (wall, cpu) per kind
-    ranks = [{c.name: {"compute": [(0.10, 0.02), (0.12, 0.02)], "transfer": [(0.05, 0.01), (0.15, 0.01)],
-                       "both": [(0.13, 0.03), (0.16, 0.03)]}} for _ in range(2)]
+    # two ranks, two rounds: the slowest rank's wall times (the same on every rank), each rank's CPU times
+    wall = {"compute": [0.10, 0.12], "transfer": [0.05, 0.15], "both": [0.13, 0.16]}
+    ranks = [{c.name: {"wall": wall, "cpu": {"compute": [0.02, 0.02], "transfer": [0.01, 0.01],
+                                             "both": [0.03, 0.03 + r]}}} for r in (0.0, 0.02)]
     (row,) = P.summarize(ranks, [c])
-    assert row["excess_samples_s"] == pytest.approx([0.03, 0.01, 0.03, 0.01])
+    assert row["excess_samples_s"] == pytest.approx([0.03, 0.01])       # both - max(compute, transfer)
     assert row["excess_s"] == pytest.approx(0.02)
+    assert row["both_cpu_s"] == pytest.approx(0.03)                     # median over ranks and rounds
     assert row["transfer_bytes_per_s"] == pytest.approx(1024 / 0.10)
     assert "ring:256:1024" in P.table([row])

@@ -10,8 +10,7 @@ so this baseline *is* that code path (``burst_attn_func(backward="ring")``):
 one implementation, and a timing comparison of ``ring`` against ``burst_qring``
 isolates the backward scheme. Independent checks of it: the fp64 reference
 (tests/test_baselines.py) and PyTorch's own ring attention
-(tests/test_baselines_peers.py). Bytes per rank: ``volume.forward_bytes`` +
-``volume.ring_backward_bytes``.
+(tests/test_baselines_peers.py). Bytes per rank: ``volume.expected_bytes(s, "ring")``.
 """
 from __future__ import annotations
 

@@ -20,11 +20,13 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from ..harness import env as provenance
+from ..harness.launch import run_launch
 from .emulator import netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
@@ -115,27 +117,18 @@ def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
     world = prof.nodes * prof.ranks_per_node
-    with EmulatedCluster(prof) as cl:
+    with EmulatedCluster(prof) as cl, tempfile.TemporaryDirectory(prefix="bemu-overlap-") as work:
         if not cl.emulated:
             print(f"cannot probe: {cl.fallback}")
             return 2
         env = dict(os.environ, **cl.env(world), OMP_NUM_THREADS="1")
-        procs = [subprocess.Popen(cmd, env=env, cwd=provenance.REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
-                 for cmd in cl.launches(world, [str(repeats), cases_text], port=29590,
-                                        module="experiments.cluster.emulator.overlap_probe")]
-        logs = []
-        try:
-            logs = [p.communicate(timeout=900)[0] for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        cmds = cl.launches(world, [str(repeats), cases_text], port=29590,
+                           module="experiments.cluster.emulator.overlap_probe")
+        rc, logs = run_launch([(c, env) for c in cmds], provenance.REPO, Path(work) / "overlap.log", timeout_s=900)
         info = cl.info(world)
-    lines = [ln for log in logs for ln in log.splitlines() if ln.startswith("OVERLAP_PROBE ")]
-    if not lines or any(p.returncode for p in procs):
-        raise RuntimeError("overlap probe failed: " + " | ".join(log.strip()[-600:] for log in logs))
+    lines = [ln for ln in logs.splitlines() if ln.startswith("OVERLAP_PROBE ")]
+    if rc != 0 or not lines:
+        raise RuntimeError(f"overlap probe failed (exit status {rc}): {logs.strip()[-1200:]}")
     per_rank = json.loads(lines[0].split(" ", 1)[1])
     rows = overlap_probe.summarize(per_rank, cases)
     print(info["summary"])

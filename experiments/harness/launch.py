@@ -148,6 +148,21 @@ class _Procs:
         return "\n".join(_tail(lg, n // len(self.logs)) for lg in self.logs)
 
 
+def run_launch(specs, repo: Path, log: Path, timeout_s: float) -> tuple[int | None, str]:
+    """Run one launch's commands (``(cmd, env)``, one per node) to their end, as ``run_batch`` does
+    (a failing node's peers get ``GRACE_S``, then are killed): ``(exit status, their logs)``; the
+    status is None when ``timeout_s`` passed first and the processes were killed."""
+    procs = _Procs(specs, repo, log)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while (rc := procs.poll()) is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+    finally:
+        procs.kill()
+        procs.close()
+    return rc, "\n".join(lg.read_text(errors="replace") for lg in procs.logs)
+
+
 def run_batch(cases: list[Case], *, results_root: Path, device: str, repo: Path,
               on_record: Callable[[dict], None], on_start: Callable[[Case], None],
               max_launches: int | None = None, launcher: Launcher | None = None) -> None:

@@ -174,10 +174,9 @@ def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] |
 # ---------------------------------------------------------------- calibration
 
 
-def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
-           seconds: float) -> float:
-    """FLOP/s of fwd+bwd of one full tokens x tokens block, timed while the other processes run too."""
-    torch.set_num_threads(threads)
+def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
+    """The calibration's work as a callable: fwd+bwd of one full tokens x tokens block with the suite's
+    kernels (``burst_impl.kernels``, what a ring step computes)."""
     dt = DTYPES[dtype]
     g = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, tokens, heads, head_dim, generator=g).to(dt) for _ in range(4))
@@ -187,7 +186,14 @@ def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, syn
         out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale_)
         delta = kernels.compute_delta(do, out)
         kernels.attn_backward(do, q, k, v, lse, delta, causal=False, scale=scale_)
+    return step
 
+
+def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
+           seconds: float) -> float:
+    """FLOP/s of fwd+bwd of one full tokens x tokens block, timed while the other processes run too."""
+    torch.set_num_threads(threads)
+    step = block_step(tokens, heads, head_dim, dtype)
     step()                                        # warm-up (allocations, kernel selection)
     (sync / f"ready.{ident}").touch()
     while not (sync / "go").exists():

@@ -3,9 +3,11 @@
 The performance model counts a transfer that runs under a rank's compute as hidden: a ring step
 takes max(compute, transfer). This probe measures that on the emulated cluster, with the suite's
 own pieces: every rank at once (the ranks in their namespaces and CPU cgroups, gloo, as a run),
-repeats, interleaved,
+timed by ``experiments.harness.timing.time_interleaved`` (rounds compute, transfer, both; each
+sample the slowest rank's, over ``ITERS`` steps back to back as a ring runs them),
 
-* ``compute``: fwd+bwd of one ``tokens x tokens`` block (the calibration's kernel, 8 heads x 32);
+* ``compute``: fwd+bwd of one ``tokens x tokens`` block (``emulation.block_step``, the calibration's
+  work, 8 heads x 32);
 * ``transfer``: one hop of ``nbytes``, posted as ``burst_impl.comm.Channel`` posts it (the
   receive, then the send, one ``batch_isend_irecv``), waited for;
 * ``both``: the hop posted, the block computed, the hop waited for (a ring step with overlap);
@@ -13,8 +15,9 @@ repeats, interleaved,
 for each case of ``CASES``: ``ring`` (inside the node: send to the next rank, receive from the
 previous), ``pair`` (across nodes: a two-way exchange with the same local rank of the next node,
 the double ring's outer ring over 2 nodes), ``oneway`` (across nodes: node 0 sends, node 1
-receives). ``excess = both - max(compute, transfer)`` is what overlap did not hide; the wall and
-process CPU seconds (all threads: gloo's too) of each are reported, medians over ranks and repeats.
+receives). ``excess = both - max(compute, transfer)`` per round is what overlap did not hide; the
+wall seconds (medians over rounds) and each rank's process CPU seconds (all threads: gloo's too;
+medians over ranks and rounds) of each are reported.
 
     python -m experiments.cluster overlap a800_ib_emu_2x4 --out results/.../overlap_probe.json
     torchrun ... -m experiments.cluster.emulator.overlap_probe <repeats> <case,...>   # what each rank runs
@@ -34,9 +37,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from burst_impl import kernels
+from ...harness.timing import RepeatPolicy, time_interleaved
+from .emulation import block_step
 
 HEADS, HEAD_DIM = 8, 32
+KINDS = ("compute", "transfer", "both")
+ITERS = 4                 # steps per sample, back to back (ranks drift apart as in a ring's pass)
 
 
 @dataclass(frozen=True)
@@ -85,65 +91,50 @@ def peers(pattern: str, rank: int, world: int, per_node: int) -> tuple[int | Non
     raise ValueError(f"pattern={pattern!r} must be one of {PATTERNS}")
 
 
-def _block(tokens: int):
-    g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, tokens, HEADS, HEAD_DIM, generator=g) for _ in range(4))
-    scale = kernels.default_scale(HEAD_DIM, None)
-
-    def step():
-        out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale)
-        kernels.attn_backward(do, q, k, v, lse, kernels.compute_delta(do, out), causal=False, scale=scale)
-    return step
-
-
-def _probe_case(case: Case, repeats: int, per_node: int, iters: int = 4) -> dict[str, list]:
-    """Per kind, ``repeats`` (wall s, CPU s) means over ``iters`` steps of this rank."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dst, src = peers(case.pattern, rank, world, per_node)
-    step = _block(case.tokens)
+def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
+    """``{"wall": {kind: [s per step, one per round: the slowest rank's]}, "cpu": {kind: [this rank's]}}``."""
+    dst, src = peers(case.pattern, dist.get_rank(), dist.get_world_size(), per_node)
+    compute = block_step(case.tokens, HEADS, HEAD_DIM)
     send, recv = torch.randn(case.nbytes // 4), torch.empty(case.nbytes // 4)
+    cpu: dict[str, list] = {k: [] for k in KINDS}
 
     def post():
         ops = ([dist.P2POp(dist.irecv, recv, src)] if src is not None else []) + (
             [dist.P2POp(dist.isend, send, dst)] if dst is not None else [])
         return dist.batch_isend_irecv(ops)
 
-    def run(kind: str) -> tuple[float, float]:
-        dist.barrier()
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(iters):
-            reqs = post() if kind != "compute" else []
-            if kind != "transfer":
-                step()
-            for r in reqs:
-                r.wait()
-        dist.barrier()       # the slowest rank's end: a ring step ends when its neighbours' do
-        return (time.perf_counter() - t0) / iters, (time.process_time() - c0) / iters
+    def step(kind: str):
+        def run():
+            c0 = time.process_time()
+            for _ in range(ITERS):
+                reqs = post() if kind != "compute" else []
+                if kind != "transfer":
+                    compute()
+                for r in reqs:
+                    r.wait()
+            cpu[kind].append((time.process_time() - c0) / ITERS)
+        return run, None
 
-    step()
-    run("transfer")           # warm-up: connections, allocations
-    out: dict[str, list] = {"compute": [], "transfer": [], "both": []}
-    for _ in range(repeats):
-        for kind in out:
-            out[kind].append(run(kind))
-    return out
+    # the warm-up (connections, allocations) is timed by nobody: drop its CPU samples
+    res = time_interleaved([step(k) for k in KINDS], warmup=1, device=torch.device("cpu"),
+                           policy=RepeatPolicy(min_repeats=repeats, max_repeats=repeats))
+    return {"wall": {k: [t / ITERS for t in s] for k, s in zip(KINDS, res.samples)},
+            "cpu": {k: v[-repeats:] for k, v in cpu.items()}}
 
 
 def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
-    """One row per case: medians over ranks and repeats, and the excess of ``both`` over max(compute, transfer)."""
+    """One row per case: medians of the wall times (every rank has the same: the slowest rank's) and of
+    the ranks' CPU times, and the excess of ``both`` over max(compute, transfer), round by round."""
     rows = []
     for c in cases:
-        med = {}
-        for kind in ("compute", "transfer", "both"):
-            samples = [s for r in per_rank for s in r[c.name][kind]]
-            med[kind] = (statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples))
-        # the excess per repeat (the three kinds of one repeat ran back to back), median over ranks and repeats
-        excess = [b[0] - max(cp[0], t[0]) for r in per_rank
-                  for cp, t, b in zip(r[c.name]["compute"], r[c.name]["transfer"], r[c.name]["both"])]
+        wall = per_rank[0][c.name]["wall"]
+        excess = [b - max(cp, t) for cp, t, b in zip(wall["compute"], wall["transfer"], wall["both"])]
+        cpu = {k: statistics.median(x for r in per_rank for x in r[c.name]["cpu"][k]) for k in KINDS}
         rows.append({"case": c.name, "pattern": c.pattern, "tokens": c.tokens, "bytes": c.nbytes,
-                     **{f"{k}_wall_s": v[0] for k, v in med.items()}, **{f"{k}_cpu_s": v[1] for k, v in med.items()},
+                     **{f"{k}_wall_s": statistics.median(wall[k]) for k in KINDS},
+                     **{f"{k}_cpu_s": cpu[k] for k in KINDS},
                      "excess_s": statistics.median(excess), "excess_samples_s": excess,
-                     "transfer_bytes_per_s": c.nbytes / med["transfer"][0]})
+                     "transfer_bytes_per_s": c.nbytes / statistics.median(wall["transfer"])})
     return rows
 
 

@@ -100,8 +100,9 @@ class Ctx:
         send gets its NIC's rate over the flows on that NIC."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
-        seconds = self.cost.transfer(sum(nbytes.values()), same, conc)
-        extra = self.cost.excess(sum(nbytes.values()), same)
+        total = sum(nbytes.values())
+        seconds = self.cost.transfer(total, same, conc)
+        extra = self.cost.excess(total, same)
         if extra > 0:   # what the transfer takes from the sender's compute meanwhile (CostModel.excess)
             self.compute(src, f"{name}.excess", extra, deps=deps, phase=phase)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
