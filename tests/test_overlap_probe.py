@@ -36,5 +36,9 @@ def test_summary_excess_is_both_over_the_slower_of_the_two():
     assert row["excess_samples_s"] == pytest.approx([0.03, 0.01])       # both - max(compute, transfer)
     assert row["excess_s"] == pytest.approx(0.02)
     assert row["both_cpu_s"] == pytest.approx(0.03)                     # median over ranks and rounds
+    # the CPU the hop adds (median both - median compute = 0.01 s) at the ranks' CPU rate (0.11 s wall
+    # per 0.02 s CPU of compute)
+    assert row["cpu_excess_s"] == pytest.approx(0.01 * 0.11 / 0.02)
+    assert P.cpu_excess({"compute": 0.02, "both": 0.019}, 0.1) == 0.0    # noise below 0 counts as none
     assert row["transfer_bytes_per_s"] == pytest.approx(1024 / 0.10)
     assert "ring:256:1024" in P.table([row])

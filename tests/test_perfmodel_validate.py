@@ -207,21 +207,28 @@ def test_overlap_excess_lengthens_a_hidden_transfer_only(tmp_path):
     assert rows[256]["predicted_s"] == pytest.approx(_hand_burst_forward(256) + a + k * sent, rel=1e-9)
     assert rows[4096]["predicted_s"] == pytest.approx(_hand_burst_forward(4096), rel=1e-9)
     # the probe's file in the results root is what validate_experiment fits and uses; another profile's is ignored
-    rows_ = [{"pattern": "pair", "bytes": b, "excess_s": a + k * b} for b in (1 << 19, 1 << 21)]
+    rows_ = [{"pattern": "pair", "bytes": b, "cpu_excess_s": a + k * b} for b in (1 << 19, 1 << 21)]
     (tmp_path / validate.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": rows_}))
     got = validate.load_excess(tmp_path, "t_emu")["fit"]["inter"]
     assert got == pytest.approx((a, k), rel=1e-9)
     assert validate.load_excess(tmp_path, "another_profile") is None
+    # a probe record from before the CPU excess was measured is refused, with what to run
+    (tmp_path / validate.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": [
+        {"pattern": "pair", "bytes": 1 << 19, "excess_s": a}]}))
+    with pytest.raises(ValueError, match="cpu_excess_s.*experiments.cluster overlap t_emu"):
+        validate.load_excess(tmp_path, "t_emu")
 
 
 def test_fit_excess_keeps_both_terms_non_negative():
-    line = [{"pattern": "ring", "bytes": 1e6, "excess_s": 0.003}, {"pattern": "ring", "bytes": 3e6, "excess_s": 0.007}]
+    line = [{"pattern": "ring", "bytes": 1e6, "cpu_excess_s": 0.003},
+            {"pattern": "ring", "bytes": 3e6, "cpu_excess_s": 0.007}]
     assert validate.fit_excess(line)["intra"] == pytest.approx((0.001, 2e-9))
     # a line with a negative intercept goes through the origin instead; one size: all of it per byte
-    steep = [{"pattern": "pair", "bytes": 1e6, "excess_s": 0.001}, {"pattern": "pair", "bytes": 2e6, "excess_s": 0.005}]
+    steep = [{"pattern": "pair", "bytes": 1e6, "cpu_excess_s": 0.001},
+             {"pattern": "pair", "bytes": 2e6, "cpu_excess_s": 0.005}]
     a, k = validate.fit_excess(steep)["inter"]
     assert a == 0 and k == pytest.approx((1e6 * 0.001 + 2e6 * 0.005) / (1e12 + 4e12))
-    one = validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "excess_s": 0.004}])
+    one = validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": 0.004}])
     assert one == {"intra": (0.0, pytest.approx(2e-9))}
     # a measured excess below 0 (noise: both faster than the slower of the two) counts as none
-    assert validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "excess_s": -0.001}])["intra"] == (0.0, 0.0)
+    assert validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)

@@ -13,11 +13,13 @@ The profile is THIS machine as the run emulated it:
   recorded before NICs were shaped), as ``emulator/shaping.py`` builds them.
 
 * overlap: what a transfer takes from its sender's compute while it runs
-  under it (``Link.excess_s``), fitted per link class to the excess the
+  under it (``Link.excess_s``), fitted per link class to the CPU excess the
   overlap probe measured on this cluster (``python -m experiments.cluster
-  overlap <profile> --out <results root>/overlap_probe.json``: ``ring`` cases
-  for intra, ``pair`` cases for inter; a line through its cases in bytes, no
-  term below 0). Without that file hidden transfers are free, as on a GPU.
+  overlap <profile> --out <results root>/overlap_probe.json``: the CPU seconds
+  a hop adds to its rank's step, at the rank's CPU rate; ``ring`` cases for
+  intra, ``pair`` cases for inter; a line through its cases in bytes, no term
+  below 0). Without that file hidden transfers are free, as on a GPU. Why the
+  CPU excess and not the probe's wall excess: docs/perfmodel.md#overlap-excess.
 
 Everything else is the model as it predicts the papers' clusters (same
 schedules, simulator, byte placement). ``error = predicted / measured - 1``;
@@ -53,10 +55,11 @@ EXCESS_PATTERN = {"intra": "ring", "inter": "pair"}     # the probe's symmetric 
 
 def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
     """``{class: (excess_s, excess_s_per_byte)}``: per link class the least-squares line of the probe's
-    excess against bytes over its cases (one case: all of it per byte), neither term below 0."""
+    CPU excess (``cpu_excess_s``) against bytes over its cases (one case: all of it per byte), neither
+    term below 0."""
     out = {}
     for klass, pattern in EXCESS_PATTERN.items():
-        pts = [(float(r["bytes"]), float(r["excess_s"])) for r in rows if r["pattern"] == pattern]
+        pts = [(float(r["bytes"]), float(r["cpu_excess_s"])) for r in rows if r["pattern"] == pattern]
         if not pts:
             continue
         xs = {x for x, _ in pts}
@@ -81,6 +84,9 @@ def load_excess(results_root, profile: str | None) -> dict | None:
     rec = json.loads(path.read_text())
     if profile is not None and rec.get("profile") != profile:
         return None
+    if any("cpu_excess_s" not in r for r in rec["rows"]):
+        raise ValueError(f"{path}: a probe record without cpu_excess_s (written before it was measured); "
+                         f"re-run python -m experiments.cluster overlap {rec.get('profile')} --out {path}")
     return {"fit": fit_excess(rec["rows"]), "path": str(path), "commit": (rec.get("git") or {}).get("commit")}
 
 
@@ -253,7 +259,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["text"] += "\n" + (
-        "overlap excess per transfer (fitted to " + ex["path"] + "): " + ", ".join(
+        "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): " + ", ".join(
             f"{k} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     return rep

@@ -17,7 +17,8 @@ previous), ``pair`` (across nodes: a two-way exchange with the same local rank o
 the double ring's outer ring over 2 nodes), ``oneway`` (across nodes: node 0 sends, node 1
 receives). ``excess = both - max(compute, transfer)`` per round is what overlap did not hide; the
 wall seconds (medians over rounds) and each rank's process CPU seconds (all threads: gloo's too;
-medians over ranks and rounds) of each are reported.
+medians over ranks and rounds) of each are reported, and ``cpu_excess``: the CPU the hop adds to a
+rank's step, in wall seconds at the rank's CPU rate, the part the performance model charges.
 
     python -m experiments.cluster overlap a800_ib_emu_2x4 --out results/.../overlap_probe.json
     torchrun ... -m experiments.cluster.emulator.overlap_probe <repeats> <case,...>   # what each rank runs
@@ -122,6 +123,17 @@ def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
             "cpu": {k: v[-repeats:] for k, v in cpu.items()}}
 
 
+def cpu_excess(cpu: dict, compute_wall_s: float) -> float:
+    """The CPU seconds the hop adds to a rank's step (``both`` - ``compute``, medians over ranks and
+    rounds), in wall seconds at the rate a rank gets CPU here (compute's wall / CPU seconds: ~4 for a
+    rank capped at a quarter core): what the performance model charges beside each transfer
+    (``Link.excess_s``). Unlike the wall excess it leaves out what the schedule already carries or
+    the model does not (waits on a peer, the scheduler's wake-ups at 4 ranks per core)."""
+    if cpu["compute"] <= 0:
+        return 0.0
+    return max(0.0, cpu["both"] - cpu["compute"]) * compute_wall_s / cpu["compute"]
+
+
 def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
     """One row per case: medians of the wall times (every rank has the same: the slowest rank's) and of
     the ranks' CPU times, and the excess of ``both`` over max(compute, transfer), round by round."""
@@ -130,22 +142,25 @@ def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
         wall = per_rank[0][c.name]["wall"]
         excess = [b - max(cp, t) for cp, t, b in zip(wall["compute"], wall["transfer"], wall["both"])]
         cpu = {k: statistics.median(x for r in per_rank for x in r[c.name]["cpu"][k]) for k in KINDS}
+        walls = {k: statistics.median(wall[k]) for k in KINDS}
         rows.append({"case": c.name, "pattern": c.pattern, "tokens": c.tokens, "bytes": c.nbytes,
-                     **{f"{k}_wall_s": statistics.median(wall[k]) for k in KINDS},
+                     **{f"{k}_wall_s": walls[k] for k in KINDS},
                      **{f"{k}_cpu_s": cpu[k] for k in KINDS},
                      "excess_s": statistics.median(excess), "excess_samples_s": excess,
+                     "cpu_excess_s": cpu_excess(cpu, walls["compute"]),
                      "transfer_bytes_per_s": c.nbytes / statistics.median(wall["transfer"])})
     return rows
 
 
 def table(rows: list[dict]) -> str:
     lines = [f"{'case':<22} {'compute ms':>10} {'transfer ms':>11} {'both ms':>8} {'excess ms':>9} "
-             f"{'xfer MB/s':>9} {'cpu: comp':>9} {'xfer':>6} {'both':>6} ms"]
+             f"{'xfer MB/s':>9} {'cpu: comp':>9} {'xfer':>6} {'both':>6} ms {'cpu excess ms':>13}"]
     for r in rows:
         lines.append(f"{r['case']:<22} {r['compute_wall_s'] * 1e3:10.1f} {r['transfer_wall_s'] * 1e3:11.1f} "
                      f"{r['both_wall_s'] * 1e3:8.1f} {r['excess_s'] * 1e3:+9.1f} "
                      f"{r['transfer_bytes_per_s'] / 1e6:9.1f} {r['compute_cpu_s'] * 1e3:9.1f} "
-                     f"{r['transfer_cpu_s'] * 1e3:6.1f} {r['both_cpu_s'] * 1e3:6.1f}")
+                     f"{r['transfer_cpu_s'] * 1e3:6.1f} {r['both_cpu_s'] * 1e3:6.1f}    "
+                     f"{r['cpu_excess_s'] * 1e3:13.1f}")
     return "\n".join(lines)
 
 
