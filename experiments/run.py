@@ -47,7 +47,7 @@ from .harness.env import REPO, machine_slug
 from .harness.launch import run_batch, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
 from burst_impl.model import get_config
-from .cluster.report import NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model
+from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report, with_model, write_report
 from .harness.summary import write_summary
 from .plots import draw_all
 
@@ -345,7 +345,7 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
         files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
-        files += [figure(rep, Path(args.plots) / rep["experiment"] / "emulated_vs_modelled.png") for rep in reports]
+        files += [f for rep in reports for f in write_report(rep, args.results, args.plots)[1:]]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
 
@@ -366,7 +366,7 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
             rep = with_model(rep, results_root, require_calibration=True)
         except (ValueError, RuntimeError) as e:   # a loopback fallback has no links to model; a timing failed
             rep = {**rep, "text": rep["text"] + f"\n\nperformance model: not compared: {e}"}
-        (R.experiment_dir(results_root, spec.name) / "emulation_report.txt").write_text(rep["text"] + "\n")
+        write_report(rep, results_root)
         print(rep["text"])
         if any(m.endswith(NO_OVERLAP) for m in spec.methods) and spec.baseline in spec.methods:
             rat = ratios_of(spec.name, results_root=results_root, ref=spec.baseline)

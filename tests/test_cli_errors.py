@@ -31,11 +31,13 @@ def _bad_spec(tmp_path: Path) -> Path:
     (("experiments.run", "{bad}", "--dry-run"), ["bad_spec.yaml", "not_a_key", "unknown key"]),
     (("experiments.perfmodel", "no_such_spec", "--no-plots"), ["'no_such_spec' is neither a spec file"]),
     (("experiments.cluster", "report", "no_such_experiment", "--results", "{tmp}"), ["no_such_experiment"]),
+    (("experiments.cluster", "report", "cpu_double_ring_emulated_2x4", "--plots", "{tmp}"), ["add --write"]),
     (("experiments.report", "--results", "{tmp}/missing"), ["no such folder"]),
     (("experiments.cluster", "overlap", "a800_ib_emu_2x4", "--cases", "ring:256"), ["case='ring:256'"]),
     (("experiments.plots", "no_such_experiment", "--results", "results/modelled", "--out", "{tmp}"),
      ["['no_such_experiment'] have no results"]),
-], ids=["run-unknown-name", "run-unknown-key", "perfmodel", "cluster", "report", "overlap", "plots"])
+], ids=["run-unknown-name", "run-unknown-key", "perfmodel", "cluster", "cluster-plots", "report", "overlap",
+         "plots"])
 def test_a_user_error_is_one_line_and_exit_2(tmp_path, capsys, args, words):
     args = tuple(a.format(bad=_bad_spec(tmp_path), tmp=tmp_path) for a in args)
     assert _run(*args) == 2

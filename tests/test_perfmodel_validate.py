@@ -12,7 +12,7 @@ import json
 import pytest
 
 from baselines import AttnShape, get
-from experiments.cluster.report import with_model
+from experiments.cluster.report import with_model, write_report
 from experiments.perfmodel import validate
 from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts, measure
 from experiments.perfmodel.schedules.common import merge_bytes
@@ -119,6 +119,9 @@ def test_report_appends_the_model_table(tmp_path):
     rep = with_model({"experiment": "t_emu", "text": "ratios"}, tmp_path, measure_missing=False)
     assert rep["text"].startswith("ratios\n\nperformance model")
     assert {r["seqlen"] for r in rep["model"]["rows"]} == {256, 4096}
+    # written where a run writes it (the figure needs a full report's rows: tests/test_figures_style.py)
+    (path,) = write_report(rep, tmp_path)
+    assert path == d / "emulation_report.txt" and path.read_text() == rep["text"] + "\n"
 
 
 def test_measure_times_real_work():

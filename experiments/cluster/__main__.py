@@ -30,7 +30,7 @@ from ..harness.launch import run_launch
 from .emulator import netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
-from .report import ratios_of, report, with_model
+from .report import ratios_of, report, with_model, write_report
 
 
 def _profile(name: str, rates: str | None):
@@ -178,6 +178,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--model", action="store_true",
                     help="also the performance model's predicted / measured per case (measures kernel times here "
                          "if results/<experiment>/kernel_times.json lacks them)")
+    rp.add_argument("--write", action="store_true",
+                    help="also write it as <results>/<experiment>/emulation_report.txt (what a run writes)")
+    rp.add_argument("--plots", help="with --write: also draw <plots>/<experiment>/emulated_vs_modelled.png")
     ra = sub.add_parser("ratios", help="speedups over --ref and overlap on/off gains, with bootstrap intervals")
     ra.add_argument("experiment")
     ra.add_argument("--results", default=None)
@@ -223,10 +226,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rid}: removed {len(netns.teardown(rid))} namespace(s)")
         return 0
     if args.cmd == "report":
+        if args.plots and not args.write:
+            raise ValueError(f"--plots={args.plots!r} draws the figure of --write; add --write")
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
             out = with_model(out, args.results)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
+        if args.write:
+            print("wrote " + ", ".join(str(f) for f in write_report(out, args.results, args.plots)))
         return 0
     if args.cmd == "ratios":
         out = ratios_of(args.experiment, results_root=args.results, ref=args.ref, level=args.level)

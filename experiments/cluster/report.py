@@ -124,6 +124,21 @@ def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
     return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
 
 
+REPORT_FILE = "emulation_report.txt"
+FIGURE_FILE = "emulated_vs_modelled.png"
+
+
+def write_report(rep: dict, results_root: str | Path | None, plots_root: str | Path | None = None) -> list[Path]:
+    """``rep``'s text as ``<results>/<experiment>/emulation_report.txt`` and, with ``plots_root``, its figure
+    as ``<plots>/<experiment>/emulated_vs_modelled.png`` (what ``experiments.run`` writes after a run;
+    ``python -m experiments.cluster report --write`` re-derives them from the records with today's model)."""
+    path = R.experiment_dir(_root(results_root), rep["experiment"]) / REPORT_FILE
+    path.write_text(rep["text"] + "\n")
+    if plots_root is None:
+        return [path]
+    return [path, figure(rep, Path(plots_root) / rep["experiment"] / FIGURE_FILE)]
+
+
 def loopback_twin(preset, spec) -> str | None:
     """A spec of ``preset`` with exactly ``spec``'s cases on plain loopback (cluster cpu), if there is one."""
     ids = {c.case_id for c in spec.cases()}
