@@ -37,6 +37,7 @@ from ..figstyle import FOOTER_GID, legend_outside, save_figure  # first: it sele
 import matplotlib.pyplot as plt  # after figstyle
 
 from ..harness import results as R
+from ..harness.env import git_info
 from burst_impl.flops import attention_flops
 from ..harness.timing import ratio_interval
 from ..perfmodel.validate import validate_experiment
@@ -133,7 +134,8 @@ def write_report(rep: dict, results_root: str | Path | None, plots_root: str | P
     as ``<plots>/<experiment>/emulated_vs_modelled.png`` (what ``experiments.run`` writes after a run;
     ``python -m experiments.cluster report --write`` re-derives them from the records with today's model)."""
     path = R.experiment_dir(_root(results_root), rep["experiment"]) / REPORT_FILE
-    path.write_text(rep["text"] + "\n")
+    git = git_info()      # the measurements carry their own commit; this is the code that derived the text
+    path.write_text(rep["text"] + f"\nwritten by commit {git['commit']}{' (dirty)' if git['dirty'] else ''}\n")
     if plots_root is None:
         return [path]
     return [path, figure(rep, Path(plots_root) / rep["experiment"] / FIGURE_FILE)]
