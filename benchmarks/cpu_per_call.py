@@ -1,0 +1,104 @@
+"""Benchmark (not a test): the process CPU seconds one fwd+bwd call costs each rank, per method.
+
+On G gloo ranks over loopback (``node_size`` ranks per emulated node for the node-aware methods),
+for each method and sequence length: one warm-up call, then ``CALLS`` calls, each rank's
+``time.process_time`` (all its threads: gloo's too) around its forward + backward; the median per rank
+and the wall time of the slowest. At a few tokens per rank the CPU is what a call costs beside its
+kernels (Python, the dispatcher, gloo's per-message work): the emulated cluster runs that on a rank's
+capped share too, and the performance model has no term for it (docs/findings.md#nic-conventions-2-x-2-and-2-x-4).
+Shapes as ``cpu_double_ring_emulated_2x4``: 8 heads x 32, float32, causal, zigzag.
+
+    python -m benchmarks.cpu_per_call                         # G = 8, node_size 4, N = 64 and 2048
+    python -m benchmarks.cpu_per_call --world-size 4 --node-size 2 --seqlen 64,1024 --methods burst,usp
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HEADS, HEAD_DIM, CALLS = 8, 32, 12
+METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
+
+
+def _calls(name: str, n: int, node_size: int) -> dict:
+    from baselines import get
+
+    m, world = get(name), dist.get_world_size()
+    torch.manual_seed(dist.get_rank())
+    q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, n // world, HEADS, HEAD_DIM)
+    cpu, wall = [], []
+    for i in range(CALLS + 1):
+        q.grad = k.grad = v.grad = None
+        dist.barrier()
+        c0, w0 = time.process_time(), time.perf_counter()
+        out = m.call(q, k, v, causal=True, layout="zigzag", node_size=node_size)
+        (out[0] if isinstance(out, tuple) else out).backward(do)
+        c1 = time.process_time()
+        dist.barrier()
+        if i:                                   # the first call warms up
+            cpu.append(c1 - c0)
+            wall.append(time.perf_counter() - w0)
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, statistics.median(cpu))
+    return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
+                dtype="float32", calls=CALLS, cpu_s_per_rank=per_rank, cpu_s_median=statistics.median(per_rank),
+                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
+
+
+def _worker(rank: int, port: int, args) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.world_size, timeout=datetime.timedelta(seconds=300))
+    for name in args.methods.split(","):
+        for n in (int(x) for x in args.seqlen.split(",")):
+            rec = _calls(name, n, args.node_size)
+            if rank == 0:
+                print(json.dumps(rec), flush=True)
+    dist.destroy_process_group()
+
+
+def _args(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.cpu_per_call", description=__doc__.splitlines()[0])
+    ap.add_argument("--world-size", type=int, default=8)
+    ap.add_argument("--node-size", type=int, default=4)
+    ap.add_argument("--seqlen", default="64,2048", help="comma-separated; each a multiple of 2 x world size")
+    ap.add_argument("--methods", default=METHODS)
+    args = ap.parse_args(argv)
+    from baselines import METHODS as registry
+    bad = [m for m in args.methods.split(",") if m not in registry]
+    if bad:
+        ap.error(f"--methods: {bad} not in the registry")
+    if args.world_size < 1 or args.node_size < 1 or args.world_size % args.node_size:
+        ap.error(f"--world-size={args.world_size} must be a positive multiple of --node-size={args.node_size}")
+    try:
+        ns = [int(x) for x in args.seqlen.split(",")]
+    except ValueError:
+        ap.error(f"--seqlen={args.seqlen!r} must be comma-separated integers")
+    if any(n <= 0 or n % (2 * args.world_size) for n in ns):
+        ap.error(f"--seqlen={args.seqlen!r}: each must be a positive multiple of 2 x world size "
+                 f"({2 * args.world_size}; zigzag)")
+    return args
+
+
+def main(argv=None) -> None:
+    args = _args(sys.argv[1:] if argv is None else argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_worker, args=(port, args), nprocs=args.world_size)
+
+
+if __name__ == "__main__":
+    main()
