@@ -111,6 +111,19 @@ def test_shared_nic_a_lone_flow_gets_the_nic_concurrent_flows_split_it(tmp_path)
     _assert_gone(rid)
 
 
+def test_a_short_message_after_idle_does_not_run_ahead_of_the_nic(tmp_path):
+    """One 512 KiB message through a shared NIC of 4e7 bytes/s after 200 ms of idle link takes at least
+    0.85x bytes / rate: the NIC's bucket holds 0.5 ms of traffic (shaping.BURST_S). With the 5 ms bucket
+    of before, 200 KB of it went at once (0.6x; a ring's hop after its compute rode it)."""
+    prof = parse_profile(yaml.safe_load(_profile(tmp_path, nics_per_node=1,
+                                                 link_rates={"intra": 4e6, "inter": 2e7}).read_text()), "emu.yaml")
+    with EmulatedCluster(prof, log=lambda *_: None) as cl:
+        rid = cl.topo.run_id
+        m = selftest.measure_message(cl.topo, (0, 0), (1, 0), 1 << 19)
+        assert m["seconds"] >= 0.85 * (1 << 19) / 4e7, m
+    _assert_gone(rid)
+
+
 def test_failure_shaping_a_nic_removes_everything(tmp_path, monkeypatch):
     prof = parse_profile(yaml.safe_load(_profile(tmp_path, nics_per_node=1).read_text()), "emu.yaml")
     real = shaping.nic_commands

@@ -108,7 +108,24 @@ def _selftest(prof, seconds: float) -> int:
                       f"configured {want / 1e6:.4g} MB/s each, measured {nic[k]['bytes_per_s'] / 1e6:.4g} MB/s "
                       f"({err:+.1%}); flows {flows} MB/s")
         print(f"worst deviation {worst:.1%}")
+        for line in _message_lines(cl):
+            print(line)
         return 0 if worst <= 0.15 else 1
+
+
+def _message_lines(cl, nbytes: int = 1 << 19) -> list[str]:
+    """One 512 KiB message per link class after an idle spell, against bytes / rate (a lone flow's)."""
+    out = []
+    for k, link in cl.scaling.links.items():
+        if (k == "intra" and cl.topo.ranks_per_node < 2) or (k == "inter" and cl.topo.nodes < 2):
+            continue
+        rate = link.lone_shape.bytes_per_s if k == "inter" else link.bytes_s
+        dst = (0, 1) if k == "intra" else (1, 0)
+        m = selftest.measure_message(cl.topo, (0, 0), dst, nbytes)
+        out.append(f"{k:5s}: one {nbytes >> 10} KiB message after {m['idle_s'] * 1e3:.0f} ms idle: "
+                   f"{m['seconds'] * 1e3:.2f} ms, bytes / rate {nbytes / rate * 1e3:.2f} ms "
+                   f"(x{m['seconds'] * rate / nbytes:.2f}; < 1: ahead of the link on its bucket)")
+    return out
 
 
 def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:

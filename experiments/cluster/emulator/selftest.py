@@ -11,14 +11,20 @@ selftest`` on a cluster that is up, or call ``measure`` from a test.
 ranks alone sends to the next node (``lone``: the NIC's rate, or the rank's cap),
 then all ranks behind it at once (``concurrent``: the NIC's rate split evenly).
 
+``measure_message`` times one short message after an idle spell (a ring's hop after its compute):
+how far it runs ahead of bytes / rate on the link's bucket (``shaping.BURST_S``).
+
     python -m experiments.cluster.emulator.selftest serve <addr> <port> <seconds>   # inside a rank's namespace
     python -m experiments.cluster.emulator.selftest send <addr> <port> <seconds> [<start at, epoch s>]
+    python -m experiments.cluster.emulator.selftest message-serve <addr> <port> <bytes>
+    python -m experiments.cluster.emulator.selftest message-send <addr> <port> <bytes> <idle s>
 """
 from __future__ import annotations
 
 import json
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -50,24 +56,86 @@ def serve(addr: str, port: int, seconds: float) -> dict:
     return {"bytes": n, "seconds": span, "bytes_per_s": (n - n0) / span if span > 0 else 0.0}
 
 
-def send(addr: str, port: int, seconds: float, start_at: float = 0.0) -> None:
-    """Send for ``seconds`` from wall-clock time ``start_at`` (0: now): flows meant to be concurrent start
-    together, not one Python start-up apart (a flow running alone at first would get a whole NIC)."""
+def _connect(addr: str, port: int) -> socket.socket:
     deadline = time.monotonic() + 30
     while True:
         try:
-            conn = socket.create_connection((addr, port), timeout=10)
-            break
+            return socket.create_connection((addr, port), timeout=10)
         except OSError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def send(addr: str, port: int, seconds: float, start_at: float = 0.0) -> None:
+    """Send for ``seconds`` from wall-clock time ``start_at`` (0: now): flows meant to be concurrent start
+    together, not one Python start-up apart (a flow running alone at first would get a whole NIC)."""
+    conn = _connect(addr, port)
     buf = b"\0" * (1 << 16)
     time.sleep(max(0.0, start_at - time.time()))
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         conn.sendall(buf)
     conn.close()
+
+
+def serve_message(addr: str, port: int, nbytes: int) -> dict:
+    """Receive one ``nbytes`` message; seconds from the sender's clock at its first byte (an 8-byte
+    header: namespaces share the machine's clock) to the arrival of its last."""
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr, port))
+    srv.listen(1)
+    srv.settimeout(60)
+    conn, _ = srv.accept()
+    conn.settimeout(60)
+    data = b""
+    while len(data) < 8 + nbytes:
+        b = conn.recv(1 << 20)
+        if not b:
+            break
+        data += b
+    last = time.time()
+    t0 = struct.unpack("d", data[:8])[0]
+    return {"bytes": len(data) - 8, "seconds": last - t0, "bytes_per_s": (len(data) - 8) / max(last - t0, 1e-9)}
+
+
+def send_message(addr: str, port: int, nbytes: int, idle_s: float) -> None:
+    """Connect, stay idle ``idle_s`` (the link's buckets fill, as between a ring's hops), send one message."""
+    conn = _connect(addr, port)
+    time.sleep(idle_s)
+    conn.sendall(struct.pack("d", time.time()) + b"\0" * nbytes)
+    conn.close()
+
+
+def measure_message(topo: netns.Topology, src: tuple[int, int], dst: tuple[int, int], nbytes: int = 1 << 19,
+                    idle_s: float = 0.2, repeats: int = 3, python: str = sys.executable) -> dict:
+    """One message of ``nbytes`` from ``src`` to ``dst`` ((node, rank)) after ``idle_s`` of idle link, alone,
+    ``repeats`` times: ``{"seconds": median, "samples": [...], "bytes": nbytes}``. Its time against
+    bytes / rate says how far a short transfer runs ahead of the link (shaping.BURST_S)."""
+    samples = []
+    for i in range(repeats):
+        port = BASE_PORT + 900 + i
+        srv = subprocess.Popen(netns.nsenter(topo.rank(*dst), [python, "-m", "experiments.cluster.emulator.selftest",
+                                                              "message-serve", topo.rank_addr(*dst), str(port),
+                                                              str(nbytes)]),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        snd = subprocess.Popen(netns.nsenter(topo.rank(*src), [python, "-m", "experiments.cluster.emulator.selftest",
+                                                              "message-send", topo.rank_addr(*dst), str(port),
+                                                              str(nbytes), str(idle_s)]),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = srv.communicate(timeout=120)
+            _, serr = snd.communicate(timeout=120)
+        finally:
+            for p in (srv, snd):
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        if srv.returncode or snd.returncode:
+            raise RuntimeError(f"self-test message {src}->{dst} failed: {err.strip()[-400:]} {serr.strip()[-400:]}")
+        samples.append(json.loads(out)["seconds"])
+    return {"seconds": statistics.median(samples), "samples": samples, "bytes": nbytes, "idle_s": idle_s}
 
 
 def pairs(topo: netns.Topology) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
@@ -142,7 +210,11 @@ def measure_flows(topo: netns.Topology, flows: list, seconds: float, python: str
 
 def main(argv: list[str]) -> int:
     what, addr, port, seconds = argv[0], argv[1], int(argv[2]), float(argv[3])
-    if what == "serve":
+    if what == "message-serve":
+        print(json.dumps(serve_message(addr, port, int(argv[3]))))
+    elif what == "message-send":
+        send_message(addr, port, int(argv[3]), float(argv[4]))
+    elif what == "serve":
         print(json.dumps(serve(addr, port, seconds)))
     else:
         send(addr, port, seconds, float(argv[4]) if len(argv) > 4 else 0.0)

@@ -77,9 +77,21 @@ class NicShape:
             raise ValueError(f"ranks_per_nic={self.ranks_per_nic!r} must be an integer >= 1")
 
 
-def _burst(bytes_per_s: float) -> int:
-    # 5 ms of traffic, at least 16 MTUs: HTB's bucket must hold a few packets or it under-shoots.
-    return max(MIN_BURST, int(bytes_per_s * 0.005))
+# Seconds of traffic an HTB class may send ahead of its rate after an idle spell (its bucket). A NIC
+# has none: a message after idle still goes at the line rate. Inter-node classes (NICs included) get
+# 0.5 ms: every profile's rate is still met within 0.2%, and a 512 KiB hop after idle takes 0.94-1.01x
+# bytes / rate (selftest's message lines). With the 5 ms of before (2026-12-01) it took 0.51x on
+# a100_roce_emu_nic2's NIC and 0.63x on a800_ib_emu_2x4_nic2's: short hops ran ahead of their links.
+# Intra-node classes keep 5 ms: with 8 ranks on 2 cores their long flows need the bucket to reach
+# the rate (-9% with 5 ms, -15 to -18% with 2 ms, -23% with 0.5 ms); there a 512 KiB hop is
+# CPU-bound anyway (1.0x), but on a100_roce_emu (2 ranks per core) it takes 0.3x
+# (docs/findings.md#link-buckets).
+BURST_S = {"intra": 0.005, "inter": 0.0005}
+
+
+def _burst(bytes_per_s: float, klass: str) -> int:
+    # at least 16 MTUs: HTB's bucket must hold a few packets or it under-shoots
+    return max(MIN_BURST, int(bytes_per_s * BURST_S[klass]))
 
 
 def _bits(bytes_per_s: float) -> str:
@@ -99,7 +111,7 @@ def nic_commands(rank_addrs: list[str], nic: NicShape, *, dev: str = "uplink") -
     q = nic.ranks_per_nic
     if len(rank_addrs) % q:
         raise ValueError(f"ranks_per_nic={q} must divide the node's {len(rank_addrs)} ranks")
-    rate, b = _bits(nic.nic.bytes_per_s), str(_burst(nic.nic.bytes_per_s))
+    rate, b = _bits(nic.nic.bytes_per_s), str(_burst(nic.nic.bytes_per_s, "inter"))
     share = _bits(nic.nic.bytes_per_s / q)
     cmds = [["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "30"],
             ["class", "add", "dev", dev, "parent", "1:", "classid", "1:30", "htb", "rate", f"{UNSHAPED_BIT_S}bit",
@@ -119,9 +131,9 @@ def rank_commands(node_cidr: str, fabric_cidr: str, intra: LinkShape, inter: Lin
                   dev: str = "eth0", netem: bool = False) -> list[list[str]]:
     """The ``tc`` argument lists that shape one rank's ``dev`` (run inside the rank's namespace)."""
     cmds = [["qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "30"]]
-    for minor, shape in ((10, intra), (20, inter)):
+    for minor, shape, klass in ((10, intra, "intra"), (20, inter, "inter")):
         rate = _bits(shape.bytes_per_s)
-        b = str(_burst(shape.bytes_per_s))
+        b = str(_burst(shape.bytes_per_s, klass))
         cmds.append(["class", "add", "dev", dev, "parent", "1:", "classid", f"1:{minor}", "htb", "rate", rate,
                      "ceil", rate, "burst", b, "cburst", b, "quantum", str(QUANTUM)])
         if netem and shape.latency_us > 0:
