@@ -265,11 +265,14 @@ def build(topo: Topology) -> None:
             # per-socket queue so a shaped link does not hold seconds of data (ACKs wait behind it).
             run(["ip", "netns", "exec", rank, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0",
                  "net.ipv4.tcp_limit_output_bytes=131072"])
-            # ...and no delayed ACKs (the route's quickack): RDMA and NVLink acknowledge at once. With
-            # short link buckets (shaping.BURST_S) a message's tail is paced and a delayed ACK held the
-            # next one back: 40 ms stalls in Ulysses' all-to-alls at 1K (docs/findings.md#link-buckets).
+            # ...and no delayed ACKs towards other nodes (the route's quickack), as RDMA acknowledges at
+            # once: with the short inter-node buckets (shaping.BURST_S) a message's tail is paced and a
+            # delayed ACK held the next one back (40 ms stalls in Ulysses' all-to-alls at 1K). The own
+            # node's /24 keeps delayed ACKs: an ACK per segment costs 8 quarter-core ranks a fifth of
+            # their intra-node rate (docs/findings.md#link-buckets).
             ip(rank, "route", "replace", f"{SUBNET}.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
                "src", topo.rank_addr(i, k), "quickack", "1")
+            ip(rank, "route", "add", f"{SUBNET}.{i}.0/24", "dev", "eth0", "scope", "link", "src", topo.rank_addr(i, k))
 
 
 def ns_pids(ns: str) -> list[int]:
