@@ -57,14 +57,17 @@ def _calls(name: str, n: int, node_size: int) -> dict:
 
 
 def _worker(rank: int, port: int, args) -> None:
+    from experiments.harness.env import git_info, hardware, versions   # the record's provenance
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.world_size, timeout=datetime.timedelta(seconds=300))
+    env = dict(git=git_info(), versions=versions(), hardware=hardware(args.world_size)) if rank == 0 else None
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
             rec = _calls(name, n, args.node_size)
             if rank == 0:
-                print(json.dumps(rec), flush=True)
+                print(json.dumps({**rec, "environment": env}), flush=True)
     dist.destroy_process_group()
 
 

@@ -47,7 +47,8 @@ from .harness.env import REPO, machine_slug
 from .harness.launch import run_batch, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
 from burst_impl.model import get_config
-from .cluster.report import NO_OVERLAP, loopback_twin, ratios_of, report, with_model, write_report
+from .cluster.report import (FIGURE_FILE, NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model,
+                             write_report)
 from .harness.summary import write_summary
 from .plots import draw_all
 
@@ -345,7 +346,7 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
         files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
-        files += [f for rep in reports for f in write_report(rep, args.results, args.plots)[1:]]
+        files += [figure(rep, Path(args.plots) / rep["experiment"] / FIGURE_FILE) for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
 

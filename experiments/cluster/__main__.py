@@ -119,7 +119,7 @@ def _message_lines(cl, nbytes: int = 1 << 19) -> list[str]:
     for k, link in cl.scaling.links.items():
         if (k == "intra" and cl.topo.ranks_per_node < 2) or (k == "inter" and cl.topo.nodes < 2):
             continue
-        rate = link.lone_shape.bytes_per_s if k == "inter" else link.bytes_s
+        rate = link.lone_shape.bytes_per_s          # a lone flow's: the whole NIC where ranks share one
         dst = (0, 1) if k == "intra" else (1, 0)
         m = selftest.measure_message(cl.topo, (0, 0), dst, nbytes)
         out.append(f"{k:5s}: one {nbytes >> 10} KiB message after {m['idle_s'] * 1e3:.0f} ms idle: "

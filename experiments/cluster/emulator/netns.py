@@ -267,9 +267,8 @@ def build(topo: Topology) -> None:
                  "net.ipv4.tcp_limit_output_bytes=131072"])
             # ...and no delayed ACKs towards other nodes (the route's quickack), as RDMA acknowledges at
             # once: with the short inter-node buckets (shaping.BURST_S) a message's tail is paced and a
-            # delayed ACK held the next one back (40 ms stalls in Ulysses' all-to-alls at 1K). The own
-            # node's /24 keeps delayed ACKs: an ACK per segment costs 8 quarter-core ranks a fifth of
-            # their intra-node rate (docs/findings.md#link-buckets).
+            # delayed ACK held the next one back. The own node's /24 keeps delayed ACKs: an ACK per
+            # segment costs capped ranks part of their intra-node rate (docs/findings.md#link-buckets).
             ip(rank, "route", "replace", f"{SUBNET}.0.0/16", "dev", "eth0", "proto", "kernel", "scope", "link",
                "src", topo.rank_addr(i, k), "quickack", "1")
             ip(rank, "route", "add", f"{SUBNET}.{i}.0/24", "dev", "eth0", "scope", "link", "src", topo.rank_addr(i, k))

@@ -32,6 +32,7 @@ import time
 from . import netns
 
 BASE_PORT = 47000
+MODULE = "experiments.cluster.emulator.selftest"
 
 
 def serve(addr: str, port: int, seconds: float) -> dict:
@@ -89,7 +90,7 @@ def serve_message(addr: str, port: int, nbytes: int) -> dict:
     srv.settimeout(60)
     conn, _ = srv.accept()
     conn.settimeout(60)
-    data = b""
+    data = bytearray()
     while len(data) < 8 + nbytes:
         b = conn.recv(1 << 20)
         if not b:
@@ -114,28 +115,39 @@ def measure_message(topo: netns.Topology, src: tuple[int, int], dst: tuple[int, 
     ``repeats`` times: ``{"seconds": median, "samples": [...], "bytes": nbytes}``. Its time against
     bytes / rate says how far a short transfer runs ahead of the link (shaping.BURST_S)."""
     samples = []
+    addr = topo.rank_addr(*dst)
     for i in range(repeats):
         port = BASE_PORT + 900 + i
-        srv = subprocess.Popen(netns.nsenter(topo.rank(*dst), [python, "-m", "experiments.cluster.emulator.selftest",
-                                                              "message-serve", topo.rank_addr(*dst), str(port),
-                                                              str(nbytes)]),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        snd = subprocess.Popen(netns.nsenter(topo.rank(*src), [python, "-m", "experiments.cluster.emulator.selftest",
-                                                              "message-send", topo.rank_addr(*dst), str(port),
-                                                              str(nbytes), str(idle_s)]),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs = [_spawn(topo, dst, ["message-serve", addr, port, nbytes], python),
+                 _spawn(topo, src, ["message-send", addr, port, nbytes, idle_s], python, out=False)]
         try:
-            out, err = srv.communicate(timeout=120)
-            _, serr = snd.communicate(timeout=120)
+            samples.append(_result(*procs, f"message {src}->{dst}", timeout=120)["seconds"])
         finally:
-            for p in (srv, snd):
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-        if srv.returncode or snd.returncode:
-            raise RuntimeError(f"self-test message {src}->{dst} failed: {err.strip()[-400:]} {serr.strip()[-400:]}")
-        samples.append(json.loads(out)["seconds"])
+            _kill(procs)
     return {"seconds": statistics.median(samples), "samples": samples, "bytes": nbytes, "idle_s": idle_s}
+
+
+def _spawn(topo: netns.Topology, who: tuple[int, int], argv: list, python: str, *, out: bool = True):
+    """This module's ``main(argv)`` in rank ``who``'s namespace."""
+    cmd = netns.nsenter(topo.rank(*who), [python, "-m", MODULE, *(str(a) for a in argv)])
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE if out else subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _result(srv, snd, what: str, timeout: float) -> dict:
+    """The server's JSON line once both ends have finished; RuntimeError with their stderr if one failed."""
+    out, err = srv.communicate(timeout=timeout)
+    _, serr = snd.communicate(timeout=timeout)
+    if srv.returncode or snd.returncode:
+        raise RuntimeError(f"self-test {what} failed: {err.strip()[-400:]} {serr.strip()[-400:]}")
+    return json.loads(out)
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 def pairs(topo: netns.Topology) -> list[tuple[str, tuple[int, int], tuple[int, int]]]:
@@ -179,45 +191,33 @@ def measure_flows(topo: netns.Topology, flows: list, seconds: float, python: str
     per class the flows' rates and their median."""
     servers, senders = [], []
     try:
-        for n, (cls, _, (di, dk)) in enumerate(flows):
-            cmd = netns.nsenter(topo.rank(di, dk), [python, "-m", "experiments.cluster.emulator.selftest", "serve",
-                                                    topo.rank_addr(di, dk), str(port + n), str(seconds)])
-            servers.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for n, (cls, _, dst) in enumerate(flows):
+            servers.append(_spawn(topo, dst, ["serve", topo.rank_addr(*dst), port + n, seconds], python))
         start_at = time.time() + 1.5 + 0.2 * len(flows)     # after every sender has started and connected
-        for n, (cls, (si, sk), (di, dk)) in enumerate(flows):
-            cmd = netns.nsenter(topo.rank(si, sk), [python, "-m", "experiments.cluster.emulator.selftest", "send",
-                                                    topo.rank_addr(di, dk), str(port + n), str(seconds),
-                                                    str(start_at)])
-            senders.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for n, (cls, src, dst) in enumerate(flows):
+            senders.append(_spawn(topo, src, ["send", topo.rank_addr(*dst), port + n, seconds, start_at], python,
+                                  out=False))
         results: dict[str, dict] = {}
         for (cls, src, dst), srv, snd in zip(flows, servers, senders):
-            out, err = srv.communicate(timeout=seconds + 90)
-            _, serr = snd.communicate(timeout=seconds + 90)
-            if srv.returncode or snd.returncode:
-                raise RuntimeError(f"self-test flow {cls} {src}->{dst} failed: {err.strip()[-400:]} "
-                                   f"{serr.strip()[-400:]}")
-            r = json.loads(out)
+            r = _result(srv, snd, f"flow {cls} {src}->{dst}", timeout=seconds + 90)
             results.setdefault(cls, {"flows": []})["flows"].append({"src": src, "dst": dst, **r})
         for cls, d in results.items():
             d["bytes_per_s"] = statistics.median(f["bytes_per_s"] for f in d["flows"])
         return results
     finally:
-        for p in servers + senders:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        _kill(servers + senders)
 
 
 def main(argv: list[str]) -> int:
-    what, addr, port, seconds = argv[0], argv[1], int(argv[2]), float(argv[3])
+    what, addr, port, rest = argv[0], argv[1], int(argv[2]), argv[3:]
     if what == "message-serve":
-        print(json.dumps(serve_message(addr, port, int(argv[3]))))
+        print(json.dumps(serve_message(addr, port, int(rest[0]))))
     elif what == "message-send":
-        send_message(addr, port, int(argv[3]), float(argv[4]))
+        send_message(addr, port, int(rest[0]), float(rest[1]))
     elif what == "serve":
-        print(json.dumps(serve(addr, port, seconds)))
+        print(json.dumps(serve(addr, port, float(rest[0]))))
     else:
-        send(addr, port, seconds, float(argv[4]) if len(argv) > 4 else 0.0)
+        send(addr, port, float(rest[0]), float(rest[1]) if len(rest) > 1 else 0.0)
     return 0
 
 

@@ -78,14 +78,10 @@ class NicShape:
 
 
 # Seconds of traffic an HTB class may send ahead of its rate after an idle spell (its bucket). A NIC
-# has none: a message after idle still goes at the line rate. Inter-node classes (NICs included) get
-# 0.5 ms: every profile's rate is still met within 0.2%, and a 512 KiB hop after idle takes 0.94-1.01x
-# bytes / rate (selftest's message lines). With the 5 ms of before (2026-12-01) it took 0.51x on
-# a100_roce_emu_nic2's NIC and 0.63x on a800_ib_emu_2x4_nic2's: short hops ran ahead of their links.
-# Intra-node classes keep 5 ms: with 8 ranks on 2 cores their long flows need the bucket to reach
-# the rate (-9% with 5 ms, -15 to -18% with 2 ms, -23% with 0.5 ms); there a 512 KiB hop is
-# CPU-bound anyway (1.0x), but on a100_roce_emu (2 ranks per core) it takes 0.3x
-# (docs/findings.md#link-buckets).
+# has none: a message after idle still goes at its line rate, and a ring's hop comes after a compute
+# step, when a large bucket has refilled. So inter-node classes (NICs included) hold 0.5 ms, which
+# still meets their rates. Intra-node classes keep 5 ms: with 8 capped ranks on 2 cores their long
+# flows fall short of the rate with less. Measurements: docs/findings.md#link-buckets.
 BURST_S = {"intra": 0.005, "inter": 0.0005}
 
 
