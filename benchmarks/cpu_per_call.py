@@ -10,6 +10,10 @@ Shapes as ``cpu_double_ring_emulated_2x4``: 8 heads x 32, float32, causal, zigza
 
     python -m benchmarks.cpu_per_call                         # G = 8, node_size 4, N = 64 and 2048
     python -m benchmarks.cpu_per_call --world-size 4 --node-size 2 --seqlen 64,1024 --methods burst,usp
+    python -m benchmarks.cpu_per_call --seqlen 64 --out results/reference/<root>/call_cpu.json
+
+``--out`` adds the records to that file (replacing those of the same method, N, world and node size):
+the emulated cluster's validation reads it there as the host's work per op (experiments/perfmodel/host_cost.py).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -52,7 +57,8 @@ def _calls(name: str, n: int, node_size: int) -> dict:
     per_rank = [None] * world
     dist.all_gather_object(per_rank, statistics.median(cpu))
     return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", calls=CALLS, cpu_s_per_rank=per_rank, cpu_s_median=statistics.median(per_rank),
+                dtype="float32", causal=True, layout="zigzag", calls=CALLS, cpu_s_per_rank=per_rank,
+                cpu_s_median=statistics.median(per_rank),
                 wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
 
 
@@ -63,12 +69,26 @@ def _worker(rank: int, port: int, args) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.world_size, timeout=datetime.timedelta(seconds=300))
     env = dict(git=git_info(), versions=versions(), hardware=hardware(args.world_size)) if rank == 0 else None
+    recs = []
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
             rec = _calls(name, n, args.node_size)
             if rank == 0:
-                print(json.dumps({**rec, "environment": env}), flush=True)
+                recs.append({**rec, "environment": env})
+                print(json.dumps(recs[-1]), flush=True)
     dist.destroy_process_group()
+    if rank == 0 and args.out:
+        _merge(Path(args.out), recs)
+
+
+def _merge(path: Path, recs: list[dict]) -> None:
+    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size."""
+    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"])   # noqa: E731
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    new = {key(r) for r in recs}
+    rows = [r for r in rows if key(r) not in new] + recs
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": "benchmarks.cpu_per_call", "rows": rows}, indent=1))
 
 
 def _args(argv) -> argparse.Namespace:
@@ -77,6 +97,7 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--node-size", type=int, default=4)
     ap.add_argument("--seqlen", default="64,2048", help="comma-separated; each a multiple of 2 x world size")
     ap.add_argument("--methods", default=METHODS)
+    ap.add_argument("--out", help="JSON file to add the records to (the emulated validation's call_cpu.json)")
     args = ap.parse_args(argv)
     from baselines import METHODS as registry
     bad = [m for m in args.methods.split(",") if m not in registry]

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.cluster.emulator import cpuquota, netns, selftest, shaping, slurmd
+from experiments.cluster.emulator import netns, selftest, shaping, slurmd
+from experiments.harness import cpuquota
 from experiments.cluster.emulator.emulated import EmulatedCluster
 from experiments.profiles.cluster import parse_profile
 from experiments.harness import results as R

@@ -8,6 +8,6 @@ emulator/     the emulated multi-node cluster on this machine:
   emulated.py   one cluster for one run: up, launches, record info, tear-down
   netns.py      its namespaces (fabric, head, one per node, one per rank); rankexec.py: a rank enters its own
   shaping.py    tc/HTB per rank and link class; emulation.py: the scaling rule and the compute calibration
-  cpuquota.py   a fixed CPU share per rank (cgroups); selftest.py: measure each link class
+  selftest.py   measure each link class (a rank's fixed CPU share: experiments/harness/cpuquota.py)
   slurmd.py     munge, slurmctld and slurmd inside the namespaces
 """

@@ -30,6 +30,11 @@ fitted to a paper's results.
 * A transfer adds ``Link.excess_s + excess_s_per_byte x bytes`` to its
   sender's compute stream, running beside it (0 on every accelerator profile:
   there overlap is free; the emulated cluster's CPU ranks measure theirs).
+* Every op a schedule puts on a rank's compute stream costs ``host_s`` more:
+  the host's work around it (Python, the dispatcher, the method's
+  bookkeeping). 0 on every accelerator profile (a GPU's host runs ahead of
+  its stream); on the emulated cluster the ranks' CPU runs it in series with
+  their kernels (``validate.host_per_op``).
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class CostModel:
     # (ring_family's per-step kernel costs): every method of a case, and every case of a spec on this
     # profile, asks for the same block pairs again.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    host_s: float = 0.0              # host seconds per op on the compute stream (module docstring)
 
     def __post_init__(self):
         if self.dtype not in self.hw.accelerator.peak_tflops:

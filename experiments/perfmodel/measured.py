@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from ..harness import cpuquota
 from .costs import CostModel
 from burst_impl import kernels
 from burst_impl.shape import DTYPES
@@ -93,9 +95,10 @@ class KernelTimes:
     seconds: dict                      # {key tuple: seconds per call}; ("hbm",): seconds per byte
     samples: dict = field(default_factory=dict)   # {key: [seconds per process and round]}
     host: str = ""
+    cpus: float | None = None          # each process's CPU cap while timing (None: uncapped)
 
     def to_json(self) -> dict:
-        return {"procs": self.procs, "threads": self.threads, "host": self.host,
+        return {"procs": self.procs, "threads": self.threads, "host": self.host, "cpus": self.cpus,
                 "entries": [{"key": list(k), "seconds": v, "samples": self.samples.get(k, [])}
                             for k, v in sorted(self.seconds.items(), key=lambda kv: str(kv[0]))]}
 
@@ -103,6 +106,7 @@ class KernelTimes:
     def from_json(cls, d: dict) -> "KernelTimes":
         ents = d["entries"]
         return cls(procs=int(d["procs"]), threads=int(d["threads"]), host=d.get("host", ""),
+                   cpus=None if d.get("cpus") is None else float(d["cpus"]),
                    seconds={_key(e["key"]): float(e["seconds"]) for e in ents},
                    samples={_key(e["key"]): list(e.get("samples", [])) for e in ents})
 
@@ -263,21 +267,34 @@ def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: flo
 
 
 def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3, python: str = sys.executable,
-            timeout_s: float = 900) -> KernelTimes:
+            timeout_s: float = 900, cpus: float | None = None) -> KernelTimes:
     """Time every key in ``procs`` processes at once, ``rounds`` times round-robin (at least ``seconds``
-    each); the table keeps the median over processes and rounds."""
+    each); the table keeps the median over processes and rounds.
+
+    ``cpus``: cap each process at that many CPUs (``harness.cpuquota``), as the emulated cluster caps
+    its ranks. Uncapped, a process whose neighbours have finished their calls of a key gets their
+    cores, so a key whose calls last about ``seconds`` is timed at two rates at once
+    (docs/findings.md#kernel-table-under-the-ranks-caps). Where no cgroup can be made the processes run
+    uncapped and the table says so (``cpus`` None)."""
     if procs < 1 or threads < 1:
         raise ValueError(f"procs={procs} and threads={threads} must be >= 1")
     keys = sorted({_key(k) for k in keys}, key=str)
+    run_id = "bemukt" + secrets.token_hex(3)          # named like the emulator's rank groups
+    template, _why = (cpuquota.create(run_id, [f"{run_id}-n0r{i}" for i in range(procs)], cpus)
+                      if cpus is not None else (None, "not asked"))
     with tempfile.TemporaryDirectory(prefix="perfmodel-kernels-") as d:
         sync = Path(d)
         (sync / "keys.json").write_text(json.dumps([list(k) for k in keys]))
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
-        ps = [subprocess.Popen([python, "-m", "experiments.perfmodel.measured", "bench", str(sync / "keys.json"),
-                                str(sync), str(i), str(seconds), str(threads), str(rounds)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-              for i in range(procs)]
+        ps = []
         try:
+            for i in range(procs):
+                ps.append(subprocess.Popen([python, "-m", "experiments.perfmodel.measured", "bench",
+                                            str(sync / "keys.json"), str(sync), str(i), str(seconds), str(threads),
+                                            str(rounds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                           text=True, env=env))
+                if template is not None:      # before it times anything: it warms up, then waits for "go"
+                    cpuquota.join(template.format(node=0, local_rank=i), ps[-1].pid)
             deadline = time.monotonic() + timeout_s
             for r in range(rounds):
                 for i in range(len(keys)):
@@ -298,8 +315,11 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int
                 if p.poll() is None:
                     p.kill()
                     p.wait()
+            if template is not None:
+                cpuquota.remove(run_id)
     samples = {k: [t for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
     return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename,
+                       cpus=float(cpus) if template is not None else None,
                        seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples)
 
 

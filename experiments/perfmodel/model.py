@@ -41,7 +41,8 @@ ASSUMPTIONS = (
     "for its send and its receive; collectives use the ring algorithm over the group in rank order "
     "(one ring: NCCL's extra channels, which spread node crossings over several GPUs, are not modelled, "
     "so collectives across nodes are pessimistic where one GPU cannot fill the node's NICs)",
-    "kernel launch and Python overheads not modelled",
+    "kernel launch and Python overheads not modelled on accelerators (CostModel.host_s = 0; only the "
+    "emulated cluster's validation charges its CPU ranks' measured host work per op)",
     "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
     "when over the accelerator's HBM",
 )

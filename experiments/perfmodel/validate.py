@@ -4,7 +4,8 @@ The profile is THIS machine as the run emulated it:
 
 * compute: the kernel times ``measured.py`` takes here, at exactly the block
   shapes, GEMMs and memory traffic the schedules ask for, with as many
-  concurrent processes and threads as the run had ranks on this machine;
+  concurrent processes and threads as the run had ranks on this machine,
+  each capped at the run's CPU share per rank (``cluster.cpu_quota``);
 * links: the per-rank rates (and applied latency) the emulator shaped, read
   from the records' ``cluster`` block (``experiments/cluster/emulator/emulation.py``:
   the hardware profile's rates x this machine's compute / the target's), with
@@ -20,6 +21,9 @@ The profile is THIS machine as the run emulated it:
   intra, ``pair`` cases for inter; a line through its cases in bytes, no term
   below 0). Without that file hidden transfers are free, as on a GPU. Why the
   CPU excess and not the probe's wall excess: docs/perfmodel.md#overlap-excess.
+* host: the CPU a call costs each rank beside its kernels and transfers, per
+  op (``host_cost.py``, from ``<results root>/call_cpu.json``, written by
+  ``python -m benchmarks.cpu_per_call --out``). Without that file it is free.
 
 Everything else is the model as it predicts the papers' clusters (same
 schedules, simulator, byte placement). ``error = predicted / measured - 1``;
@@ -40,6 +44,7 @@ from baselines import AttnShape
 
 from ..profiles.hardware import Accelerator, Hardware, Link
 from burst_impl.flops import attention_flops
+from .host_cost import CALL_CPU_FILE, SmallCase, host_per_op, load_call_cpu, small_case
 from .measured import KernelTimes, MeasuredCosts, needed
 from .model import predict_case
 from ..harness import results as R
@@ -161,28 +166,42 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
     return flops / float(cluster["calibration"]["per_rank_flops_s"]) / times.seconds[key]
 
 
-def needed_keys(records) -> set:
+def _small(call: dict | None, c: _Case) -> SmallCase | None:
+    return small_case(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                      node_size=int(c.rec["cluster"]["ranks_per_node"]))
+
+
+def needed_keys(records, call: dict | None = None) -> set:
     """The kernel-time keys the schedules of ``records`` need (measure them with ``measured.measure``),
-    with each run's calibration work (``load_scale``)."""
+    with each run's calibration work (``load_scale``) and the calls of ``call`` (``host_cost``) that
+    match them."""
     keys: set = set()
     for c in _cases(records):
-        keys |= needed([c], emulated_hardware(c.rec["cluster"], c.shape.dtype), predict=predict_case)
+        hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
+        keys |= needed([x for x in (c, _small(call, c)) if x is not None], hw, predict=predict_case)
         cal = calibration_key(c.rec["cluster"])
         if cal is not None:
             keys.add(cal)
     return keys
 
 
-def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None) -> list[dict]:
+def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
+            call: dict | None = None) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
-    overlap excess (``fit_excess``; None: hidden transfers are free)."""
+    overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
+    (``host_cost.load_call_cpu``; None: the host's work is free)."""
     rows = []
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype, excess)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
+        host = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                           node_size=int(c.rec["cluster"]["ranks_per_node"]), hardware=hw,
+                           costs=lambda h, dt, k=k: MeasuredCosts(h, dt, times=times, scale=k),
+                           cpus=run_cpus(c.rec["cluster"]))
+        hs = host["host_s_per_op"] if host else 0.0
         p = predict_case(c.method, c.shape, mode=c.mode, level=c.level, hardware=hw,
-                         costs=lambda h, dt, k=k: MeasuredCosts(h, dt, times=times, scale=k))
+                         costs=lambda h, dt, k=k, hs=hs: MeasuredCosts(h, dt, times=times, scale=k, host_s=hs))
         measured = float(c.rec["time_median_s"])
         b = p.breakdown
         rows.append({"seqlen": c.shape.seqlen, "method": c.method, "world_size": c.shape.world_size,
@@ -191,7 +210,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
                      "load_scale": k, "critical_comm_s": b["critical_comm_s"],
-                     "critical_compute_s": b["critical_compute_s"],
+                     "critical_compute_s": b["critical_compute_s"], "host": host,
                      "samples": list(c.rec.get("time_samples_s") or [])})
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 
@@ -227,7 +246,14 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
 KERNEL_TIMES_FILE = "kernel_times.json"
 
 
-def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.2,
+def run_cpus(cluster: dict) -> float | None:
+    """The CPU cap each rank of the run had (``cluster.cpu_quota``), None when uncapped: the kernel
+    table is timed under the same cap."""
+    q = cluster.get("cpu_quota") or {}
+    return float(q["cpus_per_rank"]) if q.get("applied") and q.get("cpus_per_rank") else None
+
+
+def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                         rounds: int = 3, require_calibration: bool = False) -> dict:
     """``error_table`` of an emulated experiment's latest records. The kernel times are read from
     ``results/<experiment>/kernel_times.json``; keys it lacks are measured here (as many processes as
@@ -245,21 +271,48 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     path = out / KERNEL_TIMES_FILE
     procs = max(c.shape.world_size for c in cases)
     threads = max(1, (os.cpu_count() or 1) // int(cases[0].rec["cluster"]["ranks_per_node"]))
-    times = KernelTimes.load(path) if path.exists() else KernelTimes(procs=procs, threads=threads, seconds={})
-    missing = times.missing(needed_keys(records))
+    cpus = run_cpus(cases[0].rec["cluster"])
+    times = KernelTimes.load(path) if path.exists() else None
+    if times is None or times.cpus != cpus:       # a table timed under another cap is not this run's
+        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
+    call = load_call_cpu(results_root)
+    missing = times.missing(needed_keys(records, call))
     if missing:
         if not measure_missing:
             raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
-        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds)
+        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
         times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
-                                    samples={**times.samples, **new.samples}, host=new.host)
+                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
         times.save(path)
     ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
-    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
+    rep["call_cpu"] = call and call["path"]
     rep["text"] += "\n" + (
         "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): " + ", ".join(
             f"{k} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
+    rep["text"] += "\n" + host_text(rep["rows"], call)
+    rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
+                           if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "
+                           "or no cpu cgroup could be made here)")
     return rep
+
+
+def host_text(rows: list[dict], call: dict | None) -> str:
+    """One line: the host's work per op and per call of each method (``host_cost``), or why none."""
+    if call is None:
+        return f"no {CALL_CPU_FILE} in the results root: the host's work around each op costs nothing"
+    per = {}
+    for r in rows:
+        if r.get("host"):
+            per.setdefault(r["method"], r["host"])
+    if not per:
+        return f"{call['path']}: no call of the runs' methods at their world and node size (or the run was " \
+               "not capped): the host's work around each op costs nothing"
+    return (f"host work per op (CPU per call at a few tokens per rank, {call['path']}, / the rank's cap, less "
+            "the model's own compute there): " + ", ".join(
+                f"{m} {h['host_s_per_op'] * 1e3:.2f} ms x {h['ops']} ops (N={h['seqlen']}: {h['cpu_s'] * 1e3:.1f} ms "
+                f"CPU / {h['cpus']:g} = {h['measured_s'] * 1e3:.0f} ms, model {h['model_s'] * 1e3:.0f} ms)"
+                for m, h in sorted(per.items())))

@@ -32,7 +32,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cpuquota, emulation, netns, shaping
+from ...harness import cpuquota
+from . import emulation, netns, shaping
 from ...profiles.hardware import load_hardware
 from ...profiles.cluster import Profile
 from .rankexec import ENV as RANK_NETNS_ENV
@@ -68,7 +69,7 @@ class EmulatedCluster:
         self.topo: netns.Topology | None = None
         self.scaling: emulation.Scaling | None = None
         self.fallback: str | None = None
-        self.cpu_quota: dict = {}        # {"cpus_per_rank", "applied", "why"}: cpuquota.py
+        self.cpu_quota: dict = {}        # {"cpus_per_rank", "applied", "why"}: harness/cpuquota.py
         self._cgroup_template: str | None = None
         self.slurm = None
         self.work: Path | None = None
@@ -118,7 +119,7 @@ class EmulatedCluster:
         return self
 
     def _cap_cpus(self) -> None:
-        """Each rank at the CPU share it has when every rank computes (cpuquota.py)."""
+        """Each rank at the CPU share it has when every rank computes (harness/cpuquota.py)."""
         p = self.profile
         cpus = (os.cpu_count() or 1) / (p.nodes * p.ranks_per_node)
         names = [self.topo.rank(i, k) for i in range(p.nodes) for k in range(p.ranks_per_node)]

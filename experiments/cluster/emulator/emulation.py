@@ -44,7 +44,7 @@ from .shaping import LinkShape
 from burst_impl import kernels
 from burst_impl.flops import attention_flops
 from burst_impl.shape import DTYPES, AttnShape
-from .cpuquota import join
+from ...harness.cpuquota import join
 
 DEFAULT_LATENCY_CAP_US = 2000.0
 
@@ -212,7 +212,8 @@ def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: in
               seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300,
               cgroups: list[str] | None = None) -> Calibration:
     """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s; with
-    ``cgroups`` (one per process, ``cpuquota.py``) each runs in its rank's cpu cgroup, as the rank will."""
+    ``cgroups`` (one per process, ``experiments/harness/cpuquota.py``) each runs in its rank's cpu cgroup,
+    as the rank will."""
     with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
         sync = Path(d)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")

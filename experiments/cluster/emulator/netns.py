@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .cpuquota import remove as remove_cgroups  # the ranks' cpu cgroups, once their processes are gone
+from ...harness.cpuquota import remove as remove_cgroups  # the ranks' cpu cgroups, once their processes are gone
 
 PREFIX = "bemu"
 NETNS_DIR = Path("/var/run/netns")

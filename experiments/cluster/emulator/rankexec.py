@@ -11,7 +11,7 @@ the rank) with ``nsenter --net=<rank namespace> python -m <module> <args>``,
 the namespace path being ``$BURST_EMU_RANK_NETNS`` with ``{node}`` =
 ``$GROUP_RANK`` (torchrun's node rank) and ``{local_rank}`` = ``$LOCAL_RANK``.
 Without that variable (a real cluster) it simply execs the module. With
-``$BURST_EMU_RANK_CGROUP`` (``cpuquota.py``) it first moves itself into the
+``$BURST_EMU_RANK_CGROUP`` (``experiments/harness/cpuquota.py``) it first moves itself into the
 rank's cpu cgroup, so the worker computes at the rank's fixed CPU share.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import cpuquota
+from ...harness import cpuquota
 
 ENV = "BURST_EMU_RANK_NETNS"
 

@@ -40,6 +40,7 @@ from ..placement import Placement
 from ..simulator import Schedule
 
 PHASES = ("forward", "backward")
+EXCESS_SUFFIX = ".excess"            # names a transfer's excess task on its sender's compute stream
 
 
 @dataclass
@@ -90,8 +91,12 @@ class Ctx:
 
     # ------------------------------------------------------------ single tasks
 
-    def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0) -> int:
-        return self.sch.add(name, kind="compute", resource=f"compute/{rank}", duration=seconds, deps=deps,
+    def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0,
+                host: bool = True) -> int:
+        """An op on ``rank``'s compute stream; ``host``: it also costs the host's work around an op
+        (``CostModel.host_s``; not for a transfer's excess, which is no op of the method's)."""
+        return self.sch.add(name, kind="compute", resource=f"compute/{rank}",
+                            duration=seconds + (self.cost.host_s if host else 0.0), deps=deps,
                             rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
@@ -104,7 +109,7 @@ class Ctx:
         seconds = self.cost.transfer(total, same, conc)
         extra = self.cost.excess(total, same)
         if extra > 0:   # what the transfer takes from the sender's compute meanwhile (CostModel.excess)
-            self.compute(src, f"{name}.excess", extra, deps=deps, phase=phase)
+            self.compute(src, f"{name}{EXCESS_SUFFIX}", extra, deps=deps, phase=phase, host=False)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
                             nbytes={k: v for k, v in nbytes.items() if v})

@@ -1,19 +1,21 @@
 """A fixed CPU share per emulated rank: each rank computes like a device of its own.
 
 Emulated ranks share this machine's cores (2 nodes x 2 ranks on 2 cores: half a core each when all
-compute at once, the rate the calibration measures, ``emulation.py``). Without a cap, a rank that
-waits on the network gives its core to its neighbours, which then compute up to twice as fast. A
-method that waits more (a flat ring whose every step waits on the slow inter-node hop) then gets its
-compute faster, one that hides its communication (the double ring, overlap on) does not, and the
-comparison between them shrinks; a GPU does not compute faster because its neighbour is idle. So
-each rank runs in a cpu cgroup of its own capped at ``cpus`` CPUs (CFS bandwidth control, quota =
-period x cpus per period): the calibrated share, whatever its neighbours do. Other load on the
-machine can still leave a rank less than its cap; records say what was applied.
+compute at once, the rate the calibration measures, ``experiments/cluster/emulator/emulation.py``).
+Without a cap, a rank that waits on the network gives its core to its neighbours, which then compute
+up to twice as fast. A method that waits more (a flat ring whose every step waits on the slow
+inter-node hop) then gets its compute faster, one that hides its communication (the double ring,
+overlap on) does not, and the comparison between them shrinks; a GPU does not compute faster because
+its neighbour is idle. So each rank runs in a cpu cgroup of its own capped at ``cpus`` CPUs (CFS
+bandwidth control, quota = period x cpus per period): the calibrated share, whatever its neighbours
+do. Other load on the machine can still leave a rank less than its cap; records say what was
+applied.
 
 Both cgroup versions: v2 (``cpu.max`` in the unified hierarchy) and v1 (the ``cpu`` controller's
 ``cpu.cfs_quota_us``). Where neither is writable the ranks run uncapped and ``create`` says why.
 Groups are named ``<run id>-n<node>r<rank>`` like the rank namespaces and removed with them
-(``netns.teardown``).
+(``netns.teardown``). The performance model's kernel timing (``experiments/perfmodel/measured.py``)
+caps its processes the same way, so its table holds the times a capped rank sees.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""experiments.cluster.emulator.cpuquota: per-rank CPU caps of the emulated cluster. On a fake cgroup tree (v1
-and v2 layouts, no privileges needed) and, where this machine allows it, on the real one."""
+"""experiments.harness.cpuquota: per-process CPU caps (the emulated cluster's ranks, the model's kernel timing).
+On a fake cgroup tree (v1 and v2 layouts, no privileges needed) and, where this machine allows it, on the real
+one."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cluster.emulator import cpuquota
+from experiments.harness import cpuquota
 
 
 def _fake(tmp_path: Path, version: int) -> Path:

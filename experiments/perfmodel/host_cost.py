@@ -1,0 +1,94 @@
+"""The host's work per op on the emulated cluster: what a call costs a rank's CPU beside kernels and transfers.
+
+A CPU rank runs Python, the dispatcher and a method's own bookkeeping in series with its kernels, on
+the same capped share of a core. A GPU's host runs ahead of its stream, so every hardware profile has
+none (``CostModel.host_s`` = 0). Validating against an emulated run, it is measured apart from the
+runs: ``python -m benchmarks.cpu_per_call --out <results root>/call_cpu.json`` records each rank's
+process CPU (all threads, gloo's too) per fwd+bwd call, per method, at a few tokens per rank, where
+the kernels cost almost nothing. Then per method, at that shape:
+
+    host per op = max(0, CPU per call / the rank's CPU cap - the model's compute per rank) / ops per rank
+
+The model's compute there is its kernels (the kernel table) and its transfers' excess (the overlap
+probe's line, whose intercept already holds gloo's per-message CPU); subtracting what the model
+charges itself keeps that from being counted twice. ``Ctx.compute`` then charges the host per op on
+every op of a rank's compute stream, at every N. Medians over ranks; the cap is the run's
+(``cluster.cpu_quota``): CPU seconds at that many CPUs take 1 / cap wall seconds.
+
+    call = load_call_cpu(results_root)          # None without the file
+    host = host_per_op(call, "burst_double_ring", world_size=8, node_size=4, dtype="float32",
+                       hardware=hw, costs=costs, cpus=0.25)
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from baselines import AttnShape
+
+from .model import predict_case
+from .schedules.common import EXCESS_SUFFIX
+
+CALL_CPU_FILE = "call_cpu.json"
+
+
+@dataclass(frozen=True)
+class SmallCase:
+    """The measured call's case (``measured.needed`` asks the model for its kernel keys)."""
+
+    method: str
+    shape: AttnShape
+    mode: str = "fwd_bwd"
+    level: str = "op"
+
+
+def load_call_cpu(results_root) -> dict | None:
+    """``{"rows": [...], "path": ...}`` of ``results_root``'s ``call_cpu.json``, or None."""
+    path = Path(results_root) / CALL_CPU_FILE
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text())
+    return {"rows": list(rec["rows"]), "path": str(path)}
+
+
+def small_case(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str) -> SmallCase | None:
+    """The smallest measured call of ``method`` at this world and node size and dtype, or None."""
+    rows = [r for r in (call or {}).get("rows", []) if r["method"] == method and int(r["world_size"]) == world_size
+            and int(r["node_size"]) == node_size and r["dtype"] == dtype]
+    if not rows:
+        return None
+    r = min(rows, key=lambda r: int(r["seqlen"]))
+    shape = AttnShape(1, int(r["seqlen"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]), world_size,
+                      dtype=dtype, causal=bool(r["causal"]), layout=r["layout"])
+    return SmallCase(method, shape)
+
+
+def compute_per_rank(schedule) -> tuple[float, int]:
+    """(median over ranks of compute-stream seconds, median over ranks of the method's ops on it)."""
+    busy: dict[int, float] = {}
+    ops: dict[int, int] = {}
+    for t in schedule.tasks:
+        if t.kind == "compute":
+            busy[t.rank] = busy.get(t.rank, 0.0) + t.duration
+            ops[t.rank] = ops.get(t.rank, 0) + (not t.name.endswith(EXCESS_SUFFIX))
+    return statistics.median(busy.values()), int(statistics.median(ops.values()))
+
+
+def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str, hardware,
+                costs, cpus: float | None) -> dict | None:
+    """The host seconds per op of ``method`` (module docstring), with what it came from; None when the
+    run was not capped or ``call`` has no row for it. ``costs(hw, dtype)``: the run's cost model."""
+    case = small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype)
+    if case is None or not cpus:
+        return None
+    row = next(r for r in call["rows"] if r["method"] == method and int(r["seqlen"]) == case.shape.seqlen
+               and int(r["world_size"]) == world_size and int(r["node_size"]) == node_size)
+    p = predict_case(method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs,
+                     keep_schedule=True)
+    model_s, ops = compute_per_rank(p.schedule)
+    measured_s = float(row["cpu_s_median"]) / cpus
+    per_op = max(0.0, measured_s - model_s) / ops if ops else 0.0
+    return {"host_s_per_op": per_op, "ops": ops, "seqlen": case.shape.seqlen, "measured_s": measured_s,
+            "model_s": model_s, "cpu_s": float(row["cpu_s_median"]), "cpus": cpus}

@@ -1,0 +1,132 @@
+"""The host's work per op on the emulated cluster (experiments/perfmodel/host_cost.py) and the kernel table
+timed under the ranks' CPU cap (measured.measure(cpus=), validate.validate_experiment).
+
+Synthetic records and hand-set kernel times, as tests/test_perfmodel_validate.py: the host term is checked
+against its definition (the measured call's CPU at the rank's cap, less the model's own compute there, per
+op), against where it is charged (every op, no transfer's excess) and against when it is left out.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baselines import AttnShape
+from benchmarks.cpu_per_call import _merge
+from experiments.perfmodel import host_cost, measured, validate
+from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts
+from experiments.perfmodel.model import predict_case
+
+CPUS = 0.5            # each rank's cap in the synthetic run
+ATTN = 0.25           # s per kernel call (hand-set)
+RATE = 1e6
+
+
+def _cluster(cpus=CPUS) -> dict:
+    return {"emulated": True, "nodes": 2, "ranks_per_node": 1, "profile": "t_emu", "summary": "synthetic 2x1",
+            "links": {"inter": {"bytes_per_s": RATE, "kind": "roce", "latency_us": 0.0}},
+            "cpu_quota": {"applied": cpus is not None, "cpus_per_rank": cpus}}
+
+
+def _record(seqlen: int, measured: float, cluster: dict | None = None) -> dict:
+    s = AttnShape(batch=1, seqlen=seqlen, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
+                  causal=False, layout="contiguous")
+    return {"status": "ok", "method": "burst", "mode": "forward", "level": "op", "case_id": f"burst.N{seqlen}",
+            "cluster": cluster or _cluster(), "time_median_s": measured, "time_samples_s": [measured],
+            **{k: getattr(s, k) for k in validate.SHAPE_KEYS}}
+
+
+def _call(cpu_s: float, world_size: int = 2, node_size: int = 1) -> dict:
+    # a measured fwd+bwd call at 16 tokens (benchmarks.cpu_per_call's record)
+    return {"rows": [{"method": "burst", "seqlen": 16, "world_size": world_size, "node_size": node_size,
+                      "heads": 2, "head_dim": 8, "dtype": "float32", "causal": False, "layout": "contiguous",
+                      "cpu_s_median": cpu_s}], "path": "call_cpu.json"}
+
+
+def _times(records, call) -> KernelTimes:
+    keys = validate.needed_keys(records, call)
+    return KernelTimes(procs=2, threads=1, seconds={k: (1e-9 if k == HBM else ATTN) for k in keys})
+
+
+def test_the_host_term_makes_the_measured_call_cost_its_cpu_and_lengthens_every_op():
+    recs = [_record(256, 0.6), _record(4096, 1.0)]
+    call = _call(cpu_s=1.0)                                 # 1 s CPU at 0.5 CPU = 2 s per rank per call
+    times = _times(recs, call)
+    without = {r["seqlen"]: r for r in validate.compare(recs, times, rescale=False)}
+    rows = {r["seqlen"]: r for r in validate.compare(recs, times, rescale=False, call=call)}
+    host = rows[256]["host"]
+    assert without[256]["host"] is None and host["measured_s"] == pytest.approx(1.0 / CPUS)
+    # by its definition: the small call, modelled with the host term, costs each rank its measured CPU
+    shape = AttnShape(1, 16, 2, 2, 8, 2, dtype="float32", causal=False, layout="contiguous")
+    hw = validate.emulated_hardware(recs[0]["cluster"], "float32")
+    p = predict_case("burst", shape, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True,
+                     costs=lambda h, dt: MeasuredCosts(h, dt, times=times, host_s=host["host_s_per_op"]))
+    busy, ops = host_cost.compute_per_rank(p.schedule)
+    assert ops == host["ops"] and busy == pytest.approx(host["measured_s"], rel=1e-9)
+    # a compute-bound forward (N=256) pays it on each of its ops: two attention steps and the merge
+    assert rows[256]["predicted_s"] - without[256]["predicted_s"] == pytest.approx(3 * host["host_s_per_op"])
+    text = validate.host_text(list(rows.values()), call)
+    assert "burst" in text and f"{host['host_s_per_op'] * 1e3:.2f} ms x {host['ops']} ops" in text
+
+
+def test_no_host_term_below_the_models_own_compute_without_a_cap_or_a_matching_call():
+    recs = [_record(256, 0.6)]
+    call = _call(cpu_s=1e-6)                                # less than the model's own kernels there
+    (row,) = validate.compare(recs, _times(recs, call), rescale=False, call=call)
+    assert row["host"]["host_s_per_op"] == 0.0
+    for rec, c in ((_record(256, 0.6, _cluster(cpus=None)), _call(1.0)),      # the run was not capped
+                   (recs[0], _call(1.0, world_size=4, node_size=2))):         # another world size
+        (row,) = validate.compare([rec], _times([rec], c), rescale=False, call=c)
+        assert row["host"] is None
+        assert "costs nothing" in validate.host_text([row], c)
+    assert "no call_cpu.json" in validate.host_text([row], None)
+
+
+def test_a_transfers_excess_pays_no_host_term():
+    recs = [_record(256, 0.6)]
+    call = _call(cpu_s=1.0)
+    times = _times(recs, call)
+    hw = validate.emulated_hardware(recs[0]["cluster"], "float32", {"inter": (0.004, 0.0)})
+    shape = AttnShape(1, 256, 2, 2, 8, 2, dtype="float32", causal=False, layout="contiguous")
+    p = predict_case("burst", shape, mode="forward", level="op", hardware=hw, keep_schedule=True,
+                     costs=lambda h, dt: MeasuredCosts(h, dt, times=times, host_s=0.1))
+    ex = [t for t in p.schedule.tasks if t.name.endswith(".excess")]
+    ops = [t for t in p.schedule.tasks if t.kind == "compute" and not t.name.endswith(".excess")]
+    assert ex and all(t.duration == pytest.approx(0.004) for t in ex)
+    assert ops and all(t.duration >= 0.1 for t in ops)
+
+
+def test_the_kernel_table_is_timed_under_the_runs_cap(tmp_path, monkeypatch):
+    """validate_experiment times the table with the run's cap, and times it afresh when the file's was
+    timed under another (an uncapped table holds other rates); measure records what it applied."""
+    recs = [_record(256, 0.6)]
+    d = tmp_path / "t_emu"
+    d.mkdir()
+    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    keys = validate.needed_keys(recs)
+    KernelTimes(procs=2, threads=1, seconds={k: 1.0 for k in keys}, cpus=None).save(d / validate.KERNEL_TIMES_FILE)
+    asked = []
+
+    def fake_measure(keys, *, procs, threads, seconds, rounds, cpus):
+        asked.append((len(keys), cpus))
+        return KernelTimes(procs=procs, threads=threads, seconds={k: ATTN for k in keys}, cpus=cpus)
+    monkeypatch.setattr(validate, "measure", fake_measure)
+    rep = validate.validate_experiment(tmp_path, "t_emu")
+    assert asked == [(len(keys), CPUS)] and "capped at 0.5 CPU" in rep["text"]
+    assert KernelTimes.load(d / validate.KERNEL_TIMES_FILE).cpus == CPUS
+    validate.validate_experiment(tmp_path, "t_emu")            # now the table is the run's: nothing to time
+    assert len(asked) == 1
+    # where no cgroup can be made, the processes run uncapped and the table says so
+    monkeypatch.setattr(measured.cpuquota, "create", lambda run_id, names, cpus: (None, "no cgroups here"))
+    t = measured.measure([HBM], procs=1, threads=1, seconds=0.01, rounds=1, cpus=0.5)
+    assert t.cpus is None and t.seconds[HBM] > 0
+
+
+def test_cpu_per_call_out_replaces_rows_of_the_same_call(tmp_path):
+    path = tmp_path / "call_cpu.json"
+    row = {"method": "burst", "seqlen": 64, "world_size": 8, "node_size": 4, "cpu_s_median": 1.0}
+    _merge(path, [row, {**row, "method": "usp"}])
+    _merge(path, [{**row, "cpu_s_median": 2.0}])
+    rows = json.loads(path.read_text())["rows"]
+    assert sorted((r["method"], r["cpu_s_median"]) for r in rows) == [("burst", 2.0), ("usp", 1.0)]
+    assert host_cost.load_call_cpu(tmp_path)["rows"] == rows and host_cost.load_call_cpu(tmp_path / "x") is None
