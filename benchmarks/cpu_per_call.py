@@ -1,7 +1,7 @@
 """Benchmark (not a test): the process CPU seconds one fwd+bwd call costs each rank, per method.
 
 On G gloo ranks over loopback (``node_size`` ranks per emulated node for the node-aware methods),
-for each method and sequence length: one warm-up call, then ``CALLS`` calls, each rank's
+for each method and sequence length: one warm-up call, then ``--calls`` calls (12), each rank's
 ``time.process_time`` (all its threads: gloo's too) around its forward + backward; the median per rank
 and the wall time of the slowest. At a few tokens per rank the CPU is what a call costs beside its
 kernels (Python, the dispatcher, gloo's per-message work): the emulated cluster runs that on a rank's
@@ -35,7 +35,7 @@ HEADS, HEAD_DIM, CALLS = 8, 32, 12
 METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
 
 
-def _calls(name: str, n: int, node_size: int) -> dict:
+def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
     from baselines import get
 
     m, world = get(name), dist.get_world_size()
@@ -43,7 +43,7 @@ def _calls(name: str, n: int, node_size: int) -> dict:
     q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
     do = torch.randn(1, n // world, HEADS, HEAD_DIM)
     cpu, wall = [], []
-    for i in range(CALLS + 1):
+    for i in range(calls + 1):
         q.grad = k.grad = v.grad = None
         dist.barrier()
         c0, w0 = time.process_time(), time.perf_counter()
@@ -57,7 +57,7 @@ def _calls(name: str, n: int, node_size: int) -> dict:
     per_rank = [None] * world
     dist.all_gather_object(per_rank, statistics.median(cpu))
     return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", causal=True, layout="zigzag", calls=CALLS, cpu_s_per_rank=per_rank,
+                dtype="float32", causal=True, layout="zigzag", calls=calls, cpu_s_per_rank=per_rank,
                 cpu_s_median=statistics.median(per_rank),
                 wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
 
@@ -72,7 +72,7 @@ def _worker(rank: int, port: int, args) -> None:
     recs = []
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
-            rec = _calls(name, n, args.node_size)
+            rec = _calls(name, n, args.node_size, args.calls)
             if rank == 0:
                 recs.append({**rec, "environment": env})
                 print(json.dumps(recs[-1]), flush=True)
@@ -97,12 +97,15 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--node-size", type=int, default=4)
     ap.add_argument("--seqlen", default="64,2048", help="comma-separated; each a multiple of 2 x world size")
     ap.add_argument("--methods", default=METHODS)
+    ap.add_argument("--calls", type=int, default=CALLS, help="timed calls per method and N, after one warm-up")
     ap.add_argument("--out", help="JSON file to add the records to (the emulated validation's call_cpu.json)")
     args = ap.parse_args(argv)
     from baselines import METHODS as registry
     bad = [m for m in args.methods.split(",") if m not in registry]
     if bad:
         ap.error(f"--methods: {bad} not in the registry")
+    if args.calls < 1:
+        ap.error(f"--calls={args.calls} must be >= 1")
     if args.world_size < 1 or args.node_size < 1 or args.world_size % args.node_size:
         ap.error(f"--world-size={args.world_size} must be a positive multiple of --node-size={args.node_size}")
     try:
