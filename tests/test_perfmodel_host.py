@@ -16,24 +16,20 @@ from benchmarks.cpu_per_call import _merge
 from experiments.perfmodel import host_cost, measured, validate
 from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts
 from experiments.perfmodel.model import predict_case
+from tests.emulated_records import emulated_cluster, emulated_record
 
 CPUS = 0.5            # each rank's cap in the synthetic run
 ATTN = 0.25           # s per kernel call (hand-set)
-RATE = 1e6
 
 
 def _cluster(cpus=CPUS) -> dict:
-    return {"emulated": True, "nodes": 2, "ranks_per_node": 1, "profile": "t_emu", "summary": "synthetic 2x1",
-            "links": {"inter": {"bytes_per_s": RATE, "kind": "roce", "latency_us": 0.0}},
-            "cpu_quota": {"applied": cpus is not None, "cpus_per_rank": cpus}}
+    if cpus is None:        # the run asked for a cap, and could not apply it
+        return {**emulated_cluster(), "cpu_quota": {"applied": False, "cpus_per_rank": CPUS}}
+    return emulated_cluster(cpus=cpus)
 
 
 def _record(seqlen: int, measured: float, cluster: dict | None = None) -> dict:
-    s = AttnShape(batch=1, seqlen=seqlen, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
-                  causal=False, layout="contiguous")
-    return {"status": "ok", "method": "burst", "mode": "forward", "level": "op", "case_id": f"burst.N{seqlen}",
-            "cluster": cluster or _cluster(), "time_median_s": measured, "time_samples_s": [measured],
-            **{k: getattr(s, k) for k in validate.SHAPE_KEYS}}
+    return emulated_record(seqlen, "burst", measured, cluster or _cluster())
 
 
 def _call(cpu_s: float, world_size: int = 2, node_size: int = 1) -> dict:

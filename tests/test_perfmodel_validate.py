@@ -16,24 +16,12 @@ from experiments.cluster.report import with_model, write_report
 from experiments.perfmodel import validate
 from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts, measure
 from experiments.perfmodel.schedules.common import merge_bytes
+from tests.emulated_records import RATE
+from tests.emulated_records import emulated_cluster as _cluster
+from tests.emulated_records import emulated_record as _record
 
-RATE = 1e6           # bytes/s of the shaped inter-node link, per rank
 ATTN = 0.25          # s per forward kernel call (set by hand)
 PER_BYTE = 1e-9      # s per byte of memory traffic (1 GB/s)
-
-
-def _cluster(calibration=None) -> dict:
-    return {"emulated": True, "nodes": 2, "ranks_per_node": 1, "profile": "t_emu", "summary": "synthetic 2x1",
-            "links": {"inter": {"bytes_per_s": RATE, "kind": "roce", "latency_us": 0.0}},
-            "calibration": calibration}
-
-
-def _record(seqlen: int, method: str, measured: float, cluster: dict | None = None) -> dict:
-    s = AttnShape(batch=1, seqlen=seqlen, heads=2, kv_heads=2, head_dim=8, world_size=2, dtype="float32",
-                  causal=False, layout="contiguous")
-    return {"status": "ok", "method": method, "mode": "forward", "level": "op", "case_id": f"{method}.N{seqlen}",
-            "cluster": cluster or _cluster(), "time_median_s": measured, "time_samples_s": [measured],
-            **{k: getattr(s, k) for k in validate.SHAPE_KEYS}}
 
 
 def _times(records, attn: float = ATTN) -> KernelTimes:

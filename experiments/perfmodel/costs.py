@@ -34,7 +34,7 @@ fitted to a paper's results.
   the host's work around it (Python, the dispatcher, the method's
   bookkeeping). 0 on every accelerator profile (a GPU's host runs ahead of
   its stream); on the emulated cluster the ranks' CPU runs it in series with
-  their kernels (``validate.host_per_op``).
+  their kernels (``host_cost.host_per_op``).
 """
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ class SmallCase:
 
     method: str
     shape: AttnShape
+    cpu_s: float                  # the call's measured process CPU per rank (median over ranks)
     mode: str = "fwd_bwd"
     level: str = "op"
 
@@ -62,7 +63,7 @@ def small_case(call: dict | None, method: str, *, world_size: int, node_size: in
     r = min(rows, key=lambda r: int(r["seqlen"]))
     shape = AttnShape(1, int(r["seqlen"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]), world_size,
                       dtype=dtype, causal=bool(r["causal"]), layout=r["layout"])
-    return SmallCase(method, shape)
+    return SmallCase(method, shape, float(r["cpu_s_median"]))
 
 
 def compute_per_rank(schedule) -> tuple[float, int]:
@@ -83,12 +84,10 @@ def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: i
     case = small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype)
     if case is None or not cpus:
         return None
-    row = next(r for r in call["rows"] if r["method"] == method and int(r["seqlen"]) == case.shape.seqlen
-               and int(r["world_size"]) == world_size and int(r["node_size"]) == node_size)
     p = predict_case(method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs,
                      keep_schedule=True)
     model_s, ops = compute_per_rank(p.schedule)
-    measured_s = float(row["cpu_s_median"]) / cpus
+    measured_s = case.cpu_s / cpus
     per_op = max(0.0, measured_s - model_s) / ops if ops else 0.0
     return {"host_s_per_op": per_op, "ops": ops, "seqlen": case.shape.seqlen, "measured_s": measured_s,
-            "model_s": model_s, "cpu_s": float(row["cpu_s_median"]), "cpus": cpus}
+            "model_s": model_s, "cpu_s": case.cpu_s, "cpus": cpus}

@@ -280,8 +280,8 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int
         raise ValueError(f"procs={procs} and threads={threads} must be >= 1")
     keys = sorted({_key(k) for k in keys}, key=str)
     run_id = "bemukt" + secrets.token_hex(3)          # named like the emulator's rank groups
-    template, _why = (cpuquota.create(run_id, [f"{run_id}-n0r{i}" for i in range(procs)], cpus)
-                      if cpus is not None else (None, "not asked"))
+    template = (cpuquota.create(run_id, [f"{run_id}-n0r{i}" for i in range(procs)], cpus)[0]
+                if cpus is not None else None)
     with tempfile.TemporaryDirectory(prefix="perfmodel-kernels-") as d:
         sync = Path(d)
         (sync / "keys.json").write_text(json.dumps([list(k) for k in keys]))

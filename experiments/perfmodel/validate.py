@@ -191,14 +191,16 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free)."""
-    rows = []
+    rows, hosts = [], {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype, excess)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
-        host = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                           node_size=int(c.rec["cluster"]["ranks_per_node"]), hardware=hw,
-                           costs=lambda h, dt, k=k: MeasuredCosts(h, dt, times=times, scale=k),
-                           cpus=run_cpus(c.rec["cluster"]))
+        key = (c.method, c.shape.world_size, c.shape.dtype, repr(hw), k, run_cpus(c.rec["cluster"]))
+        if key not in hosts:          # one small-call prediction per method and run, whatever its cases
+            hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                                     node_size=hw.devices_per_node, hardware=hw, cpus=key[-1],
+                                     costs=lambda h, dt, k=k: MeasuredCosts(h, dt, times=times, scale=k))
+        host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = predict_case(c.method, c.shape, mode=c.mode, level=c.level, hardware=hw,
                          costs=lambda h, dt, k=k, hs=hs: MeasuredCosts(h, dt, times=times, scale=k, host_s=hs))
