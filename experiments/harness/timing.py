@@ -36,6 +36,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from burst_impl import comm
+
 
 def _dist_on() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -100,8 +102,9 @@ def time_steps(step: Callable[[], object], *, warmup: int, repeats: int, device:
     """Per-step wall times in seconds, each the maximum over ranks; ``repeats`` samples."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be at least 1")
-    _warm_up(step, setup, warmup, device)
-    local = [_sample(step, setup, device, group) for _ in range(repeats)]
+    with comm.agree_once():   # the warm-up agrees on the inputs; the timed calls reuse it
+        _warm_up(step, setup, warmup, device)
+        local = [_sample(step, setup, device, group) for _ in range(repeats)]
     return max_over_ranks(local, device, group)
 
 
@@ -196,6 +199,11 @@ def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object
     step i runs (the worker's watchdog names the case that hangs)."""
     if not steps:
         raise ValueError("time_interleaved needs at least one step")
+    with comm.agree_once():   # each method's warm-up agrees on its inputs; its timed calls reuse it
+        return _interleave(steps, warmup, policy, device, group, on_step)
+
+
+def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device, group, on_step) -> Interleaved:
     t0 = time.perf_counter()
     for i, (step, setup) in enumerate(steps):
         if on_step is not None:
