@@ -30,7 +30,7 @@ per class); the node of each rank comes from ``burst_impl.nodes`` (an
 explicit ``node_size``, else ``LOCAL_WORLD_SIZE``). Sends recorded without a
 class (formula bytes of adapters around other packages) are "unclassified".
 ``counts.wait_s`` holds the seconds this rank spent waiting for transfers,
-per phase (host time: meaningful on CPU/gloo; on GPU a wait only orders streams).
+per phase (host time; on CUDA timed between stream synchronisations, see ``Pending``).
 
 Rings. ``circulate`` and ``AccumulatorRing`` run on a *transport*: an object
 that says which block this rank holds at each step and how blocks and
@@ -355,15 +355,32 @@ class Channel:
         return Pending(reqs, recv, keep=[op.tensor for op in ops], phase=phase)
 
 
+def _synchronize(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
+
+
 class Pending:
+    """The transfers of one hop in flight; ``wait()`` gives the received tensors.
+
+    The seconds it waits go to ``CommCounts.wait_s``. On CUDA ``r.wait()`` only makes the compute
+    stream wait for the NCCL stream and returns at once, so while a counter is open (the harness's
+    untimed counted step, never its timed calls) the wait is timed between two synchronisations:
+    the work queued before it first (not a wait for a transfer), then the transfers' landing."""
+
     def __init__(self, reqs, recv, keep, phase: str = "forward"):
         self._reqs, self._recv, self._keep, self._phase = reqs, recv, keep, phase
 
     def wait(self) -> list[Tensor]:
         if self._reqs:
+            device = self._recv[0].device if self._recv else None
+            timed_on_gpu = bool(_active) and device is not None and device.type == "cuda"
+            if timed_on_gpu:
+                _synchronize(device)
             t0 = time.perf_counter()
             for r in self._reqs:
                 r.wait()
+            if timed_on_gpu:
+                _synchronize(device)
             record_wait(self._phase, time.perf_counter() - t0)
             self._reqs = []
         self._keep = None

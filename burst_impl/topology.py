@@ -38,8 +38,11 @@ streams. On gloo they share the group's process group, told apart by tags; gloo 
 transfer on its own threads, so a transfer posted early runs while the rank
 computes. On NCCL each channel gets its own communicator (and so its own
 CUDA stream): the read ring the group itself, the write ring the node's
-ranks, the inter-node hop the ranks with the same local index
-(``new_group(..., use_local_synchronization=True)``, created once per rank set).
+ranks, the inter-node hop the ranks with the same local index. Every rank
+of the group creates every one of these groups, in one fixed order
+(``channel_splits``: nodes, then rails), at the first double ring over the
+group, before its first send (``channel_groups``; ``dist.split_group`` when
+the default group is bound to a device, whose NCCL splits are collective).
 
 Degenerate cases. With one node (E = 1) or one rank per node (I = 1) a double
 ring is exactly the flat ring: ``transport(..., topology="double")`` then
@@ -62,7 +65,7 @@ TOPOLOGIES = ("flat", "double")
 
 # gloo tags of the double ring's channels (the flat ring uses tag 0)
 _TAGS = {"intra": 1, "acc_intra": 2, "inter": 3, "acc_inter": 4}
-_SUBGROUPS: dict[tuple[int, ...], object] = {}
+_SUBGROUPS: dict[tuple, tuple[object, object]] = {}   # (group's ranks, E, I) -> (node, rail) groups
 
 
 def check_topology(topology: str) -> None:
@@ -75,17 +78,53 @@ def separate_groups(group) -> bool:
     return dist.get_backend(group) == "nccl"
 
 
-def _subgroup(ranks: list[int], parent):
-    """A process group over these global ranks, created once (only its members take part)."""
-    key = tuple(ranks)
-    if key not in _SUBGROUPS:
-        kw = {}
-        parent = dist.group.WORLD if parent is None else parent
-        try:  # the parent's timeout, so a failure in a channel is bounded like one in the group
-            kw["timeout"] = parent._get_backend(comm_device(parent)).options._timeout
-        except Exception:  # noqa: BLE001 - private API; torch's default timeout otherwise
-            pass
-        _SUBGROUPS[key] = dist.new_group(ranks, use_local_synchronization=True, **kw)
+def channel_splits(E: int, I: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The double ring's channel groups in group ranks, in the one order every rank creates them:
+    the E node groups (node n: ranks n*I .. n*I+I-1), then the I rail groups (local index l: ranks
+    l, I+l, ..., (E-1)*I+l)."""
+    return ([[n * I + i for i in range(I)] for n in range(E)],
+            [[m * I + l for m in range(E)] for l in range(I)])
+
+
+def _timeout_kw(parent) -> dict:
+    try:  # the parent's timeout, so a failure in a channel is bounded like one in the group
+        return {"timeout": parent._get_backend(comm_device(parent)).options._timeout}
+    except Exception:  # noqa: BLE001 - private API; torch's default timeout otherwise
+        return {}
+
+
+def _bound_device(parent) -> bool:
+    """Is the default group bound to a device (``init_process_group(device_id=...)``)? Then NCCL
+    makes new groups by splitting the default communicator, collective over ITS ranks, and only
+    ``dist.split_group`` (collective over the parent alone) is safe for a parent smaller than it."""
+    return dist.get_backend(parent) == "nccl" and dist.group.WORLD.bound_device_id is not None
+
+
+def channel_groups(group, E: int, I: int) -> tuple[object, object]:
+    """(this rank's node group, its rail group), every channel group created by every rank of ``group``
+    in ``channel_splits``' order, once per rank set (cached): no rank creates a group its peers do
+    not create at the same point, so no creation waits on a rank that is elsewhere.
+
+    Bound NCCL default group: two ``dist.split_group`` calls on ``group`` (nodes, then rails).
+    Otherwise ``dist.new_group`` for each group in turn; over the whole world every rank takes part
+    in every creation, while over a smaller group (a USP ring) only the group's members call, so
+    each creation synchronises its members only (``use_local_synchronization``)."""
+    ranks = group_ranks(group)
+    key = (tuple(ranks), E, I)
+    if key in _SUBGROUPS:
+        return _SUBGROUPS[key]
+    parent = dist.group.WORLD if group is None else group
+    me = comm.world(group)[0]
+    nodes, rails = channel_splits(E, I)
+    kw = _timeout_kw(parent)
+    if _bound_device(parent):
+        made = [dist.split_group(parent, split_ranks=split, **kw) for split in (nodes, rails)]
+    else:
+        local = len(ranks) != dist.get_world_size()
+        extra = {"use_local_synchronization": True} if local else {}
+        by_members = {tuple(m): dist.new_group([ranks[r] for r in m], **extra, **kw) for m in nodes + rails}
+        made = [by_members[tuple(next(m for m in split if me in m))] for split in (nodes, rails)]
+    _SUBGROUPS[key] = (made[0], made[1])
     return _SUBGROUPS[key]
 
 
@@ -165,12 +204,9 @@ class DoubleRing(Transport):
             raise ValueError(f"a double ring needs >= 2 nodes of >= 2 ranks, got {E} x {I}")
         self.overlap = bool(overlap)
         self.plan = plan = DoubleRingSchedule(E, I, self.rank)
-        n, l = plan.node, plan.local
         use_groups = separate_groups(group) if subgroups is None else subgroups
         if use_groups:
-            ranks = group_ranks(group)
-            node_group = _subgroup([ranks[n * I + i] for i in range(I)], group)
-            rail_group = _subgroup([ranks[m * I + l] for m in range(E)], group)
+            node_group, rail_group = channel_groups(group, E, I)
             groups = {"intra": group, "acc_intra": node_group, "inter": rail_group, "acc_inter": rail_group}
             tags = dict.fromkeys(_TAGS, 0)
         else:
