@@ -18,6 +18,12 @@ DEBUG_HELP = "show the Python traceback of an error instead of the one-line mess
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError)
 
 
+class ToolFailed(RuntimeError):
+    """A tool ran and failed where its message is the whole answer: the emulated cluster's ranks of a probe
+    died (their log's tail is in the message), a self-test's flow broke, namespaces are forbidden here. The
+    user reads the message and fixes the machine or the inputs; a traceback of the tool adds nothing."""
+
+
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:
     """``main(argv)`` with the user's errors as ``error: <message>`` on stderr and exit status 2."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -25,7 +31,7 @@ def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None 
     try:
         # stripped here so subcommand parsers need not know it; the mains list it for --help only
         return int(main([a for a in args if a != DEBUG_FLAG]) or 0)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, ToolFailed) as e:
         if debug:
             raise
         return _fail(e)

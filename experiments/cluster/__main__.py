@@ -24,13 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
+from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, run_cli
 from ..harness import env as provenance
 from ..harness.launch import run_launch
 from .emulator import netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from .report import ratios_of, report, with_model, write_report
+
+SELFTEST_TOLERANCE = 0.15       # of each link class's measured rate from its configured one
 
 
 def _profile(name: str, rates: str | None):
@@ -84,8 +86,7 @@ def show(cl: EmulatedCluster | None = None) -> None:
 def _selftest(prof, seconds: float) -> int:
     with EmulatedCluster(prof) as cl:
         if not cl.emulated:
-            print(f"cannot self-test: {cl.fallback}")
-            return 2
+            raise ToolFailed(f"cannot self-test {prof.name}: {cl.fallback}")
         show(cl)
         res = selftest.measure(cl.topo, seconds)
         worst = 0.0
@@ -110,7 +111,11 @@ def _selftest(prof, seconds: float) -> int:
         print(f"worst deviation {worst:.1%}")
         for line in _message_lines(cl):
             print(line)
-        return 0 if worst <= 0.15 else 1
+    if worst > SELFTEST_TOLERANCE:
+        raise ToolFailed(f"self-test of {prof.name}: worst deviation {worst:.1%} from the configured rates, "
+                         f"above the {SELFTEST_TOLERANCE:.0%} tolerance (a loaded machine, or shaping that does "
+                         "not hold)")
+    return 0
 
 
 def _message_lines(cl, nbytes: int = 1 << 19) -> list[str]:
@@ -133,11 +138,11 @@ def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
     cases = overlap_probe.parse_cases(cases_text)
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
+    overlap_probe.check_shape(cases, prof.nodes, prof.ranks_per_node)     # before minutes of bring-up
     world = prof.nodes * prof.ranks_per_node
     with EmulatedCluster(prof) as cl, tempfile.TemporaryDirectory(prefix="bemu-overlap-") as work:
         if not cl.emulated:
-            print(f"cannot probe: {cl.fallback}")
-            return 2
+            raise ToolFailed(f"cannot probe {prof.name}: {cl.fallback}")
         env = dict(os.environ, **cl.env(world), OMP_NUM_THREADS="1")
         cmds = cl.launches(world, [str(repeats), cases_text], port=29590,
                            module="experiments.cluster.emulator.overlap_probe")
@@ -145,7 +150,7 @@ def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
         info = cl.info(world)
     lines = [ln for ln in logs.splitlines() if ln.startswith("OVERLAP_PROBE ")]
     if rc != 0 or not lines:
-        raise RuntimeError(f"overlap probe failed (exit status {rc}): {logs.strip()[-1200:]}")
+        raise ToolFailed(f"overlap probe failed (exit status {rc}); the ranks' log ends: {logs.strip()[-1200:]}")
     per_rank = json.loads(lines[0].split(" ", 1)[1])
     rows = overlap_probe.summarize(per_rank, cases)
     print(info["summary"])

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from ...cli import ToolFailed
 from ...profiles.hardware import Hardware
 from .shaping import LinkShape
 from burst_impl import kernels
@@ -230,14 +231,14 @@ def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: in
             while len(list(sync.glob("ready.*"))) < procs:
                 if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
                     errs = [p.stderr.read()[-500:] for p in ps if p.poll() not in (None, 0)]
-                    raise RuntimeError(f"calibration benchmark did not start: {errs or 'timeout'}")
+                    raise ToolFailed(f"calibration benchmark did not start: {errs or 'timeout'}")
                 time.sleep(0.05)
             (sync / "go").touch()
             rates = []
             for p in ps:
                 out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
                 if p.returncode:
-                    raise RuntimeError(f"calibration benchmark failed: {err[-500:]}")
+                    raise ToolFailed(f"calibration benchmark failed: {err[-500:]}")
                 rates.append(float(json.loads(out.strip().splitlines()[-1])["flops_per_s"]))
         finally:
             for p in ps:

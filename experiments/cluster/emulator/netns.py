@@ -43,6 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ...cli import ToolFailed
 from ...harness.cpuquota import remove as remove_cgroups  # the ranks' cpu cgroups, once their processes are gone
 
 PREFIX = "bemu"
@@ -53,7 +54,7 @@ MAX_NODES = 200           # node i uses 10.77.i.0/24; 255 is the head's
 MAX_RANKS_PER_NODE = 200  # rank k of a node is .10+k
 
 
-class NetnsError(RuntimeError):
+class NetnsError(ToolFailed):
     """A namespace operation failed; the message names the command and the kernel's answer."""
 
 

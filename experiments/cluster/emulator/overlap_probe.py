@@ -13,14 +13,16 @@ sample the slowest rank's, over ``ITERS`` steps back to back as a ring runs them
 * ``both``: the hop posted, the block computed, the hop waited for (a ring step with overlap);
 
 for each case of ``CASES``: ``ring`` (inside the node: send to the next rank, receive from the
-previous), ``pair`` (across nodes: a two-way exchange with the same local rank of the next node,
-the double ring's outer ring over 2 nodes), ``oneway`` (across nodes: node 0 sends, node 1
-receives). ``excess = both - max(compute, transfer)`` per round is what overlap did not hide; the
-wall seconds (medians over rounds) and each rank's process CPU seconds (all threads: gloo's too;
-medians over ranks and rounds) of each are reported, and ``cpu_excess``: the CPU the hop adds to a
+previous), ``pair`` (across nodes: send to the same local rank of the next node, receive from the
+previous node's; the double ring's outer ring: over 2 nodes a two-way exchange, over more a ring of
+the nodes), ``oneway`` (across nodes: nodes paired 0 -> 1, 2 -> 3, ...; the first of a pair sends,
+the second receives; at an odd node count the last node has no partner and only computes).
+``excess = both - max(compute, transfer)`` per round is what overlap did not hide; the wall seconds
+(medians over rounds) and each busy rank's process CPU seconds (all threads: gloo's too; medians over
+ranks and rounds) of each are reported, and ``cpu_excess``: the CPU the hop adds to a
 rank's step, in wall seconds at the rank's CPU rate, the part the performance model charges.
 
-    python -m experiments.cluster overlap a800_ib_emu_2x4 --out results/.../overlap_probe.json
+    burst-bench cluster overlap a800_ib_emu_2x4 --out results/.../overlap_probe.json
     torchrun ... -m experiments.cluster.emulator.overlap_probe <repeats> <case,...>   # what each rank runs
 
 Measurements: docs/findings.md#overlap-on-the-emulated-cluster.
@@ -78,8 +80,19 @@ def parse_cases(text: str) -> list[Case]:
     return out
 
 
+def check_shape(cases: list[Case], nodes: int, per_node: int) -> None:
+    """ValueError unless every case's pattern has its peers on a cluster of ``nodes`` x ``per_node``:
+    ``ring`` needs 2 ranks in a node, ``pair`` and ``oneway`` 2 nodes (else a rank would send to itself)."""
+    for c in cases:
+        if c.pattern == "ring" and per_node < 2:
+            raise ValueError(f"case={c.name!r}: a ring inside a node needs ranks_per_node >= 2, not {per_node}")
+        if c.pattern in ("pair", "oneway") and nodes < 2:
+            raise ValueError(f"case={c.name!r}: a {c.pattern} across nodes needs nodes >= 2, not {nodes}")
+
+
 def peers(pattern: str, rank: int, world: int, per_node: int) -> tuple[int | None, int | None]:
-    """(send to, receive from) global ranks of ``rank`` for ``pattern`` (None: no such direction)."""
+    """(send to, receive from) global ranks of ``rank`` for ``pattern`` (None: no such direction). For any
+    node count every send has its receive and every receive its send (``tests/test_overlap_probe.py``)."""
     node, local = divmod(rank, per_node)
     if pattern == "ring":
         return node * per_node + (local + 1) % per_node, node * per_node + (local - 1) % per_node
@@ -87,8 +100,12 @@ def peers(pattern: str, rank: int, world: int, per_node: int) -> tuple[int | Non
     nxt, prv = (rank + per_node) % world, (rank - per_node) % world
     if pattern == "pair":
         return nxt, prv
-    if pattern == "oneway":        # the first half of the nodes send, the second half receive
-        return (nxt, None) if node < nodes // 2 else (None, prv)
+    if pattern == "oneway":
+        # nodes in pairs, not halves: with halves a sender's neighbour is another sender whenever the
+        # first half has more than one node, and at an odd count the last receiver's sender never sends
+        if node % 2 == 0:
+            return (nxt, None) if node + 1 < nodes else (None, None)
+        return None, prv
     raise ValueError(f"pattern={pattern!r} must be one of {PATTERNS}")
 
 
@@ -102,7 +119,7 @@ def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
     def post():
         ops = ([dist.P2POp(dist.irecv, recv, src)] if src is not None else []) + (
             [dist.P2POp(dist.isend, send, dst)] if dst is not None else [])
-        return dist.batch_isend_irecv(ops)
+        return dist.batch_isend_irecv(ops) if ops else []      # a node without a partner (oneway) only computes
 
     def step(kind: str):
         def run():
@@ -120,7 +137,7 @@ def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
     res = time_interleaved([step(k) for k in KINDS], warmup=1, device=torch.device("cpu"),
                            policy=RepeatPolicy(min_repeats=repeats, max_repeats=repeats))
     return {"wall": {k: [t / ITERS for t in s] for k, s in zip(KINDS, res.samples)},
-            "cpu": {k: v[-repeats:] for k, v in cpu.items()}}
+            "cpu": {k: v[-repeats:] for k, v in cpu.items()}, "idle": dst is None and src is None}
 
 
 def cpu_excess(cpu: dict, compute_wall_s: float) -> float:
@@ -141,7 +158,9 @@ def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
     for c in cases:
         wall = per_rank[0][c.name]["wall"]
         excess = [b - max(cp, t) for cp, t, b in zip(wall["compute"], wall["transfer"], wall["both"])]
-        cpu = {k: statistics.median(x for r in per_rank for x in r[c.name]["cpu"][k]) for k in KINDS}
+        # a rank without a peer moved no bytes: its CPU would dilute what a hop costs the ranks that did
+        busy = [r[c.name] for r in per_rank if not r[c.name].get("idle")]
+        cpu = {k: statistics.median(x for r in busy for x in r["cpu"][k]) for k in KINDS}
         walls = {k: statistics.median(wall[k]) for k in KINDS}
         rows.append({"case": c.name, "pattern": c.pattern, "tokens": c.tokens, "bytes": c.nbytes,
                      **{f"{k}_wall_s": walls[k] for k in KINDS},
@@ -172,6 +191,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    check_shape(cases, dist.get_world_size() // per_node, per_node)
     mine = {c.name: _probe_case(c, repeats, per_node) for c in cases}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 
+from ...cli import ToolFailed
 from . import netns
 
 BASE_PORT = 47000
@@ -135,11 +136,11 @@ def _spawn(topo: netns.Topology, who: tuple[int, int], argv: list, python: str, 
 
 
 def _result(srv, snd, what: str, timeout: float) -> dict:
-    """The server's JSON line once both ends have finished; RuntimeError with their stderr if one failed."""
+    """The server's JSON line once both ends have finished; ToolFailed with their stderr if one failed."""
     out, err = srv.communicate(timeout=timeout)
     _, serr = snd.communicate(timeout=timeout)
     if srv.returncode or snd.returncode:
-        raise RuntimeError(f"self-test {what} failed: {err.strip()[-400:]} {serr.strip()[-400:]}")
+        raise ToolFailed(f"self-test {what} failed: {err.strip()[-400:]} {serr.strip()[-400:]}")
     return json.loads(out)
 
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...cli import ToolFailed
 from . import netns
 
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
@@ -103,7 +104,7 @@ class Slurm:
             log = ""
             for p in sorted((self.work / "log").glob("*")):
                 log += p.read_text(errors="replace")[-600:]
-            raise RuntimeError(f"{what} did not start (exit {out.returncode}): {out.stderr.strip()[-600:]} {log}")
+            raise ToolFailed(f"{what} did not start (exit {out.returncode}): {out.stderr.strip()[-600:]} {log}")
         netns.write_state(self.topo, daemon_pids=sorted(set(
             netns.read_state(self.topo.run_id).get("daemon_pids", []) + [pid])))
         return pid
@@ -141,7 +142,7 @@ class Slurm:
             if len(states) == self.topo.nodes and all(s.split()[-1] == "idle" for s in states):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"SLURM nodes not idle after {timeout_s:.0f} s: {states}; "
+        raise ToolFailed(f"SLURM nodes not idle after {timeout_s:.0f} s: {states}; "
                            f"logs in {self.work / 'log'}")
 
     def sbatch(self, script: Path, *, env: dict[str, str]) -> str:
@@ -150,7 +151,7 @@ class Slurm:
         out = subprocess.run(self.client(["sbatch", "--parsable", str(script)]), env={**env, **self.env},
                              capture_output=True, text=True, timeout=60)
         if out.returncode != 0:
-            raise RuntimeError(f"sbatch {script} failed: {out.stderr.strip()}")
+            raise ToolFailed(f"sbatch {script} failed: {out.stderr.strip()}")
         return out.stdout.strip().split(";")[0]
 
     def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> tuple[str, str]:
