@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from experiments.harness.model_cases import VARIANT_KNOBS
-from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec
+from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec, spec_mapping
 
 SPECS = EXPERIMENTS_DIR / "specs"
 ABLATIONS = [SPECS / "model_burstengine_ablation_14b_1m.yaml",
@@ -45,7 +45,7 @@ def test_ablation_rows_are_cumulative(path):
     (lambda v: v.insert(1, dict(v[4])), "changes"),                                             # out of order
 ])
 def test_a_non_cumulative_ablation_is_refused(tmp_path, bad, why):
-    raw = yaml.safe_load(ABLATIONS[1].read_text())
+    raw = spec_mapping(ABLATIONS[1])
     raw = copy.deepcopy(raw)
     bad(raw["model"]["variants"])
     names = [v["name"] for v in raw["model"]["variants"]]
@@ -77,14 +77,14 @@ def test_main_table_cells_at_paper_size():
     ({"methods": ["ring"]}, "'methods'", "must be the methods of model.variants"),
 ])
 def test_variant_spec_rules(over, key, rule):
-    raw = yaml.safe_load(MAINS[2].read_text())
+    raw = spec_mapping(MAINS[2])
     raw.update(over)
     with pytest.raises(ValueError, match=f"t.yaml: key {key}.*{rule}"):
         parse_spec(raw, "t.yaml")
 
 
 def test_bad_variant_fields_name_key_and_rule():
-    raw = yaml.safe_load(MAINS[2].read_text())
+    raw = spec_mapping(MAINS[2])
     raw["model"]["variants"][0]["checkpoint"] = "half"
     with pytest.raises(ValueError, match="key 'model.variants.checkpoint': 'half' is not a checkpoint mode"):
         parse_spec(raw, "t.yaml")
@@ -147,7 +147,7 @@ def _first_losses(raw: dict) -> list[float]:
 def test_cpu_mirror_rows_train_and_agree(pools, path):
     """Every row of the CPU mirrors trains under FSDP2 at W = 4 (2 x 2) with its loss and checkpoint mode
     (tiny model, 64 tokens: a smoke run, not a timing), and its first loss is the same global mean."""
-    raw = yaml.safe_load(path.read_text())
+    raw = spec_mapping(path)     # the mirror with its base merged in
     raw["model"]["name"] = "tiny"
     raw.update(cluster="cpu", sweep={**raw["sweep"], "seqlen": 64})
     losses = pools.run(4, _first_losses, raw, timeout=300)[0]

@@ -52,6 +52,10 @@ each record says which (``repeat_stop``). With ``interleave`` the cases that
 share a shape, mode and kernel are timed together in rounds, and their
 watchdog budget is the sum of theirs.
 
+A CPU mirror of a paper spec names it as ``base: <spec name>`` and states only what
+changes; the loader merges the two once, on load (``experiments.harness.overrides``:
+mappings merge key by key, lists and scalars replace, ``null`` restores the default).
+
 Names: a *preset* (``experiments/presets/``) is a named list of specs; a
 *cluster profile* (``experiments/clusters/``, ``experiments.profiles.cluster``)
 is where a spec runs. ``target:`` is the old name of ``cluster:`` and is
@@ -75,6 +79,7 @@ from burst_impl.shape import AttnShape
 from ..profiles.cluster import Profile, load_profile
 from . import axes
 from burst_impl.flops import MODES
+from .overrides import read_mapping, resolve_base
 from .model_cases import (MODEL_MODES, ModelSetup, ModelVariant, check_attention_mode, check_model_case,
                           check_setup, fill_sweep)
 from .schema import FileErr, check_keys, check_type, fields_from, from_mapping, plain
@@ -286,13 +291,27 @@ def _check_renamed(raw: dict, err) -> None:
                                    f"{_RENAMED_LEVELS[level]!r}")
 
 
+def _check_top_keys(raw: dict, err) -> None:
+    """Old names, then unknown keys, of one file of a ``base:`` chain (named by ``err``)."""
+    _check_renamed(raw, err)
+    check_keys(raw, [f.name for f in dataclasses.fields(Spec) if f.name != "path"] + ["base"], err)
+
+
+def _spec_file(name: str) -> Path | None:
+    return next((p for d in ("specs", "cpu") if (p := EXPERIMENTS_DIR / d / f"{name}.yaml").exists()), None)
+
+
+def spec_mapping(path: Path | str) -> dict:
+    """A spec file's mapping with its ``base:`` merged in: what the schema validates."""
+    return resolve_base(read_mapping(Path(path)), path, find=_spec_file, check=_check_top_keys)
+
+
 def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None = None) -> Spec:
-    """Build and validate a Spec from a YAML mapping. ``cluster`` overrides the file's."""
+    """Build and validate a Spec from a YAML mapping (``base:`` merged in). ``cluster`` overrides the file's."""
     err = FileErr(path)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: a spec must be a YAML mapping")
-    _check_renamed(raw, err)
-    raw = dict(raw)
+    raw = dict(resolve_base(raw, path, find=_spec_file, check=_check_top_keys))
     if cluster:
         raw["cluster"] = cluster
     kw = fields_from(Spec, {k: v for k, v in raw.items() if k not in ("sweep", "methods")}, err,
@@ -334,11 +353,7 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
 
 def load_spec(path: Path | str, *, cluster: str | None = None) -> Spec:
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"{p}: not valid YAML: {e}") from None
-    return parse_spec(raw, p, cluster=cluster)
+    return parse_spec(read_mapping(p), p, cluster=cluster)
 
 
 # ---------------------------------------------------------------- cases
@@ -468,10 +483,9 @@ def resolve_spec_path(name: str) -> Path:
     p = Path(name)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
-    for d in ("specs", "cpu"):
-        cand = EXPERIMENTS_DIR / d / f"{name}.yaml"
-        if cand.exists():
-            return cand
+    found = _spec_file(name)
+    if found is not None:
+        return found
     raise ValueError(f"{name!r} is neither a spec file, a spec in experiments/specs or experiments/cpu, "
                      f"nor a preset in experiments/presets")
 
