@@ -3,9 +3,15 @@
 Partial-mask tiles: a band (sliding window) runs as flash-attn's ``window_size`` and a document
 diagonal as its varlen entry point (``_flash_attn_varlen_forward``/``_backward``, every batch row
 packed with the same boundaries); dense tiles, and bands flash-attn's bottom-right window cannot
-express, run in the exact path's math (``kernels.masked``). Written to flash-attn 2.4-2.7's
-internal API; not run here (no GPU; ``tests/test_cuda_path.py`` checks them against the fp64
-reference on a GPU machine).
+express, run in the exact path's math (``kernels.masked``).
+
+Written to the private entry points of flash-attn 2.4-2.8 (``flash_attn/flash_attn_interface.py``
+read at the release tags): from 2.7 they are ``torch.library.custom_op`` objects (their signature
+is read from ``_init_fn``) taking ``window_size_left/right`` and ``softcap``, and the forward returns
+(out, lse, S_dmask, rng_state); 2.6 takes a ``window_size`` tuple and ``softcap``, 2.4-2.5 the tuple
+only, and their forward returns 8 values with the lse sixth. tests/test_kernels_flash_attn.py fakes
+each interface on CPU and checks the calls; tests/test_cuda_path.py checks the real kernels against
+the fp64 reference on a GPU machine (not yet run: no GPU has been lent).
 """
 from __future__ import annotations
 
@@ -28,14 +34,25 @@ def available() -> bool:
     return True
 
 
+def _fai():
+    """flash-attn's interface module (one place, so tests can put a fake here)."""
+    from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
+
+    return fai
+
+
 @functools.lru_cache(maxsize=None)
 def _params(fn) -> frozenset[str]:
-    """The parameter names of a flash-attn entry point (inspected once: every tile of every ring step asks)."""
-    return frozenset(inspect.signature(fn).parameters)
+    """The parameter names of a flash-attn entry point (inspected once: every tile of every ring step asks).
+
+    From 2.7 the entry points are ``torch.library.custom_op`` objects, whose own signature is
+    ``(*args, **kwargs)``; the function they wrap, ``_init_fn``, keeps the real one."""
+    return frozenset(inspect.signature(getattr(fn, "_init_fn", fn)).parameters)
 
 
 def _window_kwargs(fn, left: int = -1, right: int = -1) -> dict:
-    """flash-attn >= 2.6 takes window_size_left/right and softcap; 2.4-2.5 a window_size tuple."""
+    """flash-attn >= 2.7 takes window_size_left/right and softcap; 2.6 a window_size tuple and softcap;
+    2.4-2.5 a window_size tuple."""
     params = _params(fn)
     if "window_size_left" in params:
         kw = dict(window_size_left=left, window_size_right=right)
@@ -46,92 +63,126 @@ def _window_kwargs(fn, left: int = -1, right: int = -1) -> dict:
     return kw
 
 
+def _out_lse(res) -> tuple:
+    """(out, softmax_lse) of a private forward: >= 2.7 returns (out, lse, S_dmask, rng_state),
+    2.4-2.6 (out, q, k, v, out_padded, lse, S_dmask, rng_state)."""
+    if len(res) == 4:
+        return res[0], res[1]
+    if len(res) == 8:
+        return res[0], res[5]
+    raise RuntimeError(f"flash-attn's private forward returned {len(res)} values; this backend knows the "
+                       "4 of flash-attn >= 2.7 and the 8 of 2.4-2.6")
+
+
 def flash_window(n_rows: int, n_cols: int, lo: int | None, hi: int | None) -> tuple[int, int] | None:
     """flash-attn's (left, right) window for the band ``lo <= j - i <= hi`` on an (n_rows, n_cols) tile.
 
     flash-attn aligns the window to the bottom-right corner: key j is live for query i iff
-    i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right, -1 meaning unbounded. None when the band
-    needs a negative size (not expressible)."""
+    i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right, -1 meaning unbounded. But a size >= Sk is
+    reset to -1, and a -1 beside a bounded side means Sk, not unbounded (in the forward; the
+    backward's clamp differs). So the window returned never relies on either: both sides -1, or
+    both in [0, Sk). An unbounded side gets the smallest size that reaches every column, which is
+    below Sk except for the right side of a tall tile (Sq > Sk): that band, and any needing a
+    negative size, gives None (not expressible; the exact path runs it)."""
     shift = n_cols - n_rows
-    left = -1 if lo is None else shift - lo
-    right = -1 if hi is None else hi - shift
-    if (lo is not None and left < 0) or (hi is not None and right < 0):
+    if lo is not None and lo <= 1 - n_rows:     # the bound excludes no column of any row
+        lo = None
+    if hi is not None and hi >= n_cols - 1:
+        hi = None
+    if lo is None and hi is None:
+        return -1, -1
+    left = n_cols - 1 if lo is None else shift - lo
+    right = n_rows - 1 if hi is None else hi - shift
+    if not (0 <= left < n_cols and 0 <= right < n_cols):
         return None
     return left, right
 
 
-def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
-    """``window``: flash-attn's (left, right) window (``flash_window``; -1: unbounded)."""
-    from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
+def _our_lse(lse):
+    """flash-attn gives a row with no live key lse = +inf (so its backward's exp(s - lse) is 0); ours is
+    -inf (the merge's neutral element: +inf would take over the row and give NaN)."""
+    return lse.masked_fill(torch.isposinf(lse), float("-inf"))
 
-    # flash-attn 2.x: returns (out, softmax_lse (B, Z, Sq) fp32, S_dmask, rng_state)
+
+def _flash_lse(lse):
+    """Our global lse for flash-attn's backward: a row no block gives a live key, -inf, as its +inf."""
+    return lse.masked_fill(torch.isneginf(lse), float("inf"))
+
+
+def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
+    """``window``: flash-attn's (left, right) window (``flash_window``; -1: unbounded). The entry points
+    pass tensors with a unit-stride last dim, all flash-attn asks for: no copies here."""
+    fai = _fai()
     res = fai._flash_attn_forward(
-        q.contiguous(), k.contiguous(), v.contiguous(), dropout_p=0.0, softmax_scale=scale,
-        causal=causal, alibi_slopes=None, return_softmax=False,
-        **_window_kwargs(fai._flash_attn_forward, *window),
-    )
-    return res[0], res[1]
+        q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal, alibi_slopes=None, return_softmax=False,
+        **_window_kwargs(fai._flash_attn_forward, *window))
+    out, lse = _out_lse(res)
+    return out, (lse if window == (-1, -1) else _our_lse(lse))
 
 
 def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] = (-1, -1)):
-    from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
-
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    fai = _fai()
     out_s = surrogate_out(dout, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fai._flash_attn_backward(
-        dout.contiguous(), q, k, v, out_s, lse, dq, dk, dv, dropout_p=0.0, softmax_scale=scale,
-        causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
-        **_window_kwargs(fai._flash_attn_backward, *window),
-    )
+        dout, q, k, v, out_s, lse if window == (-1, -1) else _flash_lse(lse), dq, dk, dv, dropout_p=0.0,
+        softmax_scale=scale, causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
+        **_window_kwargs(fai._flash_attn_backward, *window))
     return dq, dk, dv
 
 
 def _varlen_args(tm, b: int, s: int, device):
-    """Every batch row packed after the previous one, with the tile's document boundaries."""
-    cu = torch.tensor(tm.cu, dtype=torch.int32)
-    packed = torch.cat([cu[:-1] + i * s for i in range(b)] + [torch.tensor([b * s], dtype=torch.int32)])
-    return packed.to(device), int((cu[1:] - cu[:-1]).max())
+    """Every batch row packed after the previous one, with the tile's document boundaries: built once
+    per tile, batch and device and kept on the device (``tm.cache``), so a timed tile copies nothing
+    from the host."""
+    key = ("flash_attn.cu", b, s, str(device))
+    if key not in tm.cache:
+        cu = torch.tensor(tm.cu, dtype=torch.int32)
+        packed = torch.cat([cu[:-1] + i * s for i in range(b)] + [torch.tensor([b * s], dtype=torch.int32)])
+        tm.cache[key] = (packed.to(device), int((cu[1:] - cu[:-1]).max()))
+    return tm.cache[key]
+
+
+def _window_of(tm):
+    return flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
 
 
 def masked_forward(q, k, v, tm, scale):
-    from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
-
-    window = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
+    window = _window_of(tm)
     if window is not None:
         return forward(q, k, v, False, scale, window)
-    if tm.kind == "varlen":
-        b, s, z, d = q.shape
-        cu, longest = _varlen_args(tm, b, s, q.device)
-        res = fai._flash_attn_varlen_forward(
-            q.reshape(b * s, z, d).contiguous(), k.reshape(b * s, k.shape[2], d).contiguous(),
-            v.reshape(b * s, k.shape[2], d).contiguous(), cu, cu, longest, longest, dropout_p=0.0,
-            softmax_scale=scale, causal=True, alibi_slopes=None, return_softmax=False,
-            **_window_kwargs(fai._flash_attn_varlen_forward))
-        lse = res[1].reshape(z, b, s).permute(1, 0, 2)          # (Z, B*S) -> (B, Z, S)
-        return res[0].reshape(b, s, z, d), lse.to(stats_dtype(q.dtype))
-    return masked.forward(q, k, v, tm, scale, fused=False)
+    if tm.kind != "varlen":
+        return masked.forward(q, k, v, tm, scale, fused=False)
+    fai = _fai()
+    b, s, z, d = q.shape
+    cu, longest = _varlen_args(tm, b, s, q.device)
+    res = fai._flash_attn_varlen_forward(
+        q.reshape(b * s, z, d), k.reshape(b * s, k.shape[2], d), v.reshape(b * s, k.shape[2], d), cu, cu,
+        longest, longest, dropout_p=0.0, softmax_scale=scale, causal=True, alibi_slopes=None,
+        return_softmax=False, **_window_kwargs(fai._flash_attn_varlen_forward))
+    out, lse = _out_lse(res)
+    lse = lse.reshape(z, b, s).permute(1, 0, 2)          # (Z, B*S) -> (B, Z, S)
+    return out.reshape(b, s, z, d), lse.to(stats_dtype(q.dtype))
 
 
 def masked_backward(dout, q, k, v, lse, delta, tm, scale):
-    from flash_attn import flash_attn_interface as fai  # noqa: PLC0415 (optional dependency)
-
-    window = flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
+    window = _window_of(tm)
     if window is not None:
         return backward(dout, q, k, v, lse, delta, False, scale, window)
-    if tm.kind == "varlen":
-        b, s, z, d = q.shape
-        zkv = k.shape[2]
-        cu, longest = _varlen_args(tm, b, s, q.device)
-        flat = [t.reshape(b * s, t.shape[2], d).contiguous() for t in (dout, q, k, v, surrogate_out(dout, delta))]
-        dq, dk, dv = torch.empty_like(flat[1]), torch.empty_like(flat[2]), torch.empty_like(flat[3])
-        lse_v = lse.permute(1, 0, 2).reshape(z, b * s).contiguous()
-        fai._flash_attn_varlen_backward(
-            flat[0], flat[1], flat[2], flat[3], flat[4], lse_v, dq, dk, dv, cu, cu, longest, longest,
-            dropout_p=0.0, softmax_scale=scale, causal=True, alibi_slopes=None, deterministic=False,
-            rng_state=None, **_window_kwargs(fai._flash_attn_varlen_backward))
-        return dq.reshape(b, s, z, d), dk.reshape(b, s, zkv, d), dv.reshape(b, s, zkv, d)
-    return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
+    if tm.kind != "varlen":
+        return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
+    fai = _fai()
+    b, s, z, d = q.shape
+    zkv = k.shape[2]
+    cu, longest = _varlen_args(tm, b, s, q.device)
+    flat = [t.reshape(b * s, t.shape[2], d) for t in (dout, q, k, v, surrogate_out(dout, delta))]
+    dq, dk, dv = torch.empty_like(flat[1]), torch.empty_like(flat[2]), torch.empty_like(flat[3])
+    lse_v = lse.permute(1, 0, 2).reshape(z, b * s).contiguous()   # flash-attn reads (Z, total) contiguous
+    fai._flash_attn_varlen_backward(
+        flat[0], flat[1], flat[2], flat[3], flat[4], lse_v, dq, dk, dv, cu, cu, longest, longest,
+        dropout_p=0.0, softmax_scale=scale, causal=True, alibi_slopes=None, deterministic=False,
+        rng_state=None, **_window_kwargs(fai._flash_attn_varlen_backward))
+    return dq.reshape(b, s, z, d), dk.reshape(b, s, zkv, d), dv.reshape(b, s, zkv, d)
 
 
 def _check(head_dim: int | None) -> str | None:
