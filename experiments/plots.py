@@ -43,7 +43,7 @@ from .harness import results as R
 from .plots_model import draw_model_experiment
 from burst_impl.flops import case_flops
 from .harness.env import REPO, repo_relative
-from .harness.summary import speedup_of
+from .harness.speedup import speedup
 
 MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
@@ -136,8 +136,8 @@ def _interval(ok: pd.DataFrame, ycol: str):
     """(lo, hi) columns of the interval drawn around ``ycol``: the median's 95% interval for times,
     the bootstrap interval for speedups; p10-p90 for records that have no interval (fewer than 6
     samples, or written before intervals were recorded); (None, None) when there is nothing."""
-    if ycol == "speedup" and "speedup_lo" in ok:
-        return ok["speedup_lo"], ok["speedup_hi"]
+    if ycol == "speedup" and "speedup_lo" in ok and ok["speedup_lo"].notna().any():
+        return ok["speedup_lo"], ok["speedup_hi"]      # an exact (modelled) speedup has none: a plain line
     if ycol == "time_median_s":
         if "time_ci_lo_s" in ok and ok["time_ci_lo_s"].notna().all():
             return ok["time_ci_lo_s"].astype(float), ok["time_ci_hi_s"].astype(float)
@@ -157,11 +157,11 @@ def _speedup(baseline: str):
     def f(ok: pd.DataFrame, part: pd.DataFrame, method: str) -> pd.DataFrame:
         keyed = part[(part["method"] == baseline) & (part["status"] == "ok")].set_index("seqlen")
         ok = ok.copy()
-        rows = [(speedup_of(keyed.loc[n].to_dict(), r.to_dict()) if n in keyed.index else None)
+        rows = [(speedup(r.to_dict(), keyed.loc[n].to_dict()) if n in keyed.index else None)
                 for n, (_, r) in zip(ok["seqlen"], ok.iterrows())]
-        ok["speedup"] = [r["ratio"] if r else math.nan for r in rows]
-        ok["speedup_lo"] = [r["lo"] if r else math.nan for r in rows]
-        ok["speedup_hi"] = [r["hi"] if r else math.nan for r in rows]
+        for col, field in (("speedup", "value"), ("speedup_lo", "lo"), ("speedup_hi", "hi")):
+            # no value or no interval (None): NaN, which draws nothing
+            ok[col] = [math.nan if r is None or getattr(r, field) is None else getattr(r, field) for r in rows]
         return ok
     return f
 

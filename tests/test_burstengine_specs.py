@@ -171,7 +171,7 @@ def test_variant_records_and_speedups_over_a_baseline_row(tmp_path, monkeypatch)
            "model": {"name": "tiny", "variants": [
                {"name": "plain", "method": "burst"}, {"name": "fused_seq", "method": "burst", "loss": "fused",
                                                      "checkpoint": "seq"}]},
-           "warmup": 0, "repeats": 3, "cluster": "cpu"}
+           "warmup": 0, "repeats": 6, "cluster": "cpu"}   # 6: the first count with an interval
     recs = [run_case(c, rank=0, world=1, device=torch.device("cpu")) for c in parse_spec(raw, "t.yaml").cases()]
     assert [(r["variant"], r["loss"], r["checkpoint"], r["zero_stage"]) for r in recs] == [
         ("plain", "unfused", "none", 0), ("fused_seq", "fused", "seq", 0)]

@@ -76,8 +76,12 @@ def test_claims_load_and_name_known_methods_and_tables(tmp_path):
 
 
 def _rec(method, t, lo=None, hi=None, status="ok", **kw):
+    # with an interval: 7 step times spread evenly over [lo, hi] (median t where t is its middle), from which
+    # the verdict's speedup interval is computed; without one: a record that kept no samples
+    samples = [lo + (hi - lo) * i / 6 for i in range(7)] if lo is not None else None
     return {"method": method, "status": status, "time_median_s": t, "time_ci_lo_s": lo, "time_ci_hi_s": hi,
-            "mode": "fwd_bwd", "seqlen": 4096, "world_size": 4, "batch": 1, "case_id": f"{method}.x", **kw}
+            "time_samples_s": samples, "mode": "fwd_bwd", "seqlen": 4096, "world_size": 4, "batch": 1,
+            "case_id": f"{method}.x", **kw}
 
 
 def _exp(*recs) -> Experiment:

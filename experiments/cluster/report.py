@@ -11,14 +11,16 @@ For each case (one sequence length, one method) of ``results/<experiment>``:
              nothing), else FLOPs per rank / the calibrated FLOP/s per rank (``flops.py``; methods that do
              more work than the FLOP formula, ring_rsa's materialised scores, are then under-predicted);
   and two bounds: serial t_comp + t_comm (no overlap) and overlapped max(t_comp, t_comm).
-Ratios are against ``--ref`` (default burst). A measured ratio whose interval overlaps 1 is not a speedup.
+Ratios are t(method) / t(``--ref``) (default burst), with the interval of ``harness.speedup`` (the bootstrap
+of the ratio of medians, paired by round where the two were timed in the same interleaved rounds; the one
+definition the summaries, figures and claims page use). A ratio whose interval contains 1 is not a speedup.
 
 ``with_model`` adds the performance model's prediction of every case (``experiments.perfmodel.validate``:
 its schedules on this machine as emulated), predicted / measured, next to these two bounds.
 
 ``ratios(records)`` (``python -m experiments.cluster ratios <experiment>``) is the comparison of an
 experiment with overlap variants (cpu_double_ring_emulated): per N, each method's speedup over ``ref``
-(median(ref) / median(method), a bootstrap interval from ``timing.ratio_interval``), and per method with
+(median(ref) / median(method), with the interval of ``harness.speedup``), and per method with
 a ``<method>_no_overlap`` twin the overlap gain median(off) / median(on) and the fraction of
 communication hidden, (median(off) - median(on)) / c_off, where c_off is the communication time of the
 no-overlap run: the seconds its ranks waited on transfers in the counted step (median over ranks; with
@@ -39,7 +41,7 @@ import matplotlib.pyplot as plt  # after figstyle
 from ..harness import results as R
 from ..harness.env import git_info
 from burst_impl.flops import attention_flops
-from ..harness.timing import ratio_interval
+from ..harness.speedup import Speedup, speedup
 from ..perfmodel.validate import validate_experiment
 
 NO_OVERLAP = "_no_overlap"
@@ -48,6 +50,11 @@ NO_OVERLAP = "_no_overlap"
 def _root(results_root: str | Path | None) -> Path:
     """Where the records are: ``results_root``, else this machine's ``results/<machine>/`` (where the runner writes)."""
     return Path(results_root) if results_root else R.machine_root()
+
+
+def _nan(v: float | None) -> float:
+    """A value the tables print: none (no interval, no time) reads nan."""
+    return math.nan if v is None else v
 
 
 def _interval(samples: list[float]) -> tuple[float, float]:
@@ -96,15 +103,16 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
         b = by.get((x["seqlen"], ref))
         if b is None:
             continue
-        x["ratio"] = x["median_s"] / b["median_s"]
-        # interval of the ratio from the two intervals (conservative: extreme over extreme)
-        x["ratio_lo"], x["ratio_hi"] = x["lo_s"] / b["hi_s"], x["hi_s"] / b["lo_s"]
+        # t(method) / t(ref) is the speedup of ref over the method
+        s = speedup(rows[(x["seqlen"], ref)], rows[(x["seqlen"], x["method"])])
+        x["ratio"], x["ratio_lo"], x["ratio_hi"] = _nan(s.value), _nan(s.lo), _nan(s.hi)
         x["bytes_ratio"] = x["bytes_per_rank"] / b["bytes_per_rank"] if b["bytes_per_rank"] else math.nan
         x["pred_serial_ratio"] = x["serial_s"] / b["serial_s"]
         x["pred_overlap_ratio"] = x["overlap_s"] / b["overlap_s"]
     lines = [f"{experiment}: {out_rows[0]['cluster']}",
              f"t_comp from {'loopback run ' + compute_from if compute_from else 'FLOPs / calibrated FLOP/s'}; "
-             f"t_comm = bytes / inter-node rate; ratios vs {ref}; interval = [min, max] of the samples",
+             f"t_comm = bytes / inter-node rate; ratios vs {ref}; interval = [min, max] of the samples; "
+             "ratio interval = 95% bootstrap of the ratio of medians, paired by round (harness.speedup)",
              f"{'N':>6} {'method':<10} {'median s':>9} {'interval':>17} {'MB/rank':>8} {'t_comp':>7} {'t_comm':>7}"
              f" {'ratio':>6} {'ratio interval':>15} {'bytes':>6} {'pred serial':>11} {'pred overlap':>12}"]
     for x in out_rows:
@@ -215,6 +223,18 @@ def _calibrated_compute(r: dict) -> float:
     return fl / r["world_size"] / cal
 
 
+def _overlap(n: int, method: str, on: dict, off: dict, gain: Speedup) -> dict:
+    """The overlap gain t(off) / t(on) (the speedup of overlap on over off) and the fraction of the no-overlap
+    run's communication it hides, the gain's interval mapped through median(on) x (gain - 1) / c_off."""
+    c_off = _wait(off)
+    t_on, t_off = _median(list(on["time_samples_s"])), _median(list(off["time_samples_s"]))
+    hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
+    g, lo, hi = _nan(gain.value), _nan(gain.lo), _nan(gain.hi)
+    return {"seqlen": n, "method": method, "on_s": t_on, "off_s": t_off, "gain": g, "gain_lo": lo, "gain_hi": hi,
+            "comm_off_s": c_off, "compute_off_s": t_off - c_off, "compute_cal_s": _calibrated_compute(off),
+            "hidden": hid(g), "hidden_lo": hid(lo), "hidden_hi": hid(hi)}
+
+
 def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
     """Speedups over ``ref`` and overlap gains, with bootstrap intervals, from result records (dicts with
     status, seqlen, method, time_samples_s and, for the hidden fraction, comm_wait_s_per_rank)."""
@@ -225,25 +245,17 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
     for (n, method), r in sorted(cases.items()):
         base = cases.get((n, ref))
         if base is not None:     # the reference itself too: its interval is the noise of one set of samples
-            ri = ratio_interval(list(base["time_samples_s"]), list(r["time_samples_s"]), level=level)
-            speed.append({"seqlen": n, "method": method, "ref": ref, "speedup": ri["ratio"], "lo": ri["lo"],
-                          "hi": ri["hi"], "resolved": not ri["lo"] <= 1.0 <= ri["hi"],
+            sp = speedup(r, base, level=level)
+            speed.append({"seqlen": n, "method": method, "ref": ref, "speedup": _nan(sp.value), "lo": _nan(sp.lo),
+                          "hi": _nan(sp.hi), "how": sp.how, "resolved": sp.resolved,
                           "median_s": _median(list(r["time_samples_s"])), "wait_s": _wait(r),
                           "ref_wait_s": _wait(base)})
         off = cases.get((n, method + NO_OVERLAP))
-        if off is None:
-            continue
-        on_s, off_s = list(r["time_samples_s"]), list(off["time_samples_s"])
-        gi = ratio_interval(off_s, on_s, level=level)
-        c_off = _wait(off)
-        t_on = _median(on_s)
-        hid = (lambda g: t_on * (g - 1) / c_off) if c_off > 0 else (lambda g: math.nan)
-        overlap.append({"seqlen": n, "method": method, "on_s": t_on, "off_s": _median(off_s), "gain": gi["ratio"],
-                        "gain_lo": gi["lo"], "gain_hi": gi["hi"], "comm_off_s": c_off,
-                        "compute_off_s": _median(off_s) - c_off, "compute_cal_s": _calibrated_compute(off),
-                        "hidden": hid(gi["ratio"]), "hidden_lo": hid(gi["lo"]), "hidden_hi": hid(gi["hi"])})
+        if off is not None:
+            overlap.append(_overlap(n, method, r, off, speedup(r, off, level=level)))
     largest = max(n for n, _ in cases)
-    lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval]; "
+    lines = [f"speedup over {ref} = median({ref}) / median(method); [{level:.0%} bootstrap interval, paired by "
+             "round where timed in the same rounds (harness.speedup)]; "
              "* = the interval excludes 1; wait = seconds a rank waited on transfers (median over ranks, "
              "counted step; all-to-alls not included), the exposed ring communication",
              f"{'N':>6} {'method':<30} {'median s':>9} {'wait s':>7} {'speedup':>8} {'interval':>16}"]

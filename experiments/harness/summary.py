@@ -1,9 +1,10 @@
 """What a run's numbers resolve: ratios with intervals, and pairs that should agree but do not.
 
 * ``ratios``: for every case shape, each method's speedup over the spec's
-  baseline, t(baseline) / t(method), with a 95% bootstrap interval
-  (``timing.ratio_interval``; paired by round when the two were timed in the
-  same interleaved rounds). A speedup whose interval contains 1 is no speedup.
+  baseline, t(baseline) / t(method), with its 95% interval (``speedup.speedup``:
+  the bootstrap, paired by round when the two were timed in the same
+  interleaved rounds). A speedup whose interval contains 1 is no speedup, nor
+  is one without an interval (lo = hi = None).
 * ``code_path_flags``: pairs of methods that share a code path (a method and
   its ``variant_of``; ``SAME_CODE``) yet differ beyond their interval: two
   names for the same computation differing means the machine was not quiet
@@ -22,7 +23,7 @@ from pathlib import Path
 from baselines.registry import METHODS
 
 from . import results as R
-from .timing import ratio_interval
+from .speedup import PAIRED, speedup
 
 # Same forward code (burst_qring forces the query-circulating backward, which burst's "auto" picks
 # whenever it sends fewer bytes, e.g. for MHA): same numbers expected where auto picks the same side.
@@ -48,23 +49,6 @@ def code_path_pairs(methods) -> list[tuple[str, str, str]]:
     return out
 
 
-def speedup_of(num: dict, den: dict) -> dict | None:
-    """t(num)/t(den) with its bootstrap interval (``timing.ratio_interval``), paired by round where the two
-    records were timed in the same interleaved rounds; None without samples (two modelled records: the
-    ratio of their predicted times, lo = hi = ratio)."""
-    a, b = num.get("time_samples_s") or [], den.get("time_samples_s") or []
-    if not a and not b and num.get("source") == den.get("source") == "modelled":
-        # the performance model predicts one time per case: its ratio is exact, with no interval to draw
-        t_num, t_den = num.get("time_median_s"), den.get("time_median_s")
-        if not t_num or not t_den:
-            return None
-        return {"ratio": t_num / t_den, "lo": t_num / t_den, "hi": t_num / t_den}
-    if not a or not b:
-        return None
-    paired = den["case_id"] in (num.get("interleaved_with") or []) and len(a) == len(b)
-    return ratio_interval(a, b, paired=paired)
-
-
 def _groups(records: list[dict]) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for r in R.latest_by_case(records).values():
@@ -83,11 +67,10 @@ def ratios(records: list[dict], baseline: str) -> list[dict]:
         for m, rec in sorted(by_method.items()):
             if m == baseline:
                 continue
-            r = speedup_of(base, rec)
-            if r is not None:
-                out.append({"shape": key, "method": m, "baseline": baseline, "speedup": r["ratio"],
-                            "lo": r["lo"], "hi": r["hi"], "paired": r["paired"],
-                            "resolved": not (r["lo"] <= 1.0 <= r["hi"])})
+            s = speedup(rec, base)
+            if s.value is not None:
+                out.append({"shape": key, "method": m, "baseline": baseline, "speedup": s.value, "lo": s.lo,
+                            "hi": s.hi, "paired": s.how == PAIRED, "resolved": s.resolved})
     return out
 
 
@@ -96,10 +79,12 @@ def code_path_flags(records: list[dict]) -> list[dict]:
     out = []
     for key, by_method in sorted(_groups(records).items()):
         for a, b, why in code_path_pairs(by_method):
-            r = speedup_of(by_method[a], by_method[b])
-            if r is not None and not (r["lo"] <= 1.0 <= r["hi"]):
-                out.append({"shape": key, "a": a, "b": b, "ratio": r["ratio"], "lo": r["lo"], "hi": r["hi"],
-                            "paired": r["paired"], "why_related": why})
+            # t(a) / t(b) is the speedup of b over a. Only a measured interval flags: a modelled pair that
+            # differs is the model's schedule, not a loud machine
+            s = speedup(by_method[b], by_method[a])
+            if s.has_interval and s.resolved:
+                out.append({"shape": key, "a": a, "b": b, "ratio": s.value, "lo": s.lo, "hi": s.hi,
+                            "paired": s.how == PAIRED, "why_related": why})
     return out
 
 

@@ -1,11 +1,13 @@
-"""Two methods' records at the same shape, and what their times say: a ratio with the interval the
-records allow. A difference inside the interval is not a speedup; a measured record without an
-interval decides nothing (modelled records are deterministic: their value is their own interval).
+"""Two methods' records at the same shape, and what their times say: the speedup with its interval
+(``harness.speedup``, the one definition the summaries, figures and emulator reports use). A difference
+inside the interval is not a speedup; a measured pair without an interval decides nothing (modelled
+records are deterministic: their exact ratio decides by its value).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..harness.speedup import MODELLED, speedup
 from .evidence import select
 from .paper import MethodMap
 
@@ -60,21 +62,20 @@ class Ratio:
 
 
 def time_ratio(fast: dict, slow: dict) -> Ratio:
-    """Speedup of ``fast`` over ``slow`` with the conservative interval of the two medians' intervals."""
+    """Speedup of ``fast`` over ``slow`` (``harness.speedup``) as a verdict; out of memory decides by itself."""
     if fast["status"] == "oom" or slow["status"] == "oom":
         if fast["status"] == slow["status"]:
             return Ratio(None, None, None, INCONCLUSIVE, "both out of memory")
         return Ratio(None, None, None, REPRODUCED if slow["status"] == "oom" else CONTRADICTED,
                      f"{(slow if slow['status'] == 'oom' else fast)['method']} out of memory")
-    tf, ts = fast["time_median_s"], slow["time_median_s"]
-    value = ts / tf
-    if fast.get("source") == "modelled":
-        return Ratio(value, None, None, REPRODUCED if value > 1 else CONTRADICTED, "modelled")
-    if None in (fast.get("time_ci_lo_s"), fast.get("time_ci_hi_s"), slow.get("time_ci_lo_s"), slow.get("time_ci_hi_s")):
-        return Ratio(value, None, None, NO_INTERVAL, "no interval: decides nothing")
-    lo, hi = slow["time_ci_lo_s"] / fast["time_ci_hi_s"], slow["time_ci_hi_s"] / fast["time_ci_lo_s"]
-    status = REPRODUCED if lo > 1 else CONTRADICTED if hi < 1 else INCONCLUSIVE
-    return Ratio(value, lo, hi, status, "" if status != INCONCLUSIVE else "within the interval")
+    s = speedup(fast, slow)
+    faster = s.faster()
+    status = REPRODUCED if faster else CONTRADICTED if faster is False else INCONCLUSIVE
+    if s.how == MODELLED:
+        return Ratio(s.value, None, None, status, "modelled")
+    if not s.has_interval:
+        return Ratio(s.value, None, None, NO_INTERVAL, "no interval: decides nothing")
+    return Ratio(s.value, s.lo, s.hi, status, "" if status != INCONCLUSIVE else "within the interval")
 
 
 def _base(statuses: list[str]) -> list[str]:
