@@ -44,7 +44,8 @@ from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
 from .harness import results as R
 from .harness.env import REPO, machine_slug
-from .harness.launch import run_batch, worker_cmd, worker_env
+from .harness.executor import run_batch
+from .harness.launch import local_launcher, worker_cmd, worker_env
 from .harness.spec import Case, Preset, Spec, case_problem, load_any
 from burst_impl.model import get_config
 from .cluster.report import (FIGURE_FILE, NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model,
@@ -176,19 +177,19 @@ def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> d
                     runnable.append(c)
             progress.update(task, description=f"{spec_name} G={ws}: launching {len(runnable)} case(s)")
             spec = next(s for s in preset.specs if s.name == spec_name)
-            launcher = None
+            launcher = local_launcher(results_root, ws, spec.profile.device, REPO)
             if spec.profile.scheduler == "emulated" and runnable:
                 cl = cluster_for(spec)
                 _set_cluster_env(cl.info(ws))
                 launcher = _emulated_launcher(cl, ws, results_root)
-            run_batch(runnable, results_root=results_root, device=spec.profile.device, repo=REPO,
-                      on_record=on_record, on_start=on_start, launcher=launcher)
+            run_batch(runnable, results_root=results_root, launcher=launcher, repo=REPO,
+                      on_record=on_record, on_start=on_start)
     return counts
 
 
 def _emulated_launcher(cl: EmulatedCluster, ws: int, results_root: Path):
     def launcher(cases_file: Path, n: int):
-        args = ["--cases", str(cases_file), "--results", str(results_root), "--device", "cpu", "--force"]
+        args = ["--cases", str(cases_file), "--results", str(results_root), "--device", "cpu"]
         env = {**worker_env(ws, "cpu", REPO), **cl.env(ws)}
         # A fresh port per launch: a relaunch must not meet the previous launch's TIME_WAIT sockets.
         return [(cmd, env) for cmd in cl.launches(ws, args, port=29600 + n % 1000)]
@@ -345,10 +346,22 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
             print(write_summary(args.results, spec.name, spec.baseline))
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
-        files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
+        files = draw_all(Path(args.results), Path(args.plots), experiments=_drawable(preset, Path(args.results)))
         files += [figure(rep, Path(args.plots) / rep["experiment"] / FIGURE_FILE) for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
+
+
+def _drawable(preset: Preset, results_root: Path) -> list[str]:
+    """The specs with at least one ok case; the others are named, and draw no figure (nothing to draw)."""
+    out = []
+    for spec in preset.specs:
+        recs = R.latest_by_case(R.read_records(R.experiment_dir(results_root, spec.name) / R.RESULTS_FILE))
+        if any(r.get("status") == "ok" for r in recs.values()):
+            out.append(spec.name)
+        elif recs:
+            print(f"{spec.name}: no figure: none of its {len(recs)} case(s) is ok (their records say why)")
+    return out
 
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:

@@ -181,7 +181,7 @@ def test_failure_in_an_interleaved_group_is_charged_to_its_cause(tmp_path):
     root = tmp_path / "r"
     a, b = _case("burst"), _case("ring")
     for c in (a, b):
-        R.write_marker(root, c, 10, [a.case_id, b.case_id])
+        R.write_marker(root, c, [a.case_id, b.case_id])
     R.write_rank_error(root, a, 0, "failed", "RuntimeError: Connection closed by peer [/x/pair.cc:1]")
     R.write_current(root, a, 0)
     R.write_current(root, b, 1)                  # rank 1 was killed in ring and left no error file

@@ -2,14 +2,13 @@
 
 A job writes ``<results>/.jobs/<job id>/<experiment>/results.jsonl`` (and its
 run-time markers) so that jobs sharing a node or a file system never append
-to one file. Its last step (``slurm.py``) records every case of its cases file
-that has no record yet as failed (the job ran out of time or broke before
-reaching it), then appends the job's records to
-``<results>/<experiment>/results.jsonl`` under an exclusive lock and removes
-the job's folder. A job killed before that step leaves its folder behind;
-``merge_leftovers`` (run by ``experiments.run`` before planning) merges it.
+to one file. Its last step (``slurm.py``), once the executor has recorded
+every case of the job (``experiments.harness.executor``), appends the job's
+records to ``<results>/<experiment>/results.jsonl`` under an exclusive lock
+and removes the job's folder. A job killed before that step leaves its folder
+behind; ``merge_leftovers`` (run by ``experiments.run`` before planning) merges it.
 
-    python -m experiments.cluster.jobs merge --job DIR --results ROOT --cases FILE [--reason TEXT]
+    python -m experiments.cluster.jobs merge --job DIR --results ROOT
 """
 from __future__ import annotations
 
@@ -21,33 +20,8 @@ import sys
 from pathlib import Path
 
 from ..harness import results as R
-from ..harness.spec import Case
 
 JOBS_DIR = ".jobs"
-
-
-def record_unfinished(job_root: Path, cases: list[Case], reason: str) -> list[str]:
-    """A failed record, in the job's folder, for every case of the job that has none there."""
-    out = []
-    by_exp: dict[str, dict] = {}
-    for c in cases:
-        if c.experiment not in by_exp:
-            _end_torn_line(R.experiment_dir(job_root, c.experiment) / R.RESULTS_FILE)
-            by_exp[c.experiment] = R.latest_by_case(R.read_records(R.experiment_dir(job_root, c.experiment)
-                                                                   / R.RESULTS_FILE))
-        if c.case_id not in by_exp[c.experiment]:
-            R.append_record(job_root, R.base_record(c, "failed", reason))
-            out.append(c.case_id)
-    return out
-
-
-def _end_torn_line(path: Path) -> None:
-    """A writer killed mid-line leaves no newline: end it, so the next record is not glued to it."""
-    if path.exists() and path.stat().st_size:
-        with open(path, "rb+") as f:
-            f.seek(-1, 2)
-            if f.read(1) != b"\n":
-                f.write(b"\n")
 
 
 def merge(job_root: Path, results_root: Path) -> int:
@@ -89,19 +63,11 @@ def merge_leftovers(results_root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.cluster.jobs")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("merge", help="record the job's unfinished cases, merge its records, remove its folder")
+    m = sub.add_parser("merge", help="merge the job's records into the shared results, remove its folder")
     m.add_argument("--job", required=True)
     m.add_argument("--results", required=True)
-    m.add_argument("--cases", help="the job's cases file: cases without a record are recorded as failed")
-    m.add_argument("--reason", default="the job ended before the case finished")
     args = ap.parse_args(argv)
-    job = Path(args.job)
-    if args.cases:
-        cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
-        left = record_unfinished(job, cases, f"not finished by the job: {args.reason}")
-        if left:
-            print(f"{len(left)} case(s) recorded as failed (unfinished)", file=sys.stderr)
-    n = merge(job, Path(args.results))
+    n = merge(Path(args.job), Path(args.results))
     print(f"merged {n} record(s) into {args.results}")
     return 0
 

@@ -6,8 +6,8 @@ names it (``machine``), and a run resumes only cases measured by the same machin
 at the same commit (``done_case_ids``). Committed reference results live apart,
 in ``results/reference/<machine>/``; the performance model's in ``results/modelled/``.
 
-Written by rank 0 of the worker (ok/failed/oom) or by the driver (cases that
-timed out, crashed, or were skipped). Readable by ``pandas.read_json(lines=True)``;
+Written by rank 0 of the worker (ok/failed/oom), by the driver (skipped cases)
+or by the executor (cases a broken launch left, ``executor.py``). Readable by ``pandas.read_json(lines=True)``;
 ``load_results`` keeps the newest record of each case.
 
 Run-time bookkeeping lives in ``results/<experiment>/.work/``: a ``<case>.started``
@@ -127,6 +127,16 @@ def append_record(results_root: Path | str, rec: dict) -> None:
         os.fsync(f.fileno())
 
 
+def end_torn_line(path: Path | str) -> None:
+    """A writer killed mid-line leaves no newline: end it, so the next record is not glued to it."""
+    path = Path(path)
+    if path.exists() and path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.seek(-1, 2)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
 # Levels of records written before the level was renamed (``"block"``: the committed reference runs
 # results/reference/cpu2-amd-epyc/{cpu_fig3_train,cpu_fig4a_scaling,cpu_fig4b_batch}), read as today's.
 _OLD_LEVELS = {"block": "layer"}
@@ -212,11 +222,10 @@ def marker_path(results_root, case: Case) -> Path:
     return work_dir(results_root, case.experiment) / f"{case.case_id}.started"
 
 
-def write_marker(results_root, case: Case, budget_s: float, group: list[str] | None = None) -> None:
-    """The case has started; ``budget_s``: the wall-clock budget it runs under (its group's); ``group``:
-    the ids of the cases timed with it (finalisation charges a failure to the case that caused it)."""
-    marker_path(results_root, case).write_text(json.dumps(
-        {"started": now(), "budget_s": budget_s, "group": group or [case.case_id]}))
+def write_marker(results_root, case: Case, group: list[str] | None = None) -> None:
+    """The case has started; ``group``: the ids of the cases timed with it (finalisation charges a failure
+    to the case that caused it)."""
+    marker_path(results_root, case).write_text(json.dumps({"started": now(), "group": group or [case.case_id]}))
 
 
 def _marker(results_root, case: Case) -> dict:
@@ -224,19 +233,6 @@ def _marker(results_root, case: Case) -> dict:
         return json.loads(marker_path(results_root, case).read_text())
     except (OSError, ValueError):
         return {}
-
-
-def marker_budget(results_root, case: Case) -> float | None:
-    """The budget a started case runs under (its own when the marker does not say); None when the marker
-    is gone (the case just finished: its record is being written)."""
-    try:
-        text = marker_path(results_root, case).read_text()
-    except OSError:
-        return None
-    try:
-        return float(json.loads(text)["budget_s"])
-    except (KeyError, TypeError, ValueError):
-        return case.case_timeout_s
 
 
 def current_path(results_root, experiment: str, rank: int) -> Path:
@@ -299,18 +295,34 @@ def peer_lost(reason: str) -> bool:
     return any(x in r for x in _PEER_LOST)
 
 
+def _dead_ranks(results_root, case: Case) -> list[int]:
+    """Ranks that were running ``case`` (``current.rank<r>``) and left no error of their own: killed outright."""
+    with_err = {e["rank"] for e in rank_errors(results_root, case)}
+    return sorted(r for r, cid in _currents(results_root, case.experiment).items()
+                  if cid == case.case_id and r not in with_err)
+
+
 def failure_from_errors(results_root, case: Case, default_reason: str) -> tuple[str, str]:
-    """(status, reason) of a case that did not finish: OOM if any rank ran out of memory."""
+    """(status, reason) of a case that did not finish: OOM if any rank ran out of memory; else the rank
+    that died in it (its peers' lost connections are consequences), else the first rank's error."""
     errs = rank_errors(results_root, case)
     ooms = [e for e in errs if e.get("status") == "oom"]
     if ooms:
         return "oom", f"rank {ooms[0]['rank']}: {ooms[0]['reason']}"
     timeouts = [e for e in errs if "timeout" in e.get("reason", "").lower()]
-    # A rank that died takes its connections with it: the others' errors are consequences, not the cause.
     causes = [e for e in errs if not peer_lost(e.get("reason", ""))]
-    pick = (timeouts[0] if timeouts else causes[0] if causes else errs[0] if errs else None)
+    pick = (timeouts[0] if timeouts else causes[0] if causes else None)
     if pick is not None:
         return "failed", f"rank {pick['rank']}: {pick['reason']}"
+    dead = _dead_ranks(results_root, case)
+    if dead:
+        # torchrun stops a node's other ranks once one exits, so several may look dead; all are named
+        who = f"rank {dead[0]}" if len(dead) == 1 else "ranks " + ", ".join(map(str, dead))
+        why = (f"{who} ended while running this case without an error of its own (killed by a signal or "
+               "the OOM killer, or stopped by torchrun after another rank ended)")
+        return "failed", "; ".join([why, *(f"rank {e['rank']}: {e['reason']}" for e in errs)])
+    if errs:
+        return "failed", f"rank {errs[0]['rank']}: {errs[0]['reason']}"
     return "failed", default_reason
 
 

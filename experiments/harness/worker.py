@@ -3,13 +3,14 @@
     torchrun --standalone --nproc-per-node G -m experiments.harness.worker --cases cases.json --results results
     python -m experiments.harness.worker --cases cases.json            # world size 1, no torchrun
 
-Rank 0 writes one record per case. The cases of one case shape (methods
+Rank 0 writes one record per case. The worker runs every case of its cases file: which cases are
+pending, and whether to launch again, is the executor's (``executor.py``). The cases of one case shape (methods
 sharing shape, mode and kernel; ``Case.group_key``) are measured together
 (``experiments.harness.measure``: timed in interleaved rounds); their watchdog
 budget is the sum of theirs, and a failure is charged to the case that was
 running, the others of the group being run again by the next launch. A case that raises is recorded by the
 rank that saw it (``.work/<case>.rank<r>.err``) and the process exits: after a
-failed collective the group cannot be trusted, so the driver relaunches the
+failed collective the group cannot be trusted, so the executor relaunches the
 rest of the batch. A watchdog thread ends a case that outlives its wall-clock
 budget; the process-group timeout ends a rank stuck in a collective. The
 first call of each case runs with the cross-rank shape check on
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from burst_impl import comm
 
 from . import results as R
+from .executor import Fault, fault_from_env
 from .measure import Current, measure_group
 from .memory import is_oom, measure_peak
 from .spec import Case, case_problem
@@ -45,8 +47,22 @@ from .timing import barrier
 EXIT_CASE_FAILED = 3
 EXIT_TIMEOUT = 124
 # Fault injection for the harness's own tests: "<case_id substring>:<oom|error|hang|kill>[:<rank>]"
-# (kill: the rank ends itself with SIGKILL, as the kernel's OOM killer or an operator would).
+# (kill: the rank ends itself with SIGKILL, as the kernel's OOM killer or an operator would). The
+# executor's BURST_BENCH_FAULT (a rank and a moment, first launch only) is ``_kill_at``.
 INJECT_ENV = "EXPERIMENTS_INJECT_FAULT"
+
+
+def _sigkill_self() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_at(fault: Fault | None, rank: int, position: int | None) -> None:
+    """SIGKILL this rank if ``fault`` names it and this moment: start-up (``position`` None) or the
+    ``position``-th case of the batch."""
+    if fault is not None and fault.rank == rank and fault.case == position:
+        _sigkill_self()
 
 
 def _inject(case: Case, rank: int) -> None:
@@ -61,9 +77,7 @@ def _inject(case: Case, rank: int) -> None:
             if kind == "hang":
                 time.sleep(3600)
             if kind == "kill":
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+                _sigkill_self()
             raise RuntimeError("injected failure")
 
 
@@ -156,10 +170,10 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
 
 
 def run_group(cases: list[Case], *, rank: int, world: int, device: torch.device,
-              current: Current | None = None) -> list[dict] | None:
+              current: Current | None = None, inject=_inject) -> list[dict] | None:
     """Measure ``cases`` (one case shape) on every rank; their records on rank 0, None elsewhere."""
     return measure_group(cases, rank=rank, world=world, device=device, current=current or Current(),
-                         shape_checked=_shape_checked_once, inject=_inject)
+                         shape_checked=_shape_checked_once, inject=inject)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -167,10 +181,6 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cases", required=True, help="JSON list of cases (experiments.harness.spec.Case dicts)")
     ap.add_argument("--results", default="results", help="results root directory")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--force", action="store_true", help="run cases that already have results")
-    ap.add_argument("--retry-failed", action="store_true")
-    ap.add_argument("--finalize-only", action="store_true",
-                    help="record started-but-unfinished cases as failed and exit (end of a SLURM job)")
     return ap.parse_args(argv)
 
 
@@ -186,25 +196,6 @@ def _set_up(kind: str, cases: list[Case], world: int, local_rank: int) -> torch.
                                 timeout=datetime.timedelta(seconds=pg_timeout),
                                 device_id=device if device.type == "cuda" else None)
     return device
-
-
-def _pending(args: argparse.Namespace, cases: list[Case], rank: int, world: int) -> list[Case]:
-    """The cases to run: rank 0 settles what an earlier launch left unfinished, then decides; every rank
-    gets its list."""
-    root = args.results
-    if rank == 0:
-        R.finalize_unfinished(root, cases, "the process ended before the case finished "
-                                           "(killed, crashed, or over the launch's time limit)")
-    pending = None
-    if rank == 0:
-        done = set() if args.force else set().union(*[
-            R.done_case_ids(root, e, retry_failed=args.retry_failed) for e in {c.experiment for c in cases}] or [set()])
-        pending = [c.to_dict() for c in cases if c.case_id not in done]
-    if world > 1:
-        box = [pending]
-        dist.broadcast_object_list(box, src=0)
-        pending = box[0]
-    return [Case.from_dict(d) for d in pending]
 
 
 def _runnable(part: list[Case], root, rank: int, world: int) -> list[Case]:
@@ -226,14 +217,14 @@ def _runnable(part: list[Case], root, rank: int, world: int) -> list[Case]:
 
 
 def _start_group(runnable: list[Case], root, rank: int, world: int, device: torch.device) -> None:
-    """Markers of the started cases (rank 0, with the group's budget), then every rank together."""
-    budget = sum(c.case_timeout_s for c in runnable)
+    """Every rank together, then the markers of the started cases (rank 0): a rank lost before the group
+    began fails the barrier, and no case of the group is charged with it."""
+    if world > 1:
+        barrier(dist.group.WORLD, device)
     if rank == 0:
         for case in runnable:
             R.clear_work(root, case)
-            R.write_marker(root, case, budget, [c.case_id for c in runnable])
-    if world > 1:
-        barrier(dist.group.WORLD, device)
+            R.write_marker(root, case, [c.case_id for c in runnable])
 
 
 def _fail_group(e: BaseException, runnable: list[Case], current: Current, root, rank: int) -> None:
@@ -244,10 +235,9 @@ def _fail_group(e: BaseException, runnable: list[Case], current: Current, root, 
     reason = f"{type(e).__name__}: {str(e)[:800]}"
     R.write_rank_error(root, case, rank, status, reason)
     print(f"rank {rank}: {case.case_id} {status}: {reason}\n{tb}", file=sys.stderr, flush=True)
-    # Rank 0 records the failure itself when it can (and when its error is a cause, not a lost
-    # peer: then another rank's case is the culprit); the driver (or the next launch) finalises
-    # it otherwise from the .err files.
-    if rank == 0 and (len(runnable) == 1 or not R.peer_lost(reason)):
+    # Rank 0 records the failure itself when its error is a cause; a lost peer means another rank died
+    # or failed, and the executor finalises the case from every rank's .err and current files.
+    if rank == 0 and not R.peer_lost(reason):
         time.sleep(1.0)  # let other ranks' .err files land (an OOM elsewhere explains our error)
         st, why = R.failure_from_errors(root, case, reason)
         R.append_record(root, R.base_record(case, st, why))
@@ -262,29 +252,34 @@ def main(argv: list[str] | None = None) -> int:
     cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
     rank, world, local_rank = _rank_world()
     root = args.results
-
-    if args.finalize_only:
-        R.finalize_unfinished(root, cases, "the job ended before the case finished (crash or time limit)")
-        return 0
+    fault = fault_from_env()
 
     device = _set_up(args.device, cases, world, local_rank)
-    todo = _pending(args, cases, rank, world)
-
     _warm_up_imports()
+    _kill_at(fault, rank, None)
+    if world > 1:
+        barrier(dist.group.WORLD, device)     # every rank is up before the first case starts
+    order = [c for part in groups(cases) for c in part]
+    position = {c.case_id: i + 1 for i, c in enumerate(order)}
+
+    def inject(case: Case, r: int) -> None:
+        _kill_at(fault, r, position[case.case_id])
+        _inject(case, r)
+
     dog = Watchdog(root, rank)
     done_n = 0
-    for part in groups(todo):
+    for part in groups(cases):
         runnable = _runnable(part, root, rank, world)
         done_n += len(part) - len(runnable)
         if not runnable:
             continue
         _start_group(runnable, root, rank, world, device)
-        log(f"[{done_n + 1}-{done_n + len(runnable)}/{len(todo)}] {runnable[0].experiment}: "
+        log(f"[{done_n + 1}-{done_n + len(runnable)}/{len(cases)}] {runnable[0].experiment}: "
             + ", ".join(c.case_id for c in runnable))
         current = Current(root=root, rank=rank)
         dog.arm(runnable, current)
         try:
-            recs = run_group(runnable, rank=rank, world=world, device=device, current=current)
+            recs = run_group(runnable, rank=rank, world=world, device=device, current=current, inject=inject)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a record
             _fail_group(e, runnable, current, root, rank)
         finally:
