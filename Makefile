@@ -72,8 +72,8 @@ $(error PROFILE= was renamed PRESET=: make reproduce PRESET=$(PROFILE))
 endif
 
 reproduce: $(STAMP)
-	$(PY) -m experiments.run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
-	$(PY) -m experiments.report
+	$(VENV)/bin/burst-bench run $(PRESET) $(if $(CLUSTER),--cluster $(CLUSTER)) $(RUN_ARGS)
+	$(VENV)/bin/burst-bench report
 
 # `make report`: the reproduction report, reports/index.html and its Markdown twin reports/index.md (every
 # claim of the papers, its verdict here, the papers' values next to the modelled and measured ones, the
@@ -82,12 +82,12 @@ reproduce: $(STAMP)
 REPORT_ARGS ?=
 
 report: $(STAMP)
-	$(PY) -m experiments.report $(REPORT_ARGS)
+	$(VENV)/bin/burst-bench report $(REPORT_ARGS)
 
 # Redraw every figure from every results folder (results/<machine>/, results/reference/<machine>/,
 # results/modelled/) into the same path under plots/; runs nothing.
 plots: $(STAMP)
-	$(PY) -m experiments.plots
+	$(VENV)/bin/burst-bench plots
 
 # `make model`: the performance model (experiments/perfmodel) predicts every paper-size spec on the
 # hardware profile its cluster profile names: results/modelled/ and plots/modelled/ (figures and tables, all
@@ -95,7 +95,7 @@ plots: $(STAMP)
 MODEL_ARGS ?=
 
 model: $(STAMP)
-	$(PY) -m experiments.perfmodel paper $(MODEL_ARGS)
+	$(VENV)/bin/burst-bench model paper $(MODEL_ARGS)
 
 # `make gpu-check`: every CUDA kernel and peer once, on this machine's GPUs (experiments/gpu_check.py):
 # package report, tests/test_cuda_path.py, the world-size-1 harness per kernel, ring-flash-attn,
@@ -104,7 +104,7 @@ model: $(STAMP)
 GPU_CHECK_ARGS ?=
 
 gpu-check: $(STAMP)
-	$(PY) -m experiments.gpu_check $(GPU_CHECK_ARGS)
+	$(VENV)/bin/burst-bench gpu-check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

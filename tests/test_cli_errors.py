@@ -34,10 +34,14 @@ def _bad_spec(tmp_path: Path) -> Path:
     (("experiments.cluster", "report", "cpu_double_ring_emulated_2x4", "--plots", "{tmp}"), ["add --write"]),
     (("experiments.report", "--results", "{tmp}/missing"), ["no such folder"]),
     (("experiments.cluster", "overlap", "a800_ib_emu_2x4", "--cases", "ring:256"), ["case='ring:256'"]),
+    (("experiments.cluster", "overlap", "a800_ib_emu_3x2", "--cases", "oneway:64:8", "--rates", "intra=1,inter=1",
+      "--repeats", "0"), ["repeats=0"]),
+    (("experiments.cluster", "selftest", "a100_32"), ["is not an emulated one"]),
+    (("experiments.cluster", "down", "notours"), ["'notours' is not one of ours"]),
     (("experiments.plots", "no_such_experiment", "--results", "results/modelled", "--out", "{tmp}"),
      ["['no_such_experiment'] have no results"]),
 ], ids=["run-unknown-name", "run-unknown-key", "perfmodel", "cluster", "cluster-plots", "report", "overlap",
-         "plots"])
+         "overlap-repeats", "selftest-not-emulated", "down-not-ours", "plots"])
 def test_a_user_error_is_one_line_and_exit_2(tmp_path, capsys, args, words):
     args = tuple(a.format(bad=_bad_spec(tmp_path), tmp=tmp_path) for a in args)
     assert _run(*args) == 2

@@ -7,6 +7,7 @@ Every test checks that nothing is left behind: namespaces, their veths and qdisc
 our namespaces), daemons and rank processes (by the run id in their command lines)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from experiments.cli import run_cli
+from experiments.cluster.__main__ import main as cluster_main
 from experiments.cluster.emulator import netns, selftest, shaping, slurmd
 from experiments.harness import cpuquota
 from experiments.cluster.emulator.emulated import EmulatedCluster
@@ -231,6 +234,29 @@ def test_torchrun_across_namespaces_shaped_and_a_rank_that_dies(tmp_path, monkey
     assert sent == ring["comm_fwd_formula_bytes"] + ring["comm_bwd_formula_bytes"] > 0
     assert min(ring["time_samples_s"]) > 0.8 * sent / 5e5     # the ring waits on its inter-node hop
     assert burst["status"] == "failed" and "rank 3" in burst["reason"], burst["reason"]
+    for rid in _new_ours(before):
+        _assert_gone(rid)
+    assert not _new_ours(before)
+
+
+@pytest.mark.slow
+def test_overlap_probe_at_three_nodes_every_pattern_finishes(tmp_path, capsys):
+    """`burst-bench cluster overlap` on the committed 3 nodes x 2 ranks profile (given rates, one round of
+    tiny cases): every pattern finishes on every rank (before, the oneway case's last node waited for a
+    sender that never sent until gloo timed out), the odd node out of oneway's pairs is idle, and nothing
+    is left behind."""
+    cases = "ring:64:4096,pair:64:4096,oneway:64:4096"
+    out = tmp_path / "overlap_probe.json"
+    before = set(netns.run_ids())
+    rc = run_cli(cluster_main, ["overlap", "a800_ib_emu_3x2", "--rates", "intra=4e6,inter=1e6", "--repeats", "1",
+                                "--cases", cases, "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    rec = json.loads(out.read_text())
+    assert [r["case"] for r in rec["rows"]] == cases.split(",")
+    assert len(rec["per_rank"]) == 6
+    idle = [r["oneway:64:4096"]["idle"] for r in rec["per_rank"]]
+    assert idle == [False, False, False, False, True, True]           # node 2 has no partner
+    assert all(r["transfer_wall_s"] > 0 for r in rec["rows"])
     for rid in _new_ours(before):
         _assert_gone(rid)
     assert not _new_ours(before)

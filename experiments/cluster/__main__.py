@@ -1,15 +1,18 @@
-"""The emulated cluster by hand.
+"""The emulated cluster by hand (``burst-bench cluster``; ``python -m experiments.cluster`` is the same).
 
-    python -m experiments.cluster up a100_roce_emu            # bring up, show, hold until Ctrl-C, tear down
-    python -m experiments.cluster up a100_roce_emu --detach   # leave it up (remove with `down`)
-    python -m experiments.cluster show                        # emulated clusters here: topology, rates, bytes per class
-    python -m experiments.cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
-    python -m experiments.cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
-    python -m experiments.cluster overlap a800_ib_emu_2x4 --out F.json   # what overlap hides (overlap_probe.py)
-    python -m experiments.cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
-    python -m experiments.cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
-    python -m experiments.cluster report cpu_train_emulated --model   # + the performance model, per case
-    python -m experiments.cluster ratios cpu_double_ring_emulated   # speedups over --ref and overlap on/off, intervals
+    burst-bench cluster up a100_roce_emu            # bring up, show, hold until Ctrl-C, tear down
+    burst-bench cluster up a100_roce_emu --detach   # leave it up (remove with `down`)
+    burst-bench cluster show                        # emulated clusters here: topology, rates, bytes per class
+    burst-bench cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
+    burst-bench cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
+    burst-bench cluster overlap a800_ib_emu_3x2 --out F.json   # what overlap hides (overlap_probe.py)
+    burst-bench cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
+    burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
+    burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
+    burst-bench cluster ratios cpu_double_ring_emulated   # speedups over --ref and overlap on/off, intervals
+
+A tool that fails (namespaces not permitted, a probe's rank that dies, a self-test outside its tolerance)
+answers ``error: <message>`` and exit status 2, as a user's mistake does; ``--debug`` shows the traceback.
 
 Needs root (network namespaces); SLURM profiles need the Debian packages slurmd, slurmctld, slurm-client, munge.
 """
@@ -168,7 +171,7 @@ def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m experiments.cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog="burst-bench cluster", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="bring an emulated cluster up")
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             if cl.topo:
                 netns.write_state(cl.topo, owner_pid=0, detached=True)
                 cl._down = True          # leave it up on purpose
-            print(f"left up; remove with: python -m experiments.cluster down {cl.topo.run_id if cl.topo else ''}")
+            print(f"left up; remove with: burst-bench cluster down {cl.topo.run_id if cl.topo else ''}")
             return 0
         try:
             print("up; Ctrl-C tears it down")
