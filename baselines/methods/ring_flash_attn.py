@@ -10,7 +10,8 @@ backward steps (the last send returns them home) in fp32. Its zigzag function
 asserts ``causal=True``; we raise ValueError instead. ring-flash-attn needs a
 process group even with no peer: at world size 1 under plain ``python`` (no
 group initialised) the adapter starts a single-process one on an in-memory
-store (no network), so the package runs unchanged at G = 1.
+store (no network), so the package runs unchanged at G = 1. The package is imported through
+``ring_flash_attn_shim`` (its HF adapter does not import next to transformers 5.x).
 """
 from __future__ import annotations
 
@@ -24,19 +25,23 @@ from burst_impl.shape import AttnShape
 
 from burst_impl.collectives import record_formula
 from burst_impl.method import Method, Schedule
+from . import ring_flash_attn_shim
 from .burst import ring_family_memory
 
 ORDER = 60
 Tensor = torch.Tensor
 
 
+def ring_flash_attn_unavailable() -> str:
+    """Why the peer cannot run here ('' when it can): no CUDA, or the package not importable (through
+    ``ring_flash_attn_shim``, which gets past its HF adapter's clash with transformers 5.x)."""
+    if not torch.cuda.is_available():
+        return "ring_flash_attn needs a CUDA device"
+    return ring_flash_attn_shim.load().reason
+
+
 def ring_flash_attn_available() -> bool:
-    try:
-        import flash_attn  # noqa: F401, PLC0415 (optional dependency)
-        import ring_flash_attn  # noqa: F401, PLC0415 (optional dependency)
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return False
-    return torch.cuda.is_available()
+    return not ring_flash_attn_unavailable()
 
 
 def ring_flash_attn_comm_bytes(s: AttnShape, **_) -> dict:
@@ -71,8 +76,9 @@ def ring_flash_attn_adapter(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = F
     if layout == "zigzag" and not causal:
         raise ValueError("layout='zigzag' with causal=False: ring-flash-attn's zigzag function requires "
                          "causal=True (zigzag only balances causal work)")
-    import ring_flash_attn as rfa  # noqa: PLC0415 (optional dependency)
-
+    rfa = ring_flash_attn_shim.load().module
+    if rfa is None:
+        raise ValueError(f"method 'ring_flash_attn' cannot run: {ring_flash_attn_shim.load().reason}")
     _, G = comm.world(group)
     table = ring_flash_attn_comm_bytes(AttnShape.from_tensors(q, k, G, causal=causal, layout=layout))
     q, k, v = record_formula(table, q, k, v)
