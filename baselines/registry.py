@@ -16,6 +16,7 @@ that spawned workers and ``python -m experiments.run`` see the same methods.
     from baselines.registry import METHODS, get
     get("burst").call(q, k, v, causal=True, group=g, layout="zigzag")
     get("ulysses").bytes(shape)          # {(phase, kind): bytes one rank sends}
+    methods_with(level="op", layout="zigzag", variants=False)   # names with those capabilities
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import os
 import pkgutil
 from types import ModuleType
 
-from burst_impl.method import Method
+from burst_impl.layout import BALANCED, LAYOUT_NAMES, is_balanced_name
+from burst_impl.method import LEVELS, Method
 
 from . import methods as _methods_pkg
 
@@ -61,3 +63,26 @@ def get(name: str) -> Method:
     if name not in METHODS:
         raise ValueError(f"method={name!r} is unknown; registered: {sorted(METHODS)}")
     return METHODS[name]
+
+
+def methods_with(*, level: str | None = None, layout: str | None = None, masks: bool | None = None,
+                 variants: bool = True, adapters: bool = True, available: bool | None = None) -> tuple[str, ...]:
+    """Names of the registered methods with these capabilities, in registry order (None: any).
+
+    The query behind every test that is about all methods of a capability, so that a method
+    added to the registry is covered without editing the test. ``level``: "op" or "layer";
+    ``layout``: a layout the method accepts (any "balanced:K" counts as "balanced"); ``masks``:
+    whether it takes ``mask=``; ``variants=False`` leaves out timing variants (``variant_of``:
+    their method's numerics and bytes); ``adapters=False`` leaves out adapters of a peer package
+    whose sends happen inside it (``bytes_by_formula``); ``available``: whether it runs here.
+    """
+    if level is not None and level not in LEVELS:
+        raise ValueError(f"level={level!r} must be one of {LEVELS} (or None: any)")
+    if layout is not None and not (layout in LAYOUT_NAMES or is_balanced_name(layout)):
+        raise ValueError(f"layout={layout!r} must be one of {LAYOUT_NAMES} or 'balanced:K' (or None: any)")
+    wanted = BALANCED if layout is not None and is_balanced_name(layout) else layout
+    return tuple(name for name, m in METHODS.items()
+                 if (level is None or m.level == level) and (wanted is None or wanted in m.layouts)
+                 and (masks is None or m.masks == masks) and (variants or m.variant_of is None)
+                 and (adapters or not m.bytes_by_formula)
+                 and (available is None or m.available() == available))

@@ -11,6 +11,10 @@
 Multi-process cases run on the gloo pool (``pools``) at world sizes 1 and 3
 (the odd one), plus 4 where USP needs it for its Ulysses x ring split; every
 result is compared with the single-process fp64 reference (tests/refs.py).
+
+The tests about every method take their methods from the registry (``sp_methods``: every
+sequence-parallel method we implement; ``layer_methods``), so a new one is covered without an
+edit; the lists kept by name below are about one method each and say so.
 """
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ import yaml
 
 from baselines import AttnShape, get
 from baselines.layer import layer_forward, layer_input, local_grads, make_layer
+from baselines.registry import methods_with
 from burst_impl import burst_attn_func, comm
 from burst_impl.layout import shard, unshard
+from tests._helpers import method_params
 from tests.refs import attention_reference, make_inputs, max_err
 
 B, D, CHUNK = 2, 24, 3     # head dim 24 (not a power of two); 3 tokens per layout chunk
@@ -49,6 +55,19 @@ def heads_for(world_size: int) -> tuple[int, int]:
 
 def _seqlen(world_size: int) -> int:
     return 2 * world_size * CHUNK * (2 if world_size == 1 else 1)
+
+
+def sp_methods(layout: str = "zigzag") -> tuple[str, ...]:
+    """Every sequence-parallel method we implement that takes ``layout``, from the registry. Timing
+    variants (their method's numerics: ``variant_of``) and peer adapters (sends inside the peer's
+    package; tests/test_baselines_peers.py checks each against ours) are left out."""
+    return methods_with(level="op", layout=layout, variants=False, adapters=False)
+
+
+# usp's Ulysses x ring splits beyond its default degree (1 on one node of <= 3 ranks: the ring alone);
+# about usp alone, so kept by name: all-to-all over all 3 ranks, and all-to-all inside pairs with the
+# Burst ring across them.
+USP_SPLITS = [("usp", 3, {"ulysses_degree": 3}), ("usp", 4, {"ulysses_degree": 2})]
 
 
 # ---------------------------------------------------------------- 1. strides
@@ -104,13 +123,11 @@ def _strided_sweep(method: str, cfg: dict) -> list[dict]:
     return out
 
 
-SWEEP = [(m, g, {}) for m in ("burst", "burst_qring", "ring", "ring_rsa", "ulysses") for g in (1, 3)] + [
-    ("usp", 1, {"ulysses_degree": 1}), ("usp", 3, {"ulysses_degree": 3}), ("usp", 3, {"ulysses_degree": 1}),
-    ("usp", 4, {"ulysses_degree": 2}),   # all-to-all inside pairs, Burst ring across them
-]
+def strided_cases() -> list[tuple]:
+    return [(m, g, {}) for m in sp_methods() for g in (1, 3)] + USP_SPLITS
 
 
-@pytest.mark.parametrize("method,world_size,options", SWEEP)
+@pytest.mark.parametrize("method,world_size,options", method_params(strided_cases()))
 def test_any_strides_match_fp64_reference(pools, method, world_size, options):
     """Transposed, permuted, padded and strided views (head dim included) of q, k, v and dout give the
     reference output and gradients through every sequence-parallel method and both backward schemes
@@ -145,7 +162,14 @@ def _strided_layer(method: str, shape: AttnShape) -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("method", ["tp_v1", "tp_v3", "burst", "ulysses"])
+def layer_methods() -> list[tuple]:
+    """Every layer-level method (tensor parallelism) that takes the contiguous layout, from the registry,
+    and, by name, two sequence-parallel layers: one ring (burst) and one all-to-all (ulysses) layer path;
+    the sequence-parallel methods' strides are checked at the operator above."""
+    return [(m,) for m in methods_with(level="layer", layout="contiguous")] + [("burst",), ("ulysses",)]
+
+
+@pytest.mark.parametrize("method", method_params(layer_methods()))
 def test_layers_take_strided_hidden_states(pools, method):
     """Attention layers (TP's too): strided views of the hidden states (B, N/G or N, H) give what
     contiguous ones give, output, input gradient and weight gradients (W=3); the contiguous layer
@@ -176,12 +200,18 @@ def _fp64_case(method: str, cfg: dict) -> dict:
                 notes=dict(counts.notes))
 
 
-FP64 = [("burst_lse", g, "burst", {}) for g in (1, 3)] + [("burst_lse", g, "ring", {}) for g in (1, 3)] + [
-    (m, g, None, {}) for m in ("burst", "ring", "ulysses", "ring_rsa") for g in (1, 3)] + [
-    ("usp", 3, None, {"ulysses_degree": 3}), ("usp", 4, None, {"ulysses_degree": 2})]
+# ring_rsa computes its (B, Z, N/G, N) scores in fp32 by design (baselines/ring_rsa.py), so fp64 inputs
+# get fp32 accuracy there: the fp32 tolerance, with its reason, applies. About that method alone.
+FP32_INSIDE = {"ring_rsa"}
 
 
-@pytest.mark.parametrize("method,world_size,backward,options", FP64)
+def fp64_cases() -> list[tuple]:
+    """The operator with its lse (both backward schemes), then every sequence-parallel method."""
+    return [("burst_lse", g, b, {}) for b in ("burst", "ring") for g in (1, 3)] + \
+        [(m, g, None, {}) for m in sp_methods() for g in (1, 3)] + [(m, g, None, o) for m, g, o in USP_SPLITS]
+
+
+@pytest.mark.parametrize("method,world_size,backward,options", method_params(fp64_cases()))
 def test_fp64_end_to_end(pools, method, world_size, backward, options):
     """fp64 inputs: forward and backward run (the backward used to fail on an fp32 lse) and match the
     reference to fp64 precision; lse and delta are fp64 and travel as 8 bytes per row and head."""
@@ -191,9 +221,7 @@ def test_fp64_end_to_end(pools, method, world_size, backward, options):
     cfg = dict(seqlen=_seqlen(world_size), heads=z, kv_heads=zkv, backward=backward, options=options)
     results = pools.run(world_size, _fp64_case, method, cfg)
     ref = attention_reference(*make_inputs(B, cfg["seqlen"], z, zkv, D, torch.float64), True)
-    # ring_rsa computes its (B, Z, N/G, N) scores in fp32 by design (baselines/ring_rsa.py), so fp64
-    # inputs get fp32 accuracy there: the fp32 tolerance, with its reason, applies.
-    rtol = FP32_RTOL if method == "ring_rsa" else FP64_RTOL
+    rtol = FP32_RTOL if method in FP32_INSIDE else FP64_RTOL
     for rank, res in enumerate(results):
         assert res["out"].dtype == res["dq"].dtype == res["dk"].dtype == torch.float64
         names = ["out", "dq", "dk", "dv"] + (["lse"] if res["lse"] is not None else [])
@@ -342,7 +370,7 @@ def test_failure_inside_a_ring_leaves_the_group_usable(pools):
 # ---------------------------------------------------------------- 3./5. bad input, before any byte
 
 BAD = [
-    # (description, kwargs, needle, methods that take the kwarg: None = all)
+    # (description, kwargs, needle, the optional keyword under test: None = a call every method takes)
     ("integer q, k, v", dict(dtype=torch.int64), "q.dtype=torch.int64", None),
     ("k is None", dict(k=None), "k=NoneType", None),
     ("scale inf", dict(softmax_scale=math.inf), "softmax_scale=inf", None),
@@ -351,12 +379,15 @@ BAD = [
     ("scale str", dict(softmax_scale="0.1"), "softmax_scale='0.1'", None),
     ("flash_attn on CPU", dict(backend="flash_attn"), "backend='flash_attn'", None),
     ("cuda_sdpa on CPU", dict(backend="cuda_sdpa"), "backend='cuda_sdpa'", None),
-    ("grad dtype int8", dict(grad_comm_dtype=torch.int8), "grad_comm_dtype=torch.int8",
-     ("burst", "burst_qring", "ring", "ring_rsa")),
-    ("grad dtype str", dict(grad_comm_dtype="float32"), "grad_comm_dtype='float32'",
-     ("burst", "burst_qring", "ring", "ring_rsa")),
+    ("grad dtype int8", dict(grad_comm_dtype=torch.int8), "grad_comm_dtype=torch.int8", "grad_comm_dtype"),
+    ("grad dtype str", dict(grad_comm_dtype="float32"), "grad_comm_dtype='float32'", "grad_comm_dtype"),
 ]
-METHODS = ("burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp")
+
+
+def _not_taken(e: TypeError, keyword: str | None) -> bool:
+    """Python's answer to a keyword a method does not take (ulysses and usp have no gradient accumulators
+    travelling, so no ``grad_comm_dtype``); a method that takes it must answer a bad value with a ValueError."""
+    return keyword is not None and f"unexpected keyword argument '{keyword}'" in str(e)
 
 
 def _bad_calls() -> list[str]:
@@ -369,11 +400,11 @@ def _bad_calls() -> list[str]:
         outsider = dist.new_group(list(range(G - 1)))
     msgs = []
     with comm.count_bytes() as counts:
-        for method in METHODS:
-            cases = [c for c in BAD if c[3] is None or method in c[3]]
+        for method in sp_methods("contiguous"):
+            cases = list(BAD)
             if G > 1 and rank == G - 1:
                 cases.append(("not a member", dict(group=outsider), "is not a member", None))
-            for what, kw, needle, _ in cases:
+            for what, kw, needle, keyword in cases:
                 kw = dict(kw)
                 dtype = kw.pop("dtype", None)
                 args = [t.to(dtype) if dtype else t for t in (q, k, v)]
@@ -384,6 +415,10 @@ def _bad_calls() -> list[str]:
                 except ValueError as e:
                     assert needle in str(e), f"{method}, {what}: {needle!r} not in {e}"
                     msgs.append(f"{method}: {e}")
+                except TypeError as e:
+                    if not _not_taken(e, keyword):
+                        raise
+                    msgs.append(f"{method}: does not take {keyword}")
                 else:
                     raise AssertionError(f"{method}, {what}: no ValueError")
     assert counts.total() == 0, f"bytes sent before the ValueError: {dict(counts)}"
@@ -400,10 +435,15 @@ def _bad_calls() -> list[str]:
 def test_bad_input_is_a_value_error_before_any_byte(pools, world_size):
     """Integer tensors, k=None, a non-finite, zero or non-numeric scale, a CUDA backend on CPU
     tensors, a non-float grad_comm_dtype, a group this rank is not in: a ValueError naming the
-    parameter and the rule, from every method, with nothing sent and the group usable after."""
+    parameter and the rule, from every method, with nothing sent and the group usable after. A method
+    bound to the BurstAttention operator (``operator_backward``) takes the operator's keywords, so it must
+    validate grad_comm_dtype rather than not take it."""
     msgs = pools.run(world_size, _bad_calls)
-    n_bad = sum(1 for m in METHODS for c in BAD if c[3] is None or m in c[3])
-    assert [len(m) for m in msgs] == [n_bad] * (world_size - 1) + [n_bad + (len(METHODS) if world_size > 1 else 0)]
+    methods = sp_methods("contiguous")
+    n_bad = len(methods) * len(BAD)
+    assert [len(m) for m in msgs] == [n_bad] * (world_size - 1) + [n_bad + (len(methods) if world_size > 1 else 0)]
+    operator_bound = {m for m in methods if get(m).operator_backward is not None}
+    assert not [m for m in msgs[0] if m.split(":")[0] in operator_bound and "does not take" in m], msgs[0]
 
 
 def test_bad_input_without_process_group():
@@ -487,7 +527,7 @@ def _uneven(lengths: list[int]) -> list[str]:
     q, k, v = (t[:, lo:lo + lengths[rank]] for t in (q, k, v))
     msgs = []
     with comm.check_shapes(True), comm.count_bytes() as counts:
-        for method in METHODS:
+        for method in sp_methods("contiguous"):
             try:
                 get(method).call(q, k, v, causal=True)
             except ValueError as e:
@@ -510,7 +550,7 @@ def _uneven(lengths: list[int]) -> list[str]:
 
 def test_uneven_shards_raise_on_every_rank_with_the_shape_check(pools):
     for rank, msgs in enumerate(pools.run(3, _uneven, [3, 4, 3])):
-        assert len(msgs) == len(METHODS) + 1
+        assert len(msgs) == len(sp_methods("contiguous")) + 1
         for m in msgs[:-1]:
             assert "the ranks hold (3, 4, 3) tokens" in m and "as (4, 3, 3)" in m, m
         needle = "softmax_scale=-1.0" if rank == 2 else "inputs rejected on rank(s) [2]"

@@ -2,12 +2,13 @@
 single-process model (issue 23).
 
 For Llama (MHA, 12/12 heads), Qwen2 (GQA, 12/2, q/k/v biases) and Mistral (MQA, 12/1, sliding
-window 8 on every layer), every sequence-parallel method we implement at W = 2, 3, 4, zigzag and
-contiguous: one fp64 step of ``baselines.hf.sp_loss_and_grads`` (shard the global batch, forward,
-global mean loss, backward, gradient all-reduce) gives the loss and EVERY parameter gradient of
-the unmodified model on the whole batch (sdpa, HF's own masks), within 1e-9 relative (measured
+window 8 on every layer), every sequence-parallel method we implement (``sp_methods``, from the
+registry: a new one is covered without an edit) at W = 2, 3, 4, zigzag and contiguous: one fp64
+step of ``baselines.hf.sp_loss_and_grads`` (shard the global batch, forward, global mean loss,
+backward, gradient all-reduce) gives the loss and EVERY parameter gradient of the unmodified model
+on the whole batch (sdpa, HF's own masks), within 1e-9 relative (measured
 <= 2.1e-15: fp64 rounding, u = 1.1e-16, through ~20 chained ops). One gloo pool per world size runs
-all 14 (method, layout) cases of a family in one call. N = 24 splits evenly for every layout at W = 2,
+all (method, layout) cases of a family in one call. N = 24 splits evenly for every layout at W = 2,
 3, 4; N = 25 (uneven shards: chunks differ by a token) is checked at W = 3 and 4 as well.
 
 Where the heads do not split (Qwen2's 2 kv heads over 3 Ulysses ranks: 2 neither divides 3 nor is
@@ -29,17 +30,37 @@ pytest.importorskip("transformers", reason="transformers is not installed (the [
 
 WORLD_SIZES = (2, 3, 4)
 FAMILIES = ("llama", "qwen2", "mistral")
-SP_METHODS = ("burst", "burst_qring", "ring", "ring_rsa", "ulysses", "usp", "burst_double_ring")
 LAYOUTS = ("zigzag", "contiguous")
 BATCH, SEQLEN = 2, 24
 # Ulysses needs kv heads that divide W or are divisible by it (kv_replication): Qwen2's 2 over 3 ranks do not.
+# About that method's rule alone, so kept by name.
 REJECTED = {("qwen2", "ulysses", 3)}
 FP64_RTOL = 1e-9
 
 
+def sp_methods() -> tuple[str, ...]:
+    """Every sequence-parallel method we implement that runs here, from the registry. Timing variants are
+    left out (``variant_of``: their method's numerics), and so are peer adapters (sends inside the peer's
+    package; DeepSpeed's is checked against ours in tests/test_baselines_peers.py)."""
+    from baselines.registry import methods_with
+
+    return methods_with(level="op", variants=False, adapters=False, available=True)
+
+
+def sp_cases(family: str, world_size: int, dtype=torch.float64) -> list[tuple]:
+    """Every method x every layout of ``LAYOUTS`` it takes, as ``run_cases`` cases."""
+    from baselines.registry import get
+
+    return [(family, m, l, dtype, tuple(options(m, world_size).items()), (), False)
+            for m in sp_methods() for l in LAYOUTS if l in get(m).layouts]
+
+
 def options(method: str, world_size: int) -> dict:
-    """A real double ring (2 nodes x 2 ranks) at W = 4; at W = 2, 3 one rank per node: the flat ring."""
-    return {"node_size": 2} if method == "burst_double_ring" and world_size == 4 else {}
+    """A real double ring (2 nodes x 2 ranks) at W = 4 for a method on the double ring (its registered
+    ``topology`` option); at W = 2, 3 one rank per node: the flat ring."""
+    from baselines.registry import get
+
+    return {"node_size": 2} if get(method).options.get("topology") == "double" and world_size == 4 else {}
 
 
 def global_ids(seed: int = 1, batch: int = BATCH, seqlen: int = SEQLEN) -> torch.Tensor:
@@ -118,8 +139,7 @@ def check_pool_results(results: list[dict], case, want, loss_rtol: float, grad_r
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_hf_parity_fp64(pools, family, world_size):
     """Every method x layout: fp64 loss and every gradient equal the single-process model's."""
-    cases = [(family, m, l, torch.float64, tuple(options(m, world_size).items()), (), False)
-             for m in SP_METHODS for l in LAYOUTS]
+    cases = sp_cases(family, world_size)
     results = pools.run(world_size, run_cases, cases)
     want = reference(family)
     for case in cases:
@@ -144,6 +164,7 @@ FP32_RTOL = (2e-6, 2e-5)
 # model's own error for the same case (measured ratio 0.8 .. 1.2). The loss is a mean of 48 fp32 logsumexps
 # of bf16 logits: 1e-3 (measured <= 4.6e-5 for both).
 BF16_LOSS_RTOL, BF16_GRAD_FACTOR = 1e-3, 2.0
+# A sample of (family, method, layout), one per method kind, not every method: kept by name.
 LOW_CASES = [("llama", "burst", "zigzag"), ("qwen2", "ulysses", "zigzag"), ("mistral", "usp", "contiguous"),
              ("qwen2", "burst_double_ring", "zigzag")]
 
@@ -169,10 +190,9 @@ if __name__ == "__main__":   # the measured errors quoted above: python -m tests
     try:
         for W in WORLD_SIZES:
             for family in FAMILIES:
-                cases = [(family, m, l, torch.float64, tuple(options(m, W).items()), (), False)
-                         for m in SP_METHODS for l in LAYOUTS if (family, m, W) not in REJECTED]
+                cases = [c for c in sp_cases(family, W) if (family, c[1], W) not in REJECTED]
                 res = pools.run(W, run_cases, cases)
-                for m in SP_METHODS:
+                for m in sp_methods():
                     errs = [rel_errors(res[0][c], reference(family))[:2] for c in cases if c[1] == m]
                     if errs:
                         print(f"fp64 W={W} {family:<8}{m:<18} loss {max(e[0] for e in errs):.1e} "
@@ -195,9 +215,7 @@ UNEVEN_N = 25    # over 3 ranks 9/8/8 tokens (contiguous); zigzag's 2W chunks of
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_hf_parity_at_uneven_n(pools, world_size):
     """N that no layout splits evenly: every method's fp64 loss and gradients equal the single-process model's."""
-    methods = ("burst", "ring", "ring_rsa", "ulysses", "usp", "burst_double_ring")
-    cases = [("llama", m, l, torch.float64, tuple(options(m, world_size).items()), (), False)
-             for m in methods for l in LAYOUTS]
+    cases = sp_cases("llama", world_size)
     results = pools.run(world_size, run_cases, cases, None, UNEVEN_N)
     want = reference("llama", seqlen=UNEVEN_N)
     for case in cases:

@@ -1,12 +1,15 @@
-"""Every mask through every ring method against the fp64 reference, on real gloo process groups.
+"""Every mask through every sequence-parallel method against the fp64 reference, on real gloo process groups.
 
-One pool call per world size runs the whole cross product of that world size
-(masks x methods x layouts x MHA/GQA) at tiny sizes, so the suite pays for
-process start-up and plan building once. Each case: out, lse (burst and ring,
-which return it), dq, dk, dv of every rank against the shard of the fp64
-reference, which applies nothing but the mask's dense definition
-(``Mask.allowed``) over the N x N positions; counted bytes against the
-method's formula (masks do not change what travels); skipped pairs noted.
+The methods are the registry's (``mask_methods``: level op, takes ``mask=``, no timing variant
+or peer adapter), each with every layout of ``LAYOUTS`` it accepts, so a new method is covered
+without an edit. One pool call per world size runs the whole cross product of that world size
+(masks x methods x layouts x MHA/GQA) at tiny sizes, so the suite pays for process start-up
+and plan building once. Each case: out, lse (methods bound to the BurstAttention operator,
+``operator_backward``, which returns it), dq, dk, dv of every rank against the shard of the fp64
+reference, which applies nothing but the mask's dense definition (``Mask.allowed``) over the
+N x N positions; counted bytes against the method's formula (masks do not change what travels);
+skipped pairs noted. A method that cannot run here (``available()``) is left out of the batch;
+its own tests (tests/test_cuda_path.py, the peers') run it where it can.
 """
 from __future__ import annotations
 
@@ -18,9 +21,10 @@ import torch
 import torch.distributed as dist
 
 from baselines import AttnShape, get
+from baselines.registry import methods_with
 from burst_impl import burst_attn_func, comm, masks, volume
 from burst_impl.balance import resolve_layout
-from burst_impl.layout import shard
+from burst_impl.layout import BALANCED, is_balanced_name, shard
 from burst_impl.plan import step_plan
 from tests.refs import attention_reference, make_inputs, max_err
 
@@ -29,8 +33,23 @@ B, D = 1, 8
 # N = 96 keys in fp32, eps 1.2e-7, one merge per tile: worst case ~N*eps ~ 1e-5); 2e-5 of the
 # largest reference value, and 1000x below a wrong mask (which moves values at the 1e-1 level).
 FP32_RTOL = 2e-5
-METHODS = ("burst", "ring", "usp", "ulysses", "ring_rsa")
 LAYOUTS = ("contiguous", "zigzag", "striped", "balanced:2")
+# ring_rsa builds its own dense mask from global positions, so two layouts suffice for it (contiguous and
+# striped, the most scattered positions); about that method alone, so kept by name.
+FEWER_LAYOUTS = {"ring_rsa": ("contiguous", "striped")}
+
+
+def mask_methods() -> tuple[str, ...]:
+    """Every sequence-parallel method we implement that takes masks and runs here, from the registry
+    (timing variants: their method's numerics; peer adapters: tests/test_baselines_peers.py)."""
+    return methods_with(level="op", masks=True, variants=False, adapters=False, available=True)
+
+
+def method_layouts(method: str) -> tuple[str, ...]:
+    """The layouts of ``LAYOUTS`` that ``method`` accepts (the registry's ``layouts``; usp cannot form striped)."""
+    accepted = get(method).layouts
+    return tuple(lay for lay in FEWER_LAYOUTS.get(method, LAYOUTS)
+                 if (BALANCED if is_balanced_name(lay) else lay) in accepted)
 
 
 def seqlen(world: int) -> int:
@@ -58,15 +77,12 @@ def heads(world: int, kind: str) -> tuple[int, int]:
 
 
 def cases(world: int) -> list[dict]:
-    """masks x methods x layouts; MHA and GQA alternate over (mask, layout) so every (mask, method)
-    sees both. ring_rsa builds its own dense mask from global positions, so two layouts suffice for
-    it (contiguous and striped, the most scattered positions)."""
+    """masks x methods x their layouts; MHA and GQA alternate over (mask, layout) so every (mask, method)
+    sees both."""
     out = []
     for (m, (name, (causal, mask))), method, (l, layout) in itertools.product(
-            enumerate(mask_cases(seqlen(world)).items()), METHODS, enumerate(LAYOUTS)):
-        if method == "usp" and layout == "striped":
-            continue                                         # USP's 2-D split cannot form striped (registry)
-        if method == "ring_rsa" and layout not in ("contiguous", "striped"):
+            enumerate(mask_cases(seqlen(world)).items()), mask_methods(), enumerate(LAYOUTS)):
+        if layout not in method_layouts(method):
             continue
         hk = ("mha", "gqa")[(m + l) % 2]
         out.append(dict(name=name, causal=causal, mask=mask, method=method, layout=layout, heads=heads(world, hk)))
@@ -92,10 +108,11 @@ def _run_cases(batch: list[dict]) -> list[dict]:
     for cfg in batch:
         ql, kl, vl, dol = _local_inputs(cfg["heads"], cfg["layout"], cfg["causal"], cfg["mask"])
         lse = None
+        method = get(cfg["method"])
         with comm.count_bytes() as counts:
-            if cfg["method"] in ("burst", "ring"):   # ring = the same operator with the K/V backward
+            if method.operator_backward is not None:   # the operator itself, with the backward it binds: its lse too
                 out, lse = burst_attn_func(ql, kl, vl, causal=cfg["causal"], mask=cfg["mask"], layout=cfg["layout"],
-                                           backward="burst" if cfg["method"] == "burst" else "ring",
+                                           **{**method.options, "backward": method.operator_backward},
                                            return_lse=True)
                 lse = lse.detach()
             else:
@@ -118,8 +135,7 @@ def _reference(world: int, name: str, z: int, zkv: int) -> dict:
 def _bytes_formula(cfg: dict, world: int) -> dict:
     z, zkv = cfg["heads"]
     s = AttnShape(B, seqlen(world), z, zkv, D, world, dtype="float32", causal=cfg["causal"])
-    # "burst" here is the operator with backward="burst": the registry's burst_qring
-    return get("burst_qring" if cfg["method"] == "burst" else cfg["method"]).bytes(s)
+    return get(cfg["method"]).bytes(s)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -149,14 +165,15 @@ def test_every_mask_every_method_every_layout(pools, world):
             if res["counts"] != want_bytes:
                 failures.append(f"{cfg['name']}/{cfg['method']}/{cfg['layout']} rank {rank}: bytes {res['counts']} "
                                 f"!= formula {want_bytes}")
-            if cfg["method"] in ("burst", "ring"):
-                # every fully masked pair is skipped and counted (its block travelled anyway: bytes above)
+            if get(cfg["method"]).operator_backward is not None:
+                # every fully masked pair is skipped and counted (its block travelled anyway: bytes above);
+                # the query-side backward ("burst") skips the pairs of the blocks it visits
                 the_mask = masks.resolve(causal, mask, n)
                 empty = sum(step_plan(the_mask, lay, rank, b, n, world).empty for b in range(world))
                 empty_bwd = sum(step_plan(the_mask, lay, a, rank, n, world).empty for a in range(world))
                 assert res["notes"]["burst.skipped_blocks.forward"] == empty
-                assert res["notes"]["burst.skipped_blocks.backward"] == (empty_bwd if cfg["method"] == "burst"
-                                                                         else empty)
+                assert res["notes"]["burst.skipped_blocks.backward"] == (
+                    empty_bwd if res["notes"]["burst.backward"] == "burst" else empty), (cfg["method"], res["notes"])
     assert not failures, "\n".join(failures[:20]) + f"\n({len(failures)} failures of {len(batch)} cases)"
 
 
@@ -179,6 +196,8 @@ def test_fully_masked_rows_give_zeros_not_nan():
 
 
 # ---------------------------------------------------------------- the double ring (burst_impl.topology)
+# About the operator's double-ring topology itself (every method on it is in the cross product above):
+# its two backward schemes are named here.
 
 # (nodes E, ranks per node I): the smallest double ring, and one with an odd intra-node ring
 DOUBLE_GRIDS = [(2, 2), (2, 3)]
