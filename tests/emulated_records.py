@@ -4,7 +4,7 @@ bytes/s per rank, a burst-shaped G=2 forward on 2 heads x 8."""
 from __future__ import annotations
 
 from baselines import AttnShape
-from experiments.perfmodel import validate
+from experiments.perfmodel.emulated import validate
 
 RATE = 1e6           # bytes/s of the shaped inter-node link, per rank
 

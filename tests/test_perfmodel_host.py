@@ -1,4 +1,4 @@
-"""The host's work per op on the emulated cluster (experiments/perfmodel/host_cost.py) and the kernel table
+"""The host's work per op on the emulated cluster (experiments/perfmodel/emulated/host_cost.py) and the kernel table
 timed under the ranks' CPU cap (measured.measure(cpus=), validate.validate_experiment).
 
 Synthetic records and hand-set kernel times, as tests/test_perfmodel_validate.py: the host term is checked
@@ -13,8 +13,10 @@ import pytest
 
 from baselines import AttnShape
 from benchmarks.cpu_per_call import _merge
-from experiments.perfmodel import host_cost, measured, validate
-from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts
+from experiments.perfmodel.emulated import host_cost, measured, validate
+from experiments.perfmodel.emulated.costs import EmulatedCosts
+from experiments.perfmodel.emulated.hardware import emulated_hardware
+from experiments.perfmodel.emulated.measured import HBM, KernelTimes
 from experiments.perfmodel.model import predict_case
 from tests.emulated_records import emulated_cluster, emulated_record
 
@@ -54,9 +56,9 @@ def test_the_host_term_makes_the_measured_call_cost_its_cpu_and_lengthens_every_
     assert without[256]["host"] is None and host["measured_s"] == pytest.approx(1.0 / CPUS)
     # by its definition: the small call, modelled with the host term, costs each rank its measured CPU
     shape = AttnShape(1, 16, 2, 2, 8, 2, dtype="float32", causal=False, layout="contiguous")
-    hw = validate.emulated_hardware(recs[0]["cluster"], "float32")
+    hw = emulated_hardware(recs[0]["cluster"], "float32")
     p = predict_case("burst", shape, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True,
-                     costs=lambda h, dt: MeasuredCosts(h, dt, times=times, host_s=host["host_s_per_op"]))
+                     costs=lambda h, dt: EmulatedCosts(h, dt, times=times, host_s=host["host_s_per_op"]))
     busy, ops = host_cost.compute_per_rank(p.schedule)
     assert ops == host["ops"] and busy == pytest.approx(host["measured_s"], rel=1e-9)
     # a compute-bound forward (N=256) pays it on each of its ops: two attention steps and the merge
@@ -82,10 +84,10 @@ def test_a_transfers_excess_pays_no_host_term():
     recs = [_record(256, 0.6)]
     call = _call(cpu_s=1.0)
     times = _times(recs, call)
-    hw = validate.emulated_hardware(recs[0]["cluster"], "float32", {"inter": (0.004, 0.0)})
+    hw = emulated_hardware(recs[0]["cluster"], "float32")
     shape = AttnShape(1, 256, 2, 2, 8, 2, dtype="float32", causal=False, layout="contiguous")
     p = predict_case("burst", shape, mode="forward", level="op", hardware=hw, keep_schedule=True,
-                     costs=lambda h, dt: MeasuredCosts(h, dt, times=times, host_s=0.1))
+                     costs=lambda h, dt: EmulatedCosts(h, dt, times=times, host_s=0.1, excess={"inter": (0.004, 0.0)}))
     ex = [t for t in p.schedule.tasks if t.name.endswith(".excess")]
     ops = [t for t in p.schedule.tasks if t.kind == "compute" and not t.name.endswith(".excess")]
     assert ex and all(t.duration == pytest.approx(0.004) for t in ex)

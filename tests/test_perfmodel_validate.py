@@ -1,4 +1,4 @@
-"""The model's validation on our own measurements (experiments/perfmodel/validate.py, measured.py).
+"""The model's validation on our own measurements (experiments/perfmodel/emulated/: validate.py, measured.py).
 
 Synthetic emulated records with hand-set kernel times: the predicted time is
 checked against a hand-computed G=2 ring schedule, the error against its
@@ -13,8 +13,10 @@ import pytest
 
 from baselines import AttnShape, get
 from experiments.cluster.report import with_model, write_report
-from experiments.perfmodel import validate
-from experiments.perfmodel.measured import HBM, KernelTimes, MeasuredCosts, measure
+from experiments.perfmodel.emulated import excess, validate
+from experiments.perfmodel.emulated.costs import EmulatedCosts
+from experiments.perfmodel.emulated.hardware import emulated_hardware
+from experiments.perfmodel.emulated.measured import HBM, KernelTimes, measure
 from experiments.perfmodel.schedules.common import merge_bytes
 from tests.emulated_records import RATE
 from tests.emulated_records import emulated_cluster as _cluster
@@ -90,11 +92,11 @@ def test_measured_costs_refuse_unmeasured_work_and_round_trip(tmp_path):
     times = _times(recs)
     back = KernelTimes.load(times.save(tmp_path / "t.json"))
     assert back.seconds == times.seconds
-    hw = validate.emulated_hardware(recs[0]["cluster"], "float32")
+    hw = emulated_hardware(recs[0]["cluster"], "float32")
     with pytest.raises(KeyError, match="no measured time"):
-        MeasuredCosts(hw, "float32", times=back).attention(1, 2, 8, 100, 100, False, "forward")
+        EmulatedCosts(hw, "float32", times=back).attention(1, 2, 8, 100, 100, False, "forward")
     with pytest.raises(ValueError, match="not an emulated run"):
-        validate.emulated_hardware({"emulated": False, "summary": "loopback"}, "float32")
+        emulated_hardware({"emulated": False, "summary": "loopback"}, "float32")
 
 
 def test_report_appends_the_model_table(tmp_path):
@@ -147,10 +149,10 @@ def test_a_measured_causal_kernel_is_not_halved_again():
     """A causal key is timed on the causal work: asked for with its own live entries (half the tile, as
     Ulysses' whole-sequence kernel passes mask_area) it costs the measured time, not half of it; a
     masked tile of a non-causal key scales against the whole tile. (Ulysses was predicted 38% low.)"""
-    hw = validate.emulated_hardware(_cluster(), "float32")
+    hw = emulated_hardware(_cluster(), "float32")
     causal = ("attention", 1, 2, 8, 64, 64, True, "forward", "float32")
     full = ("attention", 1, 2, 8, 64, 64, False, "forward", "float32")
-    mc = MeasuredCosts(hw, "float32", times=KernelTimes(1, 1, {causal: 0.3, full: 0.5}))
+    mc = EmulatedCosts(hw, "float32", times=KernelTimes(1, 1, {causal: 0.3, full: 0.5}))
     assert mc.attention(1, 2, 8, 64, 64, True, "forward")[0] == pytest.approx(0.3)
     assert mc.attention(1, 2, 8, 64, 64, True, "forward", entries=64 * 64 / 2)[0] == pytest.approx(0.3)
     assert mc.attention(1, 2, 8, 64, 64, True, "forward", entries=64 * 64 / 4)[0] == pytest.approx(0.15)
@@ -199,27 +201,27 @@ def test_overlap_excess_lengthens_a_hidden_transfer_only(tmp_path):
     assert rows[4096]["predicted_s"] == pytest.approx(_hand_burst_forward(4096), rel=1e-9)
     # the probe's file in the results root is what validate_experiment fits and uses; another profile's is ignored
     rows_ = [{"pattern": "pair", "bytes": b, "cpu_excess_s": a + k * b} for b in (1 << 19, 1 << 21)]
-    (tmp_path / validate.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": rows_}))
-    got = validate.load_excess(tmp_path, "t_emu")["fit"]["inter"]
+    (tmp_path / excess.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": rows_}))
+    got = excess.load_excess(tmp_path, "t_emu")["fit"]["inter"]
     assert got == pytest.approx((a, k), rel=1e-9)
-    assert validate.load_excess(tmp_path, "another_profile") is None
+    assert excess.load_excess(tmp_path, "another_profile") is None
     # a probe record from before the CPU excess was measured is refused, with what to run
-    (tmp_path / validate.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": [
+    (tmp_path / excess.OVERLAP_FILE).write_text(json.dumps({"profile": "t_emu", "rows": [
         {"pattern": "pair", "bytes": 1 << 19, "excess_s": a}]}))
     with pytest.raises(ValueError, match="cpu_excess_s.*experiments.cluster overlap t_emu"):
-        validate.load_excess(tmp_path, "t_emu")
+        excess.load_excess(tmp_path, "t_emu")
 
 
 def test_fit_excess_keeps_both_terms_non_negative():
     line = [{"pattern": "ring", "bytes": 1e6, "cpu_excess_s": 0.003},
             {"pattern": "ring", "bytes": 3e6, "cpu_excess_s": 0.007}]
-    assert validate.fit_excess(line)["intra"] == pytest.approx((0.001, 2e-9))
+    assert excess.fit_excess(line)["intra"] == pytest.approx((0.001, 2e-9))
     # a line with a negative intercept goes through the origin instead; one size: all of it per byte
     steep = [{"pattern": "pair", "bytes": 1e6, "cpu_excess_s": 0.001},
              {"pattern": "pair", "bytes": 2e6, "cpu_excess_s": 0.005}]
-    a, k = validate.fit_excess(steep)["inter"]
+    a, k = excess.fit_excess(steep)["inter"]
     assert a == 0 and k == pytest.approx((1e6 * 0.001 + 2e6 * 0.005) / (1e12 + 4e12))
-    one = validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": 0.004}])
+    one = excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": 0.004}])
     assert one == {"intra": (0.0, pytest.approx(2e-9))}
     # a measured excess below 0 (noise: both faster than the slower of the two) counts as none
-    assert validate.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)
+    assert excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)

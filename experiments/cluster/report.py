@@ -42,7 +42,7 @@ from ..harness import results as R
 from ..harness.env import git_info
 from burst_impl.flops import attention_flops
 from ..harness.speedup import Speedup, speedup
-from ..perfmodel.validate import validate_experiment
+from ..perfmodel.emulated.validate import validate_experiment
 
 NO_OVERLAP = "_no_overlap"
 

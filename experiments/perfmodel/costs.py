@@ -27,14 +27,14 @@ fitted to a paper's results.
   NIC; every rank of the node crossing gives exactly the profile's per-rank
   convention), and on PCIe nodes no more than its own PCIe link (the GPU
   reaches the NIC through it).
-* A transfer adds ``Link.excess_s + excess_s_per_byte x bytes`` to its
-  sender's compute stream, running beside it (0 on every accelerator profile:
-  there overlap is free; the emulated cluster's CPU ranks measure theirs).
-* Every op a schedule puts on a rank's compute stream costs ``host_s`` more:
-  the host's work around it (Python, the dispatcher, the method's
-  bookkeeping). 0 on every accelerator profile (a GPU's host runs ahead of
-  its stream); on the emulated cluster the ranks' CPU runs it in series with
-  their kernels (``host_cost.host_per_op``).
+* Nothing else: the compute stream holds the work alone (a GPU's host runs
+  ahead of its stream, and a copy engine or NCCL's kernel moves the bytes, so
+  a hidden transfer takes nothing from it). The schedules ask every op's and
+  every transfer's compute-stream time of the two hooks ``op_seconds`` and
+  ``sender_seconds``, so a model of another machine adds its own terms there
+  without the schedules knowing them (``experiments.perfmodel.emulated``: the
+  emulated cluster's CPU ranks, their host work per op and their transfers'
+  overlap excess).
 """
 from __future__ import annotations
 
@@ -55,7 +55,6 @@ class CostModel:
     # (ring_family's per-step kernel costs): every method of a case, and every case of a spec on this
     # profile, asks for the same block pairs again.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
-    host_s: float = 0.0              # host seconds per op on the compute stream (module docstring)
 
     def __post_init__(self):
         if self.dtype not in self.hw.accelerator.peak_tflops:
@@ -114,7 +113,7 @@ class CostModel:
         """(seconds, FLOPs) of one (rows x cols) score block per head, ``heads`` = B x Z, computed as
         (rows x d) @ (d x cols) and stored into its columns of (rows x ``total_cols``) score rows, with
         ``nbytes`` of HBM traffic for the stores (output, scaling, the strided copy): the GEMM plus
-        memory-bound passes on an accelerator; ``measured.MeasuredCosts`` times the work itself."""
+        memory-bound passes on an accelerator; ``emulated.EmulatedCosts`` times the work itself."""
         t, f = self.gemm(heads * rows, cols, head_dim, dtype=dtype)
         return t + self.hbm(nbytes), f
 
@@ -122,7 +121,7 @@ class CostModel:
         """Seconds of a materialised softmax over ``batch`` (rows x cols) fp32 score matrices (``mode``
         "forward": mask, softmax, cast; "backward": P * (dP - rowsum(dP * P))), ``nbytes`` being the
         HBM traffic the schedule counts for it: memory-bound on an accelerator. (On a CPU the exp and
-        the row reductions are not: ``measured.MeasuredCosts`` times the work itself.)"""
+        the row reductions are not: ``emulated.EmulatedCosts`` times the work itself.)"""
         if mode not in ("forward", "backward"):
             raise ValueError(f"mode={mode!r}: a materialised softmax is 'forward' or 'backward'")
         return self.hbm(nbytes)
@@ -155,16 +154,19 @@ class CostModel:
             return self.hw.intra.bytes_per_s
         return self.hw.inter_flow_bytes_per_s(max(1, int(concurrent)))
 
-    def excess(self, nbytes: float, same_node: bool) -> float:
-        """Seconds a transfer of ``nbytes`` takes from its sender's compute while it runs (``Link.excess_s``)."""
-        if nbytes <= 0:
-            return 0.0
-        link = self.link(same_node)
-        return link.excess_s + link.excess_s_per_byte * nbytes
-
     def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1) -> float:
         """Seconds for one message (latency + size / rate); 0 for an empty one."""
         if nbytes <= 0:
             return 0.0
         link = self.link(same_node)
         return link.latency_us * 1e-6 + nbytes / self.rate(same_node, concurrent)
+
+    # ------------------------------------------------------------ the compute stream's hooks
+
+    def op_seconds(self, seconds: float) -> float:
+        """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
+        return seconds
+
+    def sender_seconds(self, nbytes: float, same_node: bool) -> float:
+        """Compute-stream seconds a transfer of ``nbytes`` takes from its sender while it runs: none."""
+        return 0.0

@@ -41,6 +41,8 @@ ASSUMPTIONS = (
     "for its send and its receive; collectives use the ring algorithm over the group in rank order "
     "(one ring: NCCL's extra channels, which spread node crossings over several GPUs, are not modelled, "
     "so collectives across nodes are pessimistic where one GPU cannot fill the node's NICs)",
+    # every modelled record carries this text (results/modelled): "CostModel.host_s = 0" stands for the
+    # hardware model having no host term (emulated.costs.EmulatedCosts has it); reworded with a re-derivation
     "kernel launch and Python overheads not modelled on accelerators (CostModel.host_s = 0; only the "
     "emulated cluster's validation charges its CPU ranks' measured host work per op)",
     "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
@@ -82,7 +84,7 @@ class Prediction:
 
 def predict_case(method: str, shape: AttnShape, *, mode: str, level: str, hardware: Hardware | str,
                  options: dict | None = None, keep_schedule: bool = False, costs=None) -> Prediction:
-    """``costs(hw, dtype) -> CostModel`` replaces the profile's cost model (``measured.MeasuredCosts``:
+    """``costs(hw, dtype) -> CostModel`` replaces the profile's cost model (``emulated.costs.EmulatedCosts``:
     this machine's measured kernel times, for validation on the emulated cluster)."""
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is unknown; choose one of {MODES}")

@@ -95,13 +95,6 @@ class Link:
     shared_by: int = 1       # ranks sharing one link when all send at once
     efficiency: float = 1.0  # achieved / nominal
     source: str = ""
-    # Wall seconds a transfer of b bytes adds to its sender's compute when it runs under it:
-    # excess_s + excess_s_per_byte * b (the overlap a ring step counts on is not free). 0 on an
-    # accelerator (a copy engine or NCCL's kernel moves the bytes); on the emulated cluster the CPU
-    # ranks' transfers take from their capped CPU share, measured by ``python -m experiments.cluster
-    # overlap`` (experiments/cluster/emulator/overlap_probe.py) and set by perfmodel/validate.py only.
-    excess_s: float = 0.0
-    excess_s_per_byte: float = 0.0
 
     @property
     def bytes_per_s(self) -> float:
@@ -214,8 +207,6 @@ def _link(path, where: str, raw) -> Link:
     eff = d.get("efficiency", 1.0)
     if not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise _err(path, f"{where}.efficiency", f"{eff!r} must be in (0, 1]")
-    for key in ("excess_s", "excess_s_per_byte"):
-        _positive(path, f"{where}.{key}", d.get(key, 0.0), allow_zero=True)
     return Link(**d)
 
 

@@ -1,9 +1,9 @@
 """The host's work per op on the emulated cluster: what a call costs a rank's CPU beside kernels and transfers.
 
 A CPU rank runs Python, the dispatcher and a method's own bookkeeping in series with its kernels, on
-the same capped share of a core. A GPU's host runs ahead of its stream, so every hardware profile has
-none (``CostModel.host_s`` = 0). Validating against an emulated run, it is measured apart from the
-runs: ``python -m benchmarks.cpu_per_call --out <results root>/call_cpu.json`` records each rank's
+the same capped share of a core. A GPU's host runs ahead of its stream, so the hardware cost model
+has no such term (``costs.EmulatedCosts.host_s`` adds it). It is measured apart from the runs:
+``python -m benchmarks.cpu_per_call --out <results root>/call_cpu.json`` records each rank's
 process CPU (all threads, gloo's too) per fwd+bwd call, per method, at a few tokens per rank, where
 the kernels cost almost nothing. Then per method, at that shape:
 
@@ -11,8 +11,8 @@ the kernels cost almost nothing. Then per method, at that shape:
 
 The model's compute there is its kernels (the kernel table) and its transfers' excess (the overlap
 probe's line, whose intercept already holds gloo's per-message CPU); subtracting what the model
-charges itself keeps that from being counted twice. ``Ctx.compute`` then charges the host per op on
-every op of a rank's compute stream, at every N. Medians over ranks; the cap is the run's
+charges itself keeps that from being counted twice. ``EmulatedCosts.op_seconds`` then charges the host
+per op on every op of a rank's compute stream, at every N. Medians over ranks; the cap is the run's
 (``cluster.cpu_quota``): CPU seconds at that many CPUs take 1 / cap wall seconds.
 
     call = load_call_cpu(results_root)          # None without the file
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from baselines import AttnShape
 
-from .model import predict_case
-from .schedules.common import EXCESS_SUFFIX
+from ..model import predict_case
+from ..schedules.common import EXCESS_SUFFIX
 
 CALL_CPU_FILE = "call_cpu.json"
 

@@ -19,13 +19,13 @@ prediction. Instead:
    (``burst_impl.kernels``, the code the ring methods call) in ``procs``
    processes released together, with ``threads`` threads each: the ranks of
    the run share this machine's cores the same way;
-3. ``MeasuredCosts`` answers the model's cost questions from that table
+3. ``costs.EmulatedCosts`` answers the model's cost questions from that table
    (``KeyError`` naming the key for work that was not measured).
 
 A backward key times ``attn_backward`` alone (its forward runs once, outside
 the timing); the schedule charges the delta = rowsum(dO * O) step separately.
 
-    python -m experiments.perfmodel.measured bench <keys.json> <sync dir> <id> <seconds> <threads> <rounds>
+    python -m experiments.perfmodel.emulated.measured bench <keys.json> <sync dir> <id> <seconds> <threads> <rounds>
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ from pathlib import Path
 
 import torch
 
-from ..harness import cpuquota
-from .costs import CostModel
+from ...harness import cpuquota
+from ..costs import CostModel
 from burst_impl import kernels
 from burst_impl.shape import DTYPES
 
@@ -121,50 +121,6 @@ class KernelTimes:
 
     def missing(self, keys) -> list[tuple]:
         return [k for k in keys if k not in self.seconds]
-
-
-@dataclass(frozen=True)
-class MeasuredCosts(CostModel):
-    """Costs from a ``KernelTimes`` table (x ``scale``); transfers still from the hardware profile's links.
-
-    ``scale`` carries the table to the moment of a run: the ratio of the run's own calibration
-    (emulator bring-up, same processes and threads) to the table's time for the same work
-    (``validate.load_scale``); the machine's load differs between the two."""
-
-    times: KernelTimes | None = None
-    scale: float = 1.0
-
-    def _get(self, key: tuple) -> float:
-        if self.times is None or key not in self.times.seconds:
-            raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.measured)")
-        return self.times.seconds[key] * self.scale
-
-    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
-        if rows <= 0 or cols <= 0:
-            return 0.0, 0.0
-        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
-        t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
-        # a masked tile (burst_impl.plan): the measured tile, scaled to its live entries (an
-        # approximation: the exact masked path is slower per entry than the fused kernel). The key was
-        # timed with this ``causal``, so the scale is against the live entries of THAT work (half the
-        # tile when causal): a causal call with the default entries (ulysses' whole-sequence kernel
-        # passes mask_area = N^2/2) is the measured time itself, not half of it.
-        if entries is None:
-            return t, flops
-        return t * entries / (rows * cols / (2.0 if causal else 1.0)), flops
-
-    def gemm(self, m, n, k, *, dtype=None):
-        return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
-
-    def hbm(self, nbytes):
-        return nbytes * self._get(HBM)
-
-    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
-        key = ("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype)
-        return self._get(key), 2.0 * heads * rows * cols * head_dim
-
-    def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
-        return self._get(("softmax", batch, rows, cols, mode, self.dtype))
 
 
 def needed(cases, hardware, *, predict) -> set:
@@ -289,7 +245,7 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int
         ps = []
         try:
             for i in range(procs):
-                ps.append(subprocess.Popen([python, "-m", "experiments.perfmodel.measured", "bench",
+                ps.append(subprocess.Popen([python, "-m", "experiments.perfmodel.emulated.measured", "bench",
                                             str(sync / "keys.json"), str(sync), str(i), str(seconds), str(threads),
                                             str(rounds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                            text=True, env=env))

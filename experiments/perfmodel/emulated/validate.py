@@ -1,26 +1,17 @@
 """The model against our own measurements: predicted / measured time per case of an emulated-cluster run.
 
-The profile is THIS machine as the run emulated it:
+The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
 
 * compute: the kernel times ``measured.py`` takes here, at exactly the block
   shapes, GEMMs and memory traffic the schedules ask for, with as many
   concurrent processes and threads as the run had ranks on this machine,
   each capped at the run's CPU share per rank (``cluster.cpu_quota``);
-* links: the per-rank rates (and applied latency) the emulator shaped, read
-  from the records' ``cluster`` block (``experiments/cluster/emulator/emulation.py``:
-  the hardware profile's rates x this machine's compute / the target's), with
-  the run's NICs: ``ranks_per_nic`` ranks share one emulated NIC of
-  ``ranks_per_nic`` x the per-rank inter rate (1, every rank its own, for runs
-  recorded before NICs were shaped), as ``emulator/shaping.py`` builds them.
-
+* links: the per-rank rates, latency and NICs the emulator shaped, read from
+  the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
-  under it (``Link.excess_s``), fitted per link class to the CPU excess the
-  overlap probe measured on this cluster (``python -m experiments.cluster
-  overlap <profile> --out <results root>/overlap_probe.json``: the CPU seconds
-  a hop adds to its rank's step, at the rank's CPU rate; ``ring`` cases for
-  intra, ``pair`` cases for inter; a line through its cases in bytes, no term
-  below 0). Without that file hidden transfers are free, as on a GPU. Why the
-  CPU excess and not the probe's wall excess: docs/perfmodel.md#overlap-excess.
+  under it, fitted per link class to the overlap probe's CPU excess
+  (``excess.py``, from ``<results root>/overlap_probe.json``). Without that
+  file hidden transfers are free, as on a GPU;
 * host: the CPU a call costs each rank beside its kernels and transfers, per
   op (``host_cost.py``, from ``<results root>/call_cpu.json``, written by
   ``python -m benchmarks.cpu_per_call --out``). Without that file it is free.
@@ -34,7 +25,6 @@ the issue's target is |error| <= 20% for every method at the two largest N.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import dataclasses
@@ -42,95 +32,17 @@ from pathlib import Path
 
 from baselines import AttnShape
 
-from ..profiles.hardware import Accelerator, Hardware, Link
 from burst_impl.flops import attention_flops
+from ...harness import results as R
+from ..model import predict_case
+from .costs import EmulatedCosts
+from .excess import OVERLAP_FILE, load_excess
+from .hardware import emulated_hardware
 from .host_cost import CALL_CPU_FILE, SmallCase, host_per_op, load_call_cpu, small_case
-from .measured import KernelTimes, MeasuredCosts, needed
-from .model import predict_case
-from ..harness import results as R
-from .measured import measure
+from .measured import KernelTimes, measure, needed
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout", "mask")
-
-
-OVERLAP_FILE = "overlap_probe.json"
-EXCESS_PATTERN = {"intra": "ring", "inter": "pair"}     # the probe's symmetric cases per link class
-
-
-def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
-    """``{class: (excess_s, excess_s_per_byte)}``: per link class the least-squares line of the probe's
-    CPU excess (``cpu_excess_s``) against bytes over its cases (one case: all of it per byte), neither
-    term below 0."""
-    out = {}
-    for klass, pattern in EXCESS_PATTERN.items():
-        pts = [(float(r["bytes"]), float(r["cpu_excess_s"])) for r in rows if r["pattern"] == pattern]
-        if not pts:
-            continue
-        xs = {x for x, _ in pts}
-        if len(xs) < 2:
-            out[klass] = (0.0, max(0.0, sum(y for _, y in pts) / sum(x for x, _ in pts)))
-            continue
-        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-        k = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-        k = max(0.0, k)
-        a = my - k * mx
-        if a < 0:                     # through the origin instead
-            a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
-        out[klass] = (a, k)
-    return out
-
-
-def load_excess(results_root, profile: str | None) -> dict | None:
-    """The fitted excess of ``results_root``'s overlap probe, when it was measured on ``profile``."""
-    path = Path(results_root) / OVERLAP_FILE
-    if not path.exists():
-        return None
-    rec = json.loads(path.read_text())
-    if profile is not None and rec.get("profile") != profile:
-        return None
-    if any("cpu_excess_s" not in r for r in rec["rows"]):
-        raise ValueError(f"{path}: a probe record without cpu_excess_s (written before it was measured); "
-                         f"re-run python -m experiments.cluster overlap {rec.get('profile')} --out {path}")
-    return {"fit": fit_excess(rec["rows"]), "path": str(path), "commit": (rec.get("git") or {}).get("commit")}
-
-
-def emulated_hardware(cluster: dict, dtype: str, excess: dict | None = None) -> Hardware:
-    """This machine as the emulated cluster of ``cluster`` (a record's ``cluster`` block).
-
-    The accelerator's numbers are placeholders (peak = the run's calibrated FLOP/s, efficiency 1):
-    ``MeasuredCosts`` answers every compute question from measured times instead. ``excess``:
-    ``{class: (excess_s, excess_s_per_byte)}`` (``fit_excess``) for the links."""
-    if not cluster.get("emulated") or not cluster.get("links"):
-        raise ValueError(f"cluster={cluster.get('summary', cluster)!r}: not an emulated run with shaped links "
-                         "(a loopback fallback has no link rates to model)")
-    nodes, per_node = int(cluster["nodes"]), int(cluster["ranks_per_node"])
-    cal = (cluster.get("calibration") or {}).get("per_rank_flops_s") or 1e9
-    links = {}
-    per_nic = int((cluster["links"].get("inter") or {}).get("ranks_per_nic") or 1)
-    for klass, d in cluster["links"].items():
-        # inter: one NIC of per_nic x the per-rank rate, shared by per_nic ranks (Link.bytes_per_s = per rank)
-        share = per_nic if klass == "inter" else 1
-        # the target's intra kind: on PCIe nodes a lone inter flow is capped at the (emulated) PCIe rate,
-        # as the emulator shapes it (Hardware.inter_flow_bytes_per_s)
-        kind = "pcie" if klass == "intra" and d.get("kind") == "pcie" else "veth"
-        a, k = (excess or {}).get(klass, (0.0, 0.0))
-        links[klass] = Link(kind=kind, gbits_s=float(d["bytes_per_s"]) * share * 8 / 1e9,
-                            latency_us=float(d.get("latency_us") or 0.0), shared_by=share,
-                            excess_s=a, excess_s_per_byte=k,
-                            source=f"emulated {d.get('kind', '?')} link, shaped per "
-                                   f"{'NIC' if share > 1 else 'rank'} ({klass})")
-    if "intra" not in links:                          # one rank per node: no intra hop is ever used
-        links["intra"] = Link(kind="veth", gbits_s=8e3, latency_us=0.0, source="unused")
-    acc = Accelerator(name="CPU rank (emulated)", peak_tflops={dtype: cal / 1e12},
-                      hbm_gib=(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) / 2**30 / (nodes * per_node),
-                      hbm_gbytes_s=1.0, attn_efficiency=((1, 1.0),), gemm_efficiency=1.0,
-                      source="placeholders: compute times are measured per key (experiments.perfmodel.measured)")
-    return Hardware(name=f"emulated_{cluster.get('profile', 'cluster')}",
-                    description=f"this machine as emulated: {cluster.get('summary', '')}", accelerator=acc,
-                    nodes=nodes, devices_per_node=per_node, intra=links["intra"],
-                    inter=links.get("inter") if nodes > 1 else None,
-                    nics_per_node=per_node // per_nic if nodes > 1 else per_node)
 
 
 class _Case:
@@ -193,17 +105,19 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     (``host_cost.load_call_cpu``; None: the host's work is free)."""
     rows, hosts = [], {}
     for c in _cases(records):
-        hw = emulated_hardware(c.rec["cluster"], c.shape.dtype, excess)
+        hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
         key = (c.method, c.shape.world_size, c.shape.dtype, repr(hw), k, run_cpus(c.rec["cluster"]))
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=key[-1],
-                                     costs=lambda h, dt, k=k: MeasuredCosts(h, dt, times=times, scale=k))
+                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k,
+                                                                            excess=excess or {}))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = predict_case(c.method, c.shape, mode=c.mode, level=c.level, hardware=hw,
-                         costs=lambda h, dt, k=k, hs=hs: MeasuredCosts(h, dt, times=times, scale=k, host_s=hs))
+                         costs=lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
+                                                                       excess=excess or {}))
         measured = float(c.rec["time_median_s"])
         b = p.breakdown
         rows.append({"seqlen": c.shape.seqlen, "method": c.method, "world_size": c.shape.world_size,

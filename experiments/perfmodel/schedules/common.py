@@ -40,7 +40,7 @@ from ..placement import Placement
 from ..simulator import Schedule
 
 PHASES = ("forward", "backward")
-EXCESS_SUFFIX = ".excess"            # names a transfer's excess task on its sender's compute stream
+EXCESS_SUFFIX = ".excess"            # names the task a transfer holds its sender's compute stream by
 
 
 @dataclass
@@ -91,13 +91,11 @@ class Ctx:
 
     # ------------------------------------------------------------ single tasks
 
-    def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0,
-                host: bool = True) -> int:
-        """An op on ``rank``'s compute stream; ``host``: it also costs the host's work around an op
-        (``CostModel.host_s``; not for a transfer's excess, which is no op of the method's)."""
-        return self.sch.add(name, kind="compute", resource=f"compute/{rank}",
-                            duration=seconds + (self.cost.host_s if host else 0.0), deps=deps,
-                            rank=rank, phase=phase, flops=flops)
+    def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0) -> int:
+        """An op of ``seconds`` of work on ``rank``'s compute stream, for as long as the cost model says
+        such an op holds it (``CostModel.op_seconds``)."""
+        return self.sch.add(name, kind="compute", resource=f"compute/{rank}", duration=self.cost.op_seconds(seconds),
+                            deps=deps, rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
              crossing: dict[tuple[int, int], int] | None = None) -> int:
@@ -107,9 +105,10 @@ class Ctx:
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
         seconds = self.cost.transfer(total, same, conc)
-        extra = self.cost.excess(total, same)
-        if extra > 0:   # what the transfer takes from the sender's compute meanwhile (CostModel.excess)
-            self.compute(src, f"{name}{EXCESS_SUFFIX}", extra, deps=deps, phase=phase, host=False)
+        extra = self.cost.sender_seconds(total, same)
+        if extra > 0:   # a zero task would still hold the sender's stream until the send's deps are met
+            self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}", duration=extra,
+                         deps=deps, rank=src, phase=phase)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
                             nbytes={k: v for k, v in nbytes.items() if v})

@@ -1,0 +1,74 @@
+"""The emulated cluster's cost model: the hardware cost model with this machine's measured terms.
+
+Three things differ from an accelerator, each measured on this machine apart from the run:
+
+* compute: every kernel, GEMM, score block, softmax and byte of memory traffic a schedule asks for
+  is read from a ``KernelTimes`` table (``measured.py``) x ``scale`` (``validate.load_scale``: the
+  run's own calibration over the table's time for the same work; the machine's load differs);
+* host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
+  CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels;
+* excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs
+  (``excess.fit_excess``, per link class): gloo's threads and the kernel's TCP work run out of the
+  rank's capped share.
+
+Host and excess reach the schedules through the hardware model's hooks (``CostModel.op_seconds``,
+``CostModel.sender_seconds``), which are the work alone and nothing on every hardware profile.
+Transfers themselves keep the hardware model's ``latency + bytes / rate`` on the emulated links
+(``hardware.emulated_hardware``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..costs import CostModel
+from .measured import HBM, KernelTimes
+
+
+@dataclass(frozen=True)
+class EmulatedCosts(CostModel):
+    times: KernelTimes | None = None
+    scale: float = 1.0
+    host_s: float = 0.0                  # host seconds per op on the compute stream
+    # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
+    excess: dict = field(default_factory=dict)
+
+    def op_seconds(self, seconds: float) -> float:
+        return seconds + self.host_s
+
+    def sender_seconds(self, nbytes: float, same_node: bool) -> float:
+        if nbytes <= 0:
+            return 0.0
+        a, k = self.excess.get("intra" if same_node or self.hw.inter is None else "inter", (0.0, 0.0))
+        return a + k * nbytes
+
+    def _get(self, key: tuple) -> float:
+        if self.times is None or key not in self.times.seconds:
+            raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.emulated.measured)")
+        return self.times.seconds[key] * self.scale
+
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
+        if rows <= 0 or cols <= 0:
+            return 0.0, 0.0
+        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
+        t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
+        # a masked tile (burst_impl.plan): the measured tile, scaled to its live entries (an
+        # approximation: the exact masked path is slower per entry than the fused kernel). The key was
+        # timed with this ``causal``, so the scale is against the live entries of THAT work (half the
+        # tile when causal): a causal call with the default entries (ulysses' whole-sequence kernel
+        # passes mask_area = N^2/2) is the measured time itself, not half of it.
+        if entries is None:
+            return t, flops
+        return t * entries / (rows * cols / (2.0 if causal else 1.0)), flops
+
+    def gemm(self, m, n, k, *, dtype=None):
+        return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
+
+    def hbm(self, nbytes):
+        return nbytes * self._get(HBM)
+
+    def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
+        key = ("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype)
+        return self._get(key), 2.0 * heads * rows * cols * head_dim
+
+    def softmax_rows(self, batch, rows, cols, mode, *, nbytes):
+        return self._get(("softmax", batch, rows, cols, mode, self.dtype))

@@ -1,0 +1,53 @@
+"""The overlap excess of the emulated cluster's transfers, fitted to its overlap probe.
+
+What a transfer takes from its sender's compute while it runs under it (``EmulatedCosts.excess``),
+per link class: the least-squares line through the CPU excess the overlap probe measured on this
+cluster (``python -m experiments.cluster overlap <profile> --out <results root>/overlap_probe.json``:
+the CPU seconds a hop adds to its rank's step, at the rank's CPU rate; ``ring`` cases for intra,
+``pair`` cases for inter), no term below 0. Without that file hidden transfers are free, as on a
+GPU. Why the CPU excess and not the probe's wall excess: docs/perfmodel.md#overlap-excess.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OVERLAP_FILE = "overlap_probe.json"
+EXCESS_PATTERN = {"intra": "ring", "inter": "pair"}     # the probe's symmetric cases per link class
+
+
+def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """``{class: (excess_s, excess_s_per_byte)}``: per link class the least-squares line of the probe's
+    CPU excess (``cpu_excess_s``) against bytes over its cases (one case: all of it per byte), neither
+    term below 0."""
+    out = {}
+    for klass, pattern in EXCESS_PATTERN.items():
+        pts = [(float(r["bytes"]), float(r["cpu_excess_s"])) for r in rows if r["pattern"] == pattern]
+        if not pts:
+            continue
+        xs = {x for x, _ in pts}
+        if len(xs) < 2:
+            out[klass] = (0.0, max(0.0, sum(y for _, y in pts) / sum(x for x, _ in pts)))
+            continue
+        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        k = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+        k = max(0.0, k)
+        a = my - k * mx
+        if a < 0:                     # through the origin instead
+            a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+        out[klass] = (a, k)
+    return out
+
+
+def load_excess(results_root, profile: str | None) -> dict | None:
+    """The fitted excess of ``results_root``'s overlap probe, when it was measured on ``profile``."""
+    path = Path(results_root) / OVERLAP_FILE
+    if not path.exists():
+        return None
+    rec = json.loads(path.read_text())
+    if profile is not None and rec.get("profile") != profile:
+        return None
+    if any("cpu_excess_s" not in r for r in rec["rows"]):
+        raise ValueError(f"{path}: a probe record without cpu_excess_s (written before it was measured); "
+                         f"re-run python -m experiments.cluster overlap {rec.get('profile')} --out {path}")
+    return {"fit": fit_excess(rec["rows"]), "path": str(path), "commit": (rec.get("git") or {}).get("commit")}
