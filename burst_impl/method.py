@@ -42,10 +42,10 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
 * ``schedule``: the performance model's schedule family and its options
   (``Schedule``; the topology and overlap come from ``options``);
 * ``colour``, ``marker``: how figures draw it, the same in every figure
-  (``colour``: an index into matplotlib's 20-colour "tab20" palette, where an
-  even index is a dark shade and the next odd one its light shade, which a
-  timing variant takes; ``marker``: a matplotlib marker). None: a stable
-  colour and marker derived from the name.
+  (``colour``: an index into the suite's 40-colour palette, ``experiments.figstyle.PALETTE``:
+  tab20, then 10 more dark/light pairs; an even index is a dark shade and the
+  next odd one its light shade, which a timing variant takes; ``marker``: a
+  matplotlib marker). None: a stable colour and marker derived from the name.
 
 The byte report lists every method that is not a timing variant (``variant_of``);
 the generated methods table (``docs/methods.md``) is one row per entry.
@@ -119,7 +119,7 @@ class Method:
     fresh_output: Callable[..., bool] = _never
     tp_version: str | None = None                 # "v1" / "v3" for tensor-parallel layers
     schedule: Schedule | None = None              # None: not modelled
-    colour: int | None = None                     # tab20 index in figures (a variant: its method's + 1)
+    colour: int | None = None                     # palette index in figures (a variant: its method's + 1)
     marker: str | None = None
 
     def __post_init__(self):

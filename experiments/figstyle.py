@@ -2,9 +2,15 @@
 the finishing every figure gets on saving (tick labels that never overlap, nothing clipped).
 
 Every figure module imports this first: it selects matplotlib's Agg backend (files only, no display).
-A method keeps its colour in every figure and every run because its ``Method`` says it (``colour``: one
-of the 20 colours of tab20, ``marker``), not the registry's order: adding a method never moves another's
-colour. A method without one gets a stable colour and marker from its name.
+A method keeps its colour in every figure and every run because its ``Method`` says it (``colour``: an
+index into ``PALETTE``, ``marker``), not the registry's order or the figure's other methods: adding a
+method never moves another's colour. A model-only variant's comes from ``experiments.model_only``. A
+method without one gets a stable colour and marker from its name.
+
+``PALETTE`` has 40 colours in dark/light pairs (an even index is a dark shade, the next odd one its
+light shade, which a timing variant takes): tab20 first (indices 0-19, so the colours of the figures
+drawn before it grew stay), then 10 pairs chosen greedily from CIELAB hue/chroma/lightness steps so that
+every colour is at least as far from every other (CIE76 distance >= 16.6) as tab20's two closest.
 """
 from __future__ import annotations
 
@@ -16,13 +22,20 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after the backend is chosen
 
+from matplotlib.colors import to_rgb
+
 from baselines.registry import METHODS
 
-_TAB20 = plt.get_cmap("tab20").colors
+from .model_only import MODEL_ONLY
+
+# indices 20-39: dark, light of each added hue (green, blue, teal, wine, brown, pine, orchid, navy, olive, rust)
+_MORE = ("#20510a #799a66 #2e57c2 #9ea5f8 #08885b #8fd5b1 #8d024e #cd7697 #714b01 #bd9767 "
+         "#175d4f #7aa79b #b54eb2 #f9adf4 #12487d #7b91bb #5f6137 #adad8d #84250a #cb7d63").split()
+PALETTE = tuple(plt.get_cmap("tab20").colors) + tuple(to_rgb(c) for c in _MORE)
 _PALETTE = plt.get_cmap("tab10").colors      # for things that are not methods (layouts, series)
-# The performance model's model-only variants (experiments/perfmodel/schedules: no registry entry, so no
-# Method to carry a colour): tab20 index and marker, the light shade of their method's hue where free.
-_MODEL_ONLY = {"burst_nolao": (19, "o"), "tp_v1_noflash": (17, "*"), "tp_v3_noflash": (13, "p")}
+# A name without a colour (a model spec's row, e.g. burst_ring) hashes into tab20 as before the palette grew,
+# so the figures drawn then keep their colours.
+_HASH_SLOTS = 20
 FOOTER_GID = "provenance-footer"      # the one footer line of every figure (tests find it by this gid)
 _EXTRA_MARKERS = "o s D ^ v < > p h * P X".split()
 
@@ -33,21 +46,19 @@ def _method_order(m: str) -> int:
 
 
 def _index_and_marker(method: str) -> tuple[int | None, str | None]:
-    m = METHODS.get(method)
-    if m is not None:
-        return m.colour, m.marker
-    return _MODEL_ONLY.get(method, (None, None))
+    m = METHODS.get(method) or MODEL_ONLY.get(method)
+    return (m.colour, m.marker) if m is not None else (None, None)
 
 
 def color(method: str) -> tuple:
     """The method's colour in every figure; a name without one gets a stable colour from its name."""
     index = _index_and_marker(method)[0]
-    return _TAB20[index if index is not None else zlib.crc32(method.encode()) % len(_TAB20)]
+    return PALETTE[index if index is not None else zlib.crc32(method.encode()) % _HASH_SLOTS]
 
 
 def _variant(method: str) -> bool:
     m = METHODS.get(method)
-    return method in _MODEL_ONLY or (m is not None and m.variant_of is not None)
+    return method in MODEL_ONLY or (m is not None and m.variant_of is not None)
 
 
 def style(method: str) -> dict:

@@ -16,6 +16,7 @@ import time
 
 from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
 from ..harness.spec import load_any
+from ..model_only import MODEL_ONLY
 from .jobs import run_jobs
 from .model_figures import twin
 from .predict import PLOTS_ROOT, RESULTS_ROOT
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="attention level only: skip the whole-model steps (<spec>_model_level, BurstEngine's "
                          "scaling and ablation)")
     ap.add_argument("--no-variants", action="store_true",
-                    help="skip the model-only variants (TP without FlashAttention, Burst without LAO)")
+                    help=f"skip the model-only variants ({', '.join(v.label for v in MODEL_ONLY.values())})")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = ap.parse_args(argv)
     if args.cluster and args.hardware:

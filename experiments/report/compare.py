@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..harness.speedup import MODELLED, speedup
+from ..model_only import MODEL_ONLY
 from .evidence import select
 from .paper import MethodMap
 
@@ -26,8 +27,9 @@ def shape(rec: dict) -> tuple:
 
 def method_select(m: MethodMap, measured: bool) -> dict:
     """Record fields of a paper method: a model-only variant is realised by a kernel in a measured run."""
-    if measured and m.measured_as:
-        return {**m.select, **m.measured_as}
+    realised = m.measured_as or (MODEL_ONLY[m.method].measured_as if m.method in MODEL_ONLY else {})
+    if measured and realised:
+        return {**m.select, **realised}
     return {**m.select, "method": m.method}
 
 

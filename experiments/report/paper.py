@@ -18,7 +18,7 @@ from baselines.registry import METHODS
 
 from ..harness.env import REPO
 from ..harness.schema import FileErr, fields_from, from_mapping
-from ..perfmodel.schedules import VARIANTS
+from ..model_only import MODEL_ONLY
 from .quantities import QUANTITIES
 
 PAPER_DIR = Path(__file__).resolve().parent.parent / "paper"
@@ -32,8 +32,8 @@ def _known_quantity(q: str | None) -> str | None:
 
 
 def _suite_method(m: str) -> str | None:
-    return None if m in METHODS or m in VARIANTS else \
-        f"{m!r} is neither a registry method (baselines.registry) nor a perf-model variant {sorted(VARIANTS)}"
+    return None if m in METHODS or m in MODEL_ONLY else \
+        f"{m!r} is neither a registry method (baselines.registry) nor a model-only variant {sorted(MODEL_ONLY)}"
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class MethodMap:
     """A paper's method name -> the suite's method and the record fields that pick its records."""
     method: str = field(metadata={"check": _suite_method})
     select: dict = field(default_factory=dict)
-    measured_as: dict = field(default_factory=dict)    # how a measured run realises a model-only variant
+    measured_as: dict = field(default_factory=dict)    # how a measured run realises it; a model-only variant's: its own
 
 
 @dataclass(frozen=True)

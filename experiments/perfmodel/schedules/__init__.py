@@ -16,6 +16,8 @@ from typing import Callable
 from baselines.registry import METHODS, get
 from burst_impl.method import Method
 
+from ...model_only import MODEL_ONLY
+
 from .common import Ctx
 from .ring_family import flat
 from .ring_rsa import ring_rsa
@@ -46,13 +48,10 @@ def schedules() -> dict[str, Builder]:
     return {name: for_method(m) for name, m in METHODS.items() if m.schedule is not None}
 
 
-# Model-only variants of PAPER.md §3's tables (not registry methods: nothing runs them):
+# Model-only variants of PAPER.md §3's tables (experiments.model_only: not registry methods, nothing runs them):
 # name -> (registry method whose bytes and memory model they share, builder, label)
 VARIANTS: dict[str, tuple[str, Builder, str]] = {
-    "burst_nolao": ("burst", for_method(get("burst"), materialised=True), "Burst without LAO"),
-    "tp_v1_noflash": ("tp_v1", for_method(get("tp_v1"), flash=False), "TP V1 without FlashAttention"),
-    "tp_v3_noflash": ("tp_v3", for_method(get("tp_v3"), flash=False), "TP V3 without FlashAttention"),
-}
+    v.name: (v.method, for_method(get(v.method), **v.schedule), v.label) for v in MODEL_ONLY.values()}
 
 
 def builder(name: str) -> tuple[str, Builder]:
