@@ -3,11 +3,15 @@
     make gpu-check                         # = python -m experiments.gpu_check (builds the venv first)
     python -m experiments.gpu_check --steps packages,tests    # a part of it
 
-Installs nothing. Steps, each recorded as ok / failed / skipped (with the reason):
+Installs nothing, builds nothing. Prints its plan first: the steps in four calls
+(``CALLS``), each held to ``STEP_BUDGET_S`` (540 s) so that one command of a lent
+device (600 s) runs it. Steps, each recorded as ok / failed / skipped (with the reason):
 
 1. ``packages``: which GPU packages import here, and their versions (torch's CUDA and
-   NCCL, flash-attn, xformers and whether its backward honours lse, ring-flash-attn,
-   liger-kernel, cut-cross-entropy, deepspeed).
+   NCCL, flash-attn, xformers and whether its backward honours lse, ring-flash-attn
+   through ``baselines.methods.ring_flash_attn_shim``, liger-kernel, cut-cross-entropy,
+   deepspeed). Failed when a package is installed but does not import, when xformers'
+   lse probe fails, or when a ``--require``d package is not usable.
 2. ``tests``: ``pytest tests/test_cuda_path.py``: every CUDA kernel against the fp64
    reference (out, lse, dq, dk, dv; bf16, fp16, fp32; causal and not; GQA; the block
    backward from a global lse), the operator and the ring-flash-attn adapter at world size 1.
@@ -24,8 +28,10 @@ Writes, for the GPU it ran on (``<gpu>`` = its name in lower case, e.g. ``nvidia
 ``results/gpu_check/<gpu>/summary.json`` (steps, packages, devices, git, versions,
 hardware), ``tests/junit.xml`` and ``tests/pytest.log``, ``harness/``, ``peers/``,
 ``multi/`` and ``kernels/`` (``results.jsonl`` each, the suite's record format), and
-``plots/gpu_check/<gpu>/kernel_tflops_vs_seqlen.png``. Exit status 1 if a step failed.
-Without a CUDA device it says so and exits 0.
+``plots/gpu_check/<gpu>/kernel_tflops_vs_seqlen.png``, and packs all of it into
+``results/gpu_check/<gpu>.tar.gz``. Exit status 1 if a step failed. Without a CUDA
+device: exit 1 when ``nvidia-smi`` lists GPUs (torch cannot use them), else it says
+there is nothing to check and exits 0.
 """
 from __future__ import annotations
 
@@ -34,8 +40,10 @@ import importlib
 import importlib.metadata
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
@@ -48,6 +56,7 @@ from .harness import env
 from .harness import kernel_sweep as KS
 from .harness import results as R
 from .harness.env import REPO
+from baselines.methods import ring_flash_attn_shim
 from burst_impl.kernels import BACKENDS
 from burst_impl.kernels import xformers as xf
 from .harness.spec import Preset, parse_spec
@@ -65,6 +74,13 @@ PACKAGES = (
     ("deepspeed", "deepspeed", ("deepspeed",)),
 )
 NO_DEVICE = "no CUDA device: nothing to check"
+# A lent device runs one command for at most 600 s, start-up and copying back included: each call of
+# the check (CALLS, one ``--steps`` each) is held to this, the records of what ran coming back whole.
+STEP_BUDGET_S = 540
+CALLS = (("packages", "tests"), ("harness",), ("multi",), ("sweep",))
+LAUNCH_ALLOWANCE_S = 90      # per runner launch: spawning, importing torch, CUDA and NCCL start-up
+# --require names: the module of a PACKAGES row (its first component)
+REQUIRABLE = {module.split(".")[0]: shown for shown, module, _ in PACKAGES}
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,30 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
+def listed_gpus() -> list[str]:
+    """The GPUs ``nvidia-smi -L`` lists (the driver's view, whatever torch can use); [] without it."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        proc = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:   # e.g. "NVIDIA-SMI has failed": no driver to talk to
+        return []
+    return [line.strip() for line in proc.stdout.splitlines() if line.startswith("GPU ")]
+
+
+def _import(module: str) -> object:
+    """Import ``module``; ring-flash-attn through its shim (its HF adapter clashes with transformers 5)."""
+    if module == "ring_flash_attn":
+        got = ring_flash_attn_shim.load()
+        if got.module is None:
+            raise ImportError(got.reason)
+        return got.module
+    return importlib.import_module(module)
+
+
 def _version(dists) -> str | None:
     for d in dists:
         try:
@@ -108,7 +148,7 @@ def _version(dists) -> str | None:
     return None
 
 
-def package_report(importer: Callable[[str], object] = importlib.import_module,
+def package_report(importer: Callable[[str], object] = _import,
                    version_of: Callable[[tuple], str | None] = _version) -> list[dict]:
     """One entry per GPU package: importable?, version, and why not (the import error)."""
     cuda = torch.cuda.is_available()
@@ -127,9 +167,25 @@ def package_report(importer: Callable[[str], object] = importlib.import_module,
     for row in rows:
         if row["package"] == "xformers" and row["importable"]:
             ok = BACKENDS["xformers"].available()
+            row["probe_failed"] = not ok
             row["detail"] = ("backward honours the given lse (usable as a ring kernel)" if ok and cuda else
                              "lse probe not run (no CUDA)" if ok else xf.unavailable_reason())
     return rows
+
+
+def package_problems(rows: list[dict], required: tuple[str, ...] = ()) -> list[str]:
+    """Why the packages step fails: a package installed (it has a version) that does not import, xformers'
+    lse probe failing, or a ``required`` package (a ``REQUIRABLE`` name) not usable. A package that is
+    simply not installed is no problem unless required: the steps that need it skip, with the reason."""
+    by_name = {r["package"]: r for r in rows}
+    out = [f"{r['package']} {r['version']} is installed but does not import ({r['detail']})"
+           for r in rows if not r["importable"] and r.get("version")]
+    out += [f"xformers' lse probe failed: {r['detail']}" for r in rows if r.get("probe_failed")]
+    for name in required:
+        r = by_name[REQUIRABLE[name]]
+        if not r["importable"] or r.get("probe_failed"):
+            out.append(f"--require {name}: {r['package']} is not usable here ({r['detail'] or 'not installed'})")
+    return list(dict.fromkeys(out))
 
 
 def _stamp() -> dict:
@@ -146,7 +202,7 @@ def write_json(path: Path, obj: dict) -> Path:
 # ---------------------------------------------------------------- steps
 
 
-def step_tests(out: Path, timeout_s: int = 900) -> Step:
+def step_tests(out: Path, timeout_s: int = STEP_BUDGET_S - 60) -> Step:
     """pytest tests/test_cuda_path.py in a subprocess; counts from its junit XML."""
     d = out / "tests"
     d.mkdir(parents=True, exist_ok=True)
@@ -199,8 +255,24 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
     return specs, ""
 
 
+def fit_budget(specs: list[dict], budget_s: float = STEP_BUDGET_S) -> float:
+    """Set every case's ``timeouts.case_s`` so the step fits ``budget_s``: the runner gives a group of
+    interleaved cases the SUM of their case_s, so a step's worst case is the sum over all its cases
+    plus each launch's start-up. Returns the case_s set."""
+    parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
+    n_cases = sum(len(p.cases()) for p in parsed)
+    launches = sum(len({c.shape.world_size for c in p.cases()}) for p in parsed)
+    case_s = (budget_s - LAUNCH_ALLOWANCE_S * launches) / max(1, n_cases)
+    if case_s < 1:
+        raise ValueError(f"{n_cases} cases in {launches} launches do not fit the step's {budget_s:.0f} s")
+    for s in specs:
+        s["timeouts"] = dict(s["timeouts"], case_s=round(case_s, 1))
+    return case_s
+
+
 def step_harness(out: Path, specs: list[dict], name: str) -> Step:
     """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
+    fit_budget(specs)
     parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
     preset = Preset(name=f"gpu_check_{name}", path="<gpu_check>", specs=tuple(parsed))
     for s in parsed:
@@ -227,8 +299,10 @@ def step_harness(out: Path, specs: list[dict], name: str) -> Step:
 
 def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, device: torch.device,
                warmup: int, repeats: int, shape: KS.SweepShape = KS.SweepShape()) -> Step:
+    # the figure and the summary come after the points: a margin of the budget is theirs
     recs = KS.run_sweep(list(kernels) + [KS.TORCH_SDPA], seqlens, device=device, results_root=out,
-                        experiment="kernels", warmup=warmup, repeats=repeats, shape=shape)
+                        experiment="kernels", warmup=warmup, repeats=repeats, shape=shape,
+                        budget_s=STEP_BUDGET_S - 90)
     fig = KS.draw(recs, plots / "kernel_tflops_vs_seqlen.png", device_name=device_name)
     best = {}
     for r in recs:
@@ -252,6 +326,40 @@ def _print_packages(rows: list[dict]) -> None:
         print(f"  {r['package']:<18} {mark}  {r.get('version') or '-':<14} {r.get('detail') or ''}")
 
 
+def print_plan(steps: list[str]) -> None:
+    """What this invocation runs, and how a device lent one command at a time should be asked."""
+    print(f"plan: steps {','.join(steps)}; each call below is held to {STEP_BUDGET_S} s (a device command "
+          "may run 600 s); installs nothing, builds nothing")
+    for i, call in enumerate(CALLS, 1):
+        mark = "runs now" if set(call) & set(steps) else "not asked"
+        print(f"  {i}. python -m experiments.gpu_check --steps {','.join(call):<16} ({mark})")
+    print("  then copy results/gpu_check/<gpu>.tar.gz (every record, log and figure so far)")
+
+
+def no_usable_gpu(listed: list[str]) -> int:
+    """Exit status when torch sees no CUDA device: 1 when the driver lists GPUs (a CPU-only or
+    mismatched torch would otherwise pass the check without checking), else 0 (nothing to check)."""
+    torch_says = (f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
+                  "torch.cuda.is_available() = False")
+    if listed:
+        print(f"error: nvidia-smi lists {len(listed)} GPU(s) ({listed[0]}) but torch cannot use them ({torch_says}). "
+              "Install a CUDA build of torch that matches the driver; nothing was checked.")
+        return 1
+    print(f"{NO_DEVICE} ({torch_says}; nvidia-smi lists no GPU). The CUDA tests skip here; run this on a GPU "
+          "machine.")
+    return 0
+
+
+def pack(root: Path, out: Path, plots: Path) -> Path:
+    """One archive of this GPU's results and figures (what a lent device's command hands back)."""
+    path = root / f"{out.name}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for d in (out, plots):
+            if d.exists():
+                tar.add(d, arcname=f"{d.parent.name}/{d.name}")
+    return path
+
+
 def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -266,19 +374,26 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="where the sweep runs (cpu: only for tests of this script)")
+    ap.add_argument("--require", default="", help="comma-separated packages whose absence fails the check "
+                    f"instead of skipping what needs them ({', '.join(REQUIRABLE)}), e.g. ring_flash_attn,flash_attn")
     args = ap.parse_args(argv)
     steps = [s for s in args.steps.split(",") if s]
     unknown = sorted(set(steps) - set(STEPS))
     if unknown:
         ap.error(f"--steps: {unknown} unknown; choose from {list(STEPS)}")
+    required = tuple(r for r in args.require.split(",") if r)
+    bad = sorted(set(required) - set(REQUIRABLE))
+    if bad:
+        ap.error(f"--require: {bad} unknown; choose from {list(REQUIRABLE)}")
+    if required and "packages" not in steps:
+        ap.error("--require is checked by the packages step: add it to --steps")
     kernels = [k for k in args.kernels.split(",") if k]
     seqlens = [int(x) for x in args.seqlens.split(",") if x]
 
+    print_plan(steps)
     found = devices() if found is None else found
     if not found:
-        print(f"{NO_DEVICE} (torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}, "
-              f"torch.cuda.is_available() = False). The CUDA tests skip here; run this on a GPU machine.")
-        return 0
+        return no_usable_gpu(listed_gpus())
     gpu = found[0].name
     out, plots = Path(args.results) / slug(gpu), Path(args.plots) / slug(gpu)
     print(f"GPU check on {len(found)} x {gpu} -> {out}")
@@ -304,7 +419,9 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
         rows = package_report()
         summary["packages"] = rows
         _print_packages(rows)
-        return Step("packages", details={r["package"]: r.get("version") if r["importable"] else None for r in rows})
+        problems = package_problems(rows, required)
+        return Step("packages", "failed" if problems else "ok", "; ".join(problems),
+                    details={r["package"]: r.get("version") if r["importable"] else None for r in rows})
 
     specs, multi_why = harness_specs(len(found), kernels)
     run("packages", packages)
@@ -323,6 +440,7 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
     for s in done:
         print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")
     print(f"written: {out / 'summary.json'} (and the records beside it), {plots}")
+    print(f"archive: {pack(Path(args.results), out, plots)}")
     return 1 if any(s.status == "failed" for s in done) else 0
 
 

@@ -140,17 +140,26 @@ def measure_point(case: Case, device: torch.device) -> dict:
 def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, results_root: Path | str,
               experiment: str = "kernels", shape: SweepShape = SweepShape(), causal: tuple[bool, ...] = (True, False),
               modes: tuple[str, ...] = MODES, warmup: int = 3, repeats: int = 10, seed: int = 0,
-              log: Callable[[str], None] = print) -> list[dict]:
-    """Measure every (kernel, causal, mode, N); append each record to ``results_root/experiment``."""
+              log: Callable[[str], None] = print, budget_s: float | None = None) -> list[dict]:
+    """Measure every (kernel, causal, mode, N); append each record to ``results_root/experiment``.
+
+    ``budget_s``: once that much wall time is spent, the points not yet measured are recorded as
+    skipped with that reason (a device lent for a bounded command must get the records back)."""
     for k in kernels:
         if k != TORCH_SDPA and k not in BACKENDS:
             raise ValueError(f"kernels: {k!r} is unknown; choose from {[*BACKENDS, TORCH_SDPA]}")
     out = []
+    t0 = time.perf_counter()
     for kernel in kernels:
         for c in causal:
             for mode in modes:
                 for n in seqlens:
                     case = _case(experiment, kernel, mode, n, c, shape, warmup, repeats, seed)
+                    if budget_s is not None and time.perf_counter() - t0 >= budget_s:
+                        rec = R.base_record(case, "skipped", f"the sweep's time budget ({budget_s:.0f} s) was spent")
+                        R.append_record(results_root, rec)
+                        out.append(rec)
+                        continue
                     rec = measure_point(case, device)
                     R.append_record(results_root, rec)
                     out.append(rec)
