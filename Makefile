@@ -23,7 +23,7 @@ endif
 
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test reproduce report plots model gpu-check gpu-extras clean
+.PHONY: venv test test-fast reproduce report plots model gpu-check gpu-extras clean
 
 venv: $(STAMP)
 
@@ -55,6 +55,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check burst_impl baselines experiments tests benchmarks
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# `make test-fast`: the tests without those marked `slow` (pyproject.toml's markers: the long
+# multi-process runs), for a quick check while editing; `make test` runs everything, linters included.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # `make reproduce`: the CPU preset end to end, measured on this machine: results/<machine>/ and
 # plots/<machine>/ (<machine>: this machine's hardware slug, or the SLURM cluster profile's name). Only

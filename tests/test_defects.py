@@ -594,6 +594,7 @@ def test_shape_check_switch():
 # ---------------------------------------------------------------- 7. a worker killed mid-sweep
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     """Rank 1 is SIGKILLed at the start of the second case. Rank 0 then fails in gloo with a message
     that holds "[/__w/pytorch/.../pair.cc:...]", which rich used to read as a closing markup tag and

@@ -381,6 +381,7 @@ def _usp_double_and_big_grid() -> list[dict]:
     return _run_methods(cases) + [cases]
 
 
+@pytest.mark.slow
 def test_2x4_double_ring_inside_usp_and_link_bytes(pools):
     """2 nodes x 4 ranks (world 8): usp with u = 2 < 4 ranks per node runs its ring over 4 ranks, 2 per
     node, as a double ring; burst_double_ring at 2x4; per-link bytes against the formulas (the issue's

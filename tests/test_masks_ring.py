@@ -288,6 +288,7 @@ def _run_usp_double(names: tuple[str, ...]) -> list[dict]:
     return results
 
 
+@pytest.mark.slow
 def test_masks_through_usp_with_a_double_ring_inside(pools):
     """usp at 2 nodes x 4 ranks, u = 2: a window smaller than a chunk, documents with length-1 docs and
     one spanning all ranks, block-sparse with fully masked rows; zigzag and the balanced layout (the
