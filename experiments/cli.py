@@ -2,8 +2,9 @@
 
 A wrong spec name, an unknown key, a missing results folder are the user's to fix, and a Python
 traceback hides the (good) message that the loaders already write. ``--debug`` anywhere on the
-command line re-raises instead, for whoever is debugging the suite itself. A leaf module: it imports
-nothing of the suite, so every ``main`` can use it without an import cycle.
+command line re-raises instead, for whoever is debugging the suite itself. A tool that fails where its
+message is the answer (``ToolFailed``: the emulated cluster's probes and self-tests) answers the same way.
+A leaf module: it imports nothing of the suite, so every ``main`` can use it without an import cycle.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Every rank sends at once, for ``seconds``, to the next rank of its own node
 (intra) and to the rank of the same local index on the next node (inter), the
 situation the hardware convention describes (every rank sending at once). A
 receiver in the destination rank's namespace reports the payload bytes/s it
-got between its first and last byte. Run ``python -m experiments.cluster
+got between its first and last byte. Run ``burst-bench cluster
 selftest`` on a cluster that is up, or call ``measure`` from a test.
 
 ``measure_nic`` measures one NIC (NIC 0 of node 0) on its own: first one of its
