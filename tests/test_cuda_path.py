@@ -6,7 +6,10 @@ always; ``flash_attn`` and ``xformers`` where installed): out, lse, dq, dk, dv
 in bf16 and fp16 (and fp32 where the kernel takes it), causal and not, MHA and
 GQA, and the use a ring makes of them: blocks of unequal length whose
 backward gets the GLOBAL lse and delta (through the surrogate ``out``); and
-the ring-flash-attn adapter at world size 1 where that package is installed.
+the ring-flash-attn adapter at world size 1 where that package is installed; the
+tiles of window and document masks (``mask=``: flash-attn's window and varlen paths,
+square and tall band tiles, rows without a live key); xformers' lse probe at the
+benchmark's shape (bf16, d = 128, causal).
 
 Error budget, the same as the distributed low-precision tests: twice the
 error of plain single-process attention in the same dtype (PyTorch's CPU
@@ -21,7 +24,7 @@ import torch
 from burst_impl import burst_attn_func
 from burst_impl.attention import merge_partial
 from burst_impl.kernels import BACKENDS as _ALL
-from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale
+from burst_impl.kernels import TileMask, attn_backward, attn_forward, compute_delta, default_scale
 from tests.refs import attention_reference, make_inputs, max_err
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -136,6 +139,56 @@ def test_ring_flash_attn_adapter_world_size_one(causal, heads):
     plain = attention_reference(*inputs, causal, backend="cpu_flash")
     for name, got in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
         assert max_err(got.detach().cpu(), ref[name]) <= _budget(plain[name], ref[name], torch.bfloat16), name
+
+
+# (n_rows, n_cols, lo, hi) band tiles, square and tall (Sq > Sk), as the window masks' plans make them;
+# the last two: a tall band open on the right (flash-attn cannot express it: the exact path runs it) and
+# a tall band whose top rows have no live key (flash-attn's lse +inf there, ours -inf)
+TILES = [TileMask("band", 128, 128, lo=-40, hi=0), TileMask("band", 128, 128, lo=-300, hi=8),
+         TileMask("band", 192, 96, lo=-150, hi=-96), TileMask("band", 192, 96, lo=-150, hi=None),
+         TileMask("band", 192, 64, lo=-140, hi=-128), TileMask("varlen", 160, 160, cu=(0, 40, 100, 160))]
+
+
+def _tile_grads(q, k, v, do, tm, backend):
+    scale = default_scale(q.shape[-1], None)
+    out, lse = attn_forward(q, k, v, scale=scale, backend=backend, mask=tm)
+    ref_out, ref_lse = attn_forward(*(t.double().cpu() for t in (q, k, v)), scale=scale, backend="reference", mask=tm)
+    delta = compute_delta(do.double().cpu(), ref_out)   # the global statistics a ring hands the backward
+    grads = attn_backward(do, q, k, v, ref_lse.to(device=q.device, dtype=torch.float32), delta.to(q.device).float(),
+                          scale=scale, backend=backend, mask=tm)
+    return dict(out=out, lse=lse, dq=grads[0], dk=grads[1], dv=grads[2])
+
+
+@cuda
+@pytest.mark.parametrize("backend", CUDA_BACKENDS)
+@pytest.mark.parametrize("tm", TILES, ids=lambda t: f"{t.kind}-{t.n_rows}x{t.n_cols}-{t.lo}-{t.hi}")
+def test_cuda_window_and_varlen_tiles(backend, tm):
+    """The tiles of a sliding-window or document mask (``mask=``) on CUDA: flash-attn's window and varlen
+    paths, the others' exact path, against the fp64 reference; rows without a live key give lse -inf."""
+    _need(backend)
+    g = torch.Generator().manual_seed(tm.n_rows + tm.n_cols)
+    q, do = (torch.randn(2, tm.n_rows, 8, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(2, tm.n_cols, 2, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    got = _tile_grads(*(t.cuda() for t in (q, k, v, do)), tm, backend)
+    ref = _tile_grads(q, k, v, do, tm, "reference")
+    plain = _tile_grads(q, k, v, do, tm, "cpu_flash")
+    empty = torch.isneginf(ref["lse"])
+    assert torch.equal(torch.isneginf(got["lse"].cpu()), empty), "rows without a live key must have lse -inf"
+    for name in ref:
+        g_, r, p = (x[name].cpu().double() for x in (got, ref, plain))
+        if name == "lse":
+            g_, r, p = (x.masked_fill(empty, 0.0) for x in (g_, r, p))
+        assert torch.isfinite(g_).all(), (backend, name)
+        assert max_err(g_, r) <= _budget(p, r, torch.bfloat16), (backend, name)
+
+
+@cuda
+def test_xformers_probe_at_the_benchmarks_shape():
+    """The lse probe on the kernel the benchmark runs (bf16, d = 128, causal), not only fp16 d = 64."""
+    _need("xformers")
+    from burst_impl.kernels import xformers
+
+    assert xformers.honours_lse(torch.device("cuda"), torch.bfloat16, head_dim=128, causal=True)
 
 
 def test_every_cuda_backend_is_listed():

@@ -131,6 +131,23 @@ def test_probe_accepts_a_backward_that_uses_lse_and_rejects_one_that_recomputes(
     assert X.available() and X.unavailable_reason() == ""
 
 
+def test_probe_covers_the_benchmarks_kernel_bf16_d128_causal(fake, monkeypatch):
+    """Each (dtype, head dim, bias) may dispatch to another xformers kernel: the probe runs the one the
+    benchmark uses too, and a fallback there alone makes the backend unavailable."""
+    assert X.honours_lse("cpu", torch.bfloat16, head_dim=128, causal=True)
+    assert any(c[:2] == ("backward", True) and c[3][-1] == 128 for c in fake.calls)
+    monkeypatch.setattr(X, "_probe_device", lambda: torch.device("cpu"))
+    real = fake.memory_efficient_attention_backward
+
+    def recompute_when_causal(grad, output, lse, q, k, v, attn_bias=None, p=0.0, scale=None):
+        fake.honour_lse = not isinstance(attn_bias, _LowerTriangularMask)
+        return real(grad, output, lse, q, k, v, attn_bias=attn_bias, p=p, scale=scale)
+
+    monkeypatch.setattr(fake, "memory_efficient_attention_backward", recompute_when_causal)
+    X.available.cache_clear()
+    assert not X.available() and "bfloat16, d = 128, causal" in X.unavailable_reason()
+
+
 def test_unimportable_xformers_is_unavailable_with_the_reason(monkeypatch):
     def missing():
         raise ModuleNotFoundError("No module named 'xformers'")

@@ -82,7 +82,14 @@ def backward(dout, q, k, v, lse, delta, causal, scale):
     return dq, fold_kv(dk, zkv), fold_kv(dv, zkv)
 
 
-def honours_lse(device: torch.device | str, dtype: torch.dtype = torch.float16) -> bool:
+# (dtype, head_dim, causal) the probe runs: xformers dispatches each to its own kernel (flash or cutlass,
+# per dtype, head dim and bias), and any of them may be the fallback that ignores lse; the second is
+# what the benchmark runs (bf16, d = 128, causal diagonal blocks).
+PROBES = ((torch.float16, 64, False), (torch.bfloat16, 128, True))
+
+
+def honours_lse(device: torch.device | str, dtype: torch.dtype = torch.float16, head_dim: int = 64,
+                causal: bool = False) -> bool:
     """Does the backward use the lse it is given (P = exp(S - lse)), as a ring needs?
 
     Shifting lse by ln 2 halves every probability, so dV = P^T dO must halve. A
@@ -90,12 +97,12 @@ def honours_lse(device: torch.device | str, dtype: torch.dtype = torch.float16) 
     the same dV both times.
     """
     g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, 64, 2, 64, generator=g).to(device=device, dtype=dtype) for _ in range(4))
-    scale = 1.0 / 8.0
-    out, lse = forward(q, k, v, False, scale)
+    q, k, v, do = (torch.randn(1, 64, 2, head_dim, generator=g).to(device=device, dtype=dtype) for _ in range(4))
+    scale = 1.0 / math.sqrt(head_dim)
+    out, lse = forward(q, k, v, causal, scale)
     delta = compute_delta(do, out)   # (B, Z, S), fp32
-    dv = backward(do, q, k, v, lse, delta, False, scale)[2].float()
-    dv_half = backward(do, q, k, v, lse + math.log(2.0), delta, False, scale)[2].float()
+    dv = backward(do, q, k, v, lse, delta, causal, scale)[2].float()
+    dv_half = backward(do, q, k, v, lse + math.log(2.0), delta, causal, scale)[2].float()
     err = (dv_half - dv / 2).abs().max().item()
     return err <= 0.05 * dv.abs().max().item()
 
@@ -116,15 +123,18 @@ def available() -> bool:
         return False
     device = _probe_device()
     if device is not None:
-        try:
-            ok = honours_lse(device)
-        except Exception as e:  # noqa: BLE001 - no kernel for this GPU, a broken build...
-            _state["reason"] = f"xformers' probe failed on this GPU: {type(e).__name__}: {str(e)[:300]}"
-            return False
-        if not ok:
-            _state["reason"] = ("xformers' memory_efficient_attention_backward ignores the lse it is given "
-                                "(the PyTorch-SDPA fallback of xformers >= 0.0.36 without mslk): wrong for ring blocks")
-            return False
+        for dtype, head_dim, causal in PROBES:
+            shown = f"{str(dtype).removeprefix('torch.')}, d = {head_dim}, {'causal' if causal else 'full'}"
+            try:
+                ok = honours_lse(device, dtype, head_dim, causal)
+            except Exception as e:  # noqa: BLE001 - no kernel for this GPU, a broken build...
+                _state["reason"] = f"xformers' probe ({shown}) failed on this GPU: {type(e).__name__}: {str(e)[:300]}"
+                return False
+            if not ok:
+                _state["reason"] = (f"xformers' memory_efficient_attention_backward ({shown}) ignores the lse it is "
+                                    "given (the PyTorch-SDPA fallback of xformers >= 0.0.36 without mslk): wrong "
+                                    "for ring blocks")
+                return False
     _state["reason"] = ""
     return True
 
