@@ -263,6 +263,31 @@ def test_overlap_probe_at_three_nodes_every_pattern_finishes(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_spec_and_its_report_at_three_nodes(tmp_path, capsys):
+    """A spec of world size 6 on 3 nodes x 2 ranks (two per NIC, given rates): every case ok across all
+    three nodes, and `burst-bench cluster report` of its results; nothing is left behind."""
+    target = _profile(tmp_path, hardware="a800_ib_4x8", nodes=3, ranks_per_node=2, nics_per_node=1,
+                      link_rates={"intra": 4e6, "inter": 1e6})
+    spec = _spec(tmp_path, "t_emu3", target, methods=["burst", "burst_double_ring"], baseline="burst",
+                 sweep={"seqlen": [768], "world_size": 6, "heads": 2, "head_dim": 16, "layout": "zigzag",
+                        "dtype": "float32"})
+    before, out = set(netns.run_ids()), tmp_path / "r"
+    assert run_main([str(spec), "--results", str(out), "--no-plots"]) == 0
+    recs = R.latest_by_case(R.read_records(out / "t_emu3" / "results.jsonl"))
+    assert sorted(k.split(".")[0] for k in recs) == ["burst", "burst_double_ring"]
+    for r in recs.values():
+        assert r["status"] == "ok", r["reason"]
+        assert r["hardware"]["nodes"] == 3 and r["cluster"]["emulated"] is True
+    capsys.readouterr()
+    assert run_cli(cluster_main, ["report", "t_emu3", "--results", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "burst_double_ring" in text and "emulated 3x2" in text, text
+    for rid in _new_ours(before):
+        _assert_gone(rid)
+    assert not _new_ours(before)
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(bool(slurmd.missing()), reason=f"SLURM packages not installed ({', '.join(slurmd.missing())} "
                     "missing): apt-get install -y slurmd slurmctld slurm-client munge")
 def test_slurm_job_end_to_end(tmp_path):
