@@ -60,6 +60,8 @@ def test_modelled_records_give_an_exact_ratio_with_no_interval():
     assert s.faster() is True and S.speedup(b, a).faster() is False
     with pytest.raises(ValueError, match="a prediction over a measurement is not a speedup"):
         S.speedup(a, _rec("b", [1.0] * 8))
+    with pytest.raises(ValueError, match="level=1.5 must be between 0 and 1"):
+        S.speedup(a, b, level=1.5)
 
 
 @pytest.mark.parametrize("rec_samples, base_samples", [

@@ -93,6 +93,8 @@ def _timed_together(rec: Mapping, base: Mapping, a: list[float], b: list[float])
 def speedup(rec: Mapping, base: Mapping, *, level: float = 0.95) -> Speedup:
     """How much faster ``rec`` is than ``base``, median(base) / median(rec), with its interval (see the
     module's docstring for which interval). ``rec`` and ``base`` are result records (dicts or rows)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level} must be between 0 and 1")
     modelled = (rec.get("source") == "modelled", base.get("source") == "modelled")
     if modelled[0] != modelled[1]:
         raise ValueError(f"speedup: rec {rec.get('case_id')!r} is {'modelled' if modelled[0] else 'measured'} and "
