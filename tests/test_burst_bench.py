@@ -59,8 +59,9 @@ def test_a_subcommand_shows_its_own_options(capsys, sub, option):
 
 
 def test_bench_finds_the_installed_benchmarks_and_passes_their_options(capsys):
-    assert B.benches() == {"checkpoint": "experiments.benches.checkpoint_bench",
-                           "loss": "experiments.benches.loss_bench"}
+    # found, not listed: a new experiments/benches/<name>_bench.py joins without an edit
+    assert {"checkpoint": "experiments.benches.checkpoint_bench",
+            "loss": "experiments.benches.loss_bench"}.items() <= B.benches().items()
     rc, out, _ = _bb(capsys, "bench", "loss", "--help")
     assert rc == 0 and "--vocab" in out
 
