@@ -360,7 +360,8 @@ def pack(root: Path, out: Path, plots: Path) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple[str, ...]]:
+    """(options, the steps asked, the packages required); usage errors exit 2 (argparse)."""
     ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
@@ -387,9 +388,13 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
         ap.error(f"--require: {bad} unknown; choose from {list(REQUIRABLE)}")
     if required and "packages" not in steps:
         ap.error("--require is checked by the packages step: add it to --steps")
+    return args, steps, required
+
+
+def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
+    args, steps, required = _parse(argv)
     kernels = [k for k in args.kernels.split(",") if k]
     seqlens = [int(x) for x in args.seqlens.split(",") if x]
-
     print_plan(steps)
     found = devices() if found is None else found
     if not found:
