@@ -168,3 +168,13 @@ def test_the_slurm_launcher_moves_the_port_per_launch(tmp_path):
     assert '--node-rank "$SLURM_NODEID"' in cmd1[-1] and "--nproc-per-node 4" in cmd1[-1]
     assert '--nnodes "$SLURM_NNODES"' in cmd1[-1] and '--master-addr "$MASTER_ADDR"' in cmd1[-1]
     assert "-m experiments.harness.worker --cases" in cmd1[-1] and "--device cuda" in cmd1[-1]
+
+
+def test_a_malformed_fault_stops_the_run_with_error(tmp_path, monkeypatch, capsys):
+    from experiments.cli import run_cli
+    from experiments.run import main as run_main
+
+    monkeypatch.setenv(X.FAULT_ENV, "rank:1@case:first")
+    assert run_cli(run_main, [str(_spec(tmp_path)), "--results", str(tmp_path / "r"), "--no-plots"]) == 2
+    assert f"error: {X.FAULT_ENV}='rank:1@case:first'" in capsys.readouterr().err
+    assert not (tmp_path / "r" / SPEC["name"] / R.RESULTS_FILE).exists()      # nothing ran

@@ -150,13 +150,13 @@ def run_batch(cases: list[Case], *, results_root: Path, launcher: Launcher, repo
               startup_s: float = STARTUP_S, deadline_s: float | None = None) -> None:
     """Run ``cases`` (one experiment, one world size) to a record each (see the module's docstring).
     ``deadline_s``: seconds from now after which no launch runs (None: no limit but each launch's own)."""
+    fault_from_env()                        # a malformed fault is the user's error, before anything runs
     if not cases:
         return
     exp, ws = cases[0].experiment, cases[0].world_size
     if any(c.experiment != exp or c.world_size != ws for c in cases):
         raise ValueError(f"cases: a batch is one experiment and one world size, got "
                          f"{sorted({(c.experiment, c.world_size) for c in cases})}")
-    fault_from_env()                        # a malformed fault is the user's error, before anything runs
     end = time.monotonic() + deadline_s if deadline_s is not None else float("inf")
     batch = _Batch(cases, Path(results_root), on_record, on_start, RecordWatcher(Path(results_root), exp))
     work = R.work_dir(results_root, exp)
