@@ -118,7 +118,8 @@ gpu-check:
 # --no-deps against the installed torch (nothing may replace it), allowed to fail: a package that does
 # not install is reported missing by `make gpu-check` (or fails it under --require). flash-attn only
 # from a prebuilt wheel (--only-binary): a source build takes an hour and needs the network.
-GPU_EXTRAS ?= $(shell $(PYTHON) -c "import tomllib; print(' '.join(chr(39) + r + chr(39) for r in tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))")
+# (read with ast, not tomllib: Python 3.10 has none)
+GPU_EXTRAS ?= $(shell $(PYTHON) -c "import ast, re; t = open('pyproject.toml').read(); print(' '.join(chr(39) + r + chr(39) for r in ast.literal_eval(re.search(r'^gpu = (\[.*\])', t, re.M).group(1))))")
 
 gpu-extras: $(STAMP)
 	@for req in $(GPU_EXTRAS); do \
