@@ -13,7 +13,8 @@ Shapes as ``cpu_double_ring_emulated_2x4``: 8 heads x 32, float32, causal, zigza
     python -m benchmarks.cpu_per_call --seqlen 64 --out results/reference/<root>/call_cpu.json
 
 ``--out`` adds the records to that file (replacing those of the same method, N, world and node size):
-the emulated cluster's validation reads it there as the host's work per op (experiments/perfmodel/host_cost.py).
+the emulated cluster's validation reads it there as the host's work per op
+(experiments/perfmodel/emulated/host_cost.py).
 """
 from __future__ import annotations
 

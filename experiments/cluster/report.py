@@ -15,7 +15,7 @@ Ratios are t(method) / t(``--ref``) (default burst), with the interval of ``harn
 of the ratio of medians, paired by round where the two were timed in the same interleaved rounds; the one
 definition the summaries, figures and claims page use). A ratio whose interval contains 1 is not a speedup.
 
-``with_model`` adds the performance model's prediction of every case (``experiments.perfmodel.validate``:
+``with_model`` adds the performance model's prediction of every case (``experiments.perfmodel.emulated.validate``:
 its schedules on this machine as emulated), predicted / measured, next to these two bounds.
 
 ``ratios(records)`` (``python -m experiments.cluster ratios <experiment>``) is the comparison of an
@@ -126,7 +126,7 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
 
 
 def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
-    """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.validate``:
+    """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.emulated.validate``:
     this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
     root = _root(results_root)
     model = validate_experiment(root, rep["experiment"], **kw)

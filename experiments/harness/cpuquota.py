@@ -14,7 +14,7 @@ applied.
 Both cgroup versions: v2 (``cpu.max`` in the unified hierarchy) and v1 (the ``cpu`` controller's
 ``cpu.cfs_quota_us``). Where neither is writable the ranks run uncapped and ``create`` says why.
 Groups are named ``<run id>-n<node>r<rank>`` like the rank namespaces and removed with them
-(``netns.teardown``). The performance model's kernel timing (``experiments/perfmodel/measured.py``)
+(``netns.teardown``). The performance model's kernel timing (``experiments/perfmodel/emulated/measured.py``)
 caps its processes the same way, so its table holds the times a capped rank sees.
 """
 from __future__ import annotations

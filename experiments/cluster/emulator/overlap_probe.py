@@ -144,8 +144,9 @@ def cpu_excess(cpu: dict, compute_wall_s: float) -> float:
     """The CPU seconds the hop adds to a rank's step (``both`` - ``compute``, medians over ranks and
     rounds), in wall seconds at the rate a rank gets CPU here (compute's wall / CPU seconds: ~4 for a
     rank capped at a quarter core): what the performance model charges beside each transfer
-    (``Link.excess_s``). Unlike the wall excess it leaves out what the schedule already carries or
-    the model does not (waits on a peer, the scheduler's wake-ups at 4 ranks per core)."""
+    (``EmulatedCosts.sender_seconds``, experiments/perfmodel/emulated/costs.py). Unlike the wall excess it
+    leaves out what the schedule already carries or the model does not (waits on a peer, the scheduler's
+    wake-ups at 4 ranks per core)."""
     if cpu["compute"] <= 0:
         return 0.0
     return max(0.0, cpu["both"] - cpu["compute"]) * compute_wall_s / cpu["compute"]
