@@ -280,12 +280,25 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
     return save_figure(fig, out)
 
 
+# The statuses a figure shows: a time, or an out-of-memory mark (figure_parts); failed and skipped cases are
+# named in the footer only.
+DRAWN = ("ok", "oom")
+
+
+def _nothing_to_draw(df: pd.DataFrame, exp: str) -> bool:
+    """No case ran to draw (every one failed or was skipped): said, instead of failing on an empty axis."""
+    if df["status"].isin(DRAWN).any():
+        return False
+    print(f"{exp}: no figure: none of its {len(df)} case(s) is ok (their records say why)")
+    return True
+
+
 def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path]:
     df = R.load_results(results_root, exp)
     if df.empty:
         return []
     skipped = df[df["status"] == "skipped"]
-    if (df["status"] == "skipped").all():
+    if _nothing_to_draw(df, exp):
         return []
     meta = dict(_spec_meta(results_root, exp))
     meta["origin"] = _origin(results_root)

@@ -346,22 +346,10 @@ def _finish(preset: Preset, counts: dict, t0: float, args) -> int:
             print(write_summary(args.results, spec.name, spec.baseline))
     reports = _emulation_reports(preset, Path(args.results))
     if not args.no_plots:
-        files = draw_all(Path(args.results), Path(args.plots), experiments=_drawable(preset, Path(args.results)))
+        files = draw_all(Path(args.results), Path(args.plots), experiments=[s.name for s in preset.specs])
         files += [figure(rep, Path(args.plots) / rep["experiment"] / FIGURE_FILE) for rep in reports]
         print(f"{len(files)} figure(s) in {args.plots}")
     return 0
-
-
-def _drawable(preset: Preset, results_root: Path) -> list[str]:
-    """The specs with at least one ok case; the others are named, and draw no figure (nothing to draw)."""
-    out = []
-    for spec in preset.specs:
-        recs = R.latest_by_case(R.read_records(R.experiment_dir(results_root, spec.name) / R.RESULTS_FILE))
-        if any(r.get("status") == "ok" for r in recs.values()):
-            out.append(spec.name)
-        elif recs:
-            print(f"{spec.name}: no figure: none of its {len(recs)} case(s) is ok (their records say why)")
-    return out
 
 
 def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
