@@ -19,7 +19,7 @@ from burst_impl import comm
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from experiments.harness.measure import memory_model_bytes
 from experiments.harness.memory import measure_peak
-from experiments.harness.spec import case_problem
+from experiments.harness.plan import case_problem
 from experiments.harness.steps import build_step
 from experiments.harness.timing import barrier
 

@@ -46,7 +46,7 @@ from .harness import results as R
 from .harness.env import REPO, machine_slug
 from .harness.executor import run_batch
 from .harness.launch import local_launcher, worker_cmd, worker_env
-from .harness.spec import Case, Preset, Spec, case_problem, load_any
+from .harness.spec import Case, Preset, Spec, load_any
 from burst_impl.model import get_config
 from .cluster.report import (FIGURE_FILE, NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model,
                              write_report)
@@ -79,7 +79,7 @@ def machine_label(preset: Preset) -> str:
 
 def plan(preset: Preset, *, results_root: Path, force: bool, retry_failed: bool
          ) -> "OrderedDict[tuple[str, int], list[Case]]":
-    """Pending cases grouped by (spec, world size), in spec order."""
+    """Pending cases grouped by (spec, world size), in spec order (each spec's plan, ``Spec.plan``)."""
     batches: OrderedDict[tuple[str, int], list[Case]] = OrderedDict()
     for spec in preset.specs:
         done = set() if force else R.done_case_ids(results_root, spec.name, retry_failed=retry_failed)
@@ -109,8 +109,7 @@ def _progress():
 def _calibration_shape(preset: Preset, batches, profile_name: str) -> CalibrationShape | None:
     """The ring step the emulated links are scaled at: the largest block (N/G tokens) among the cases that
     run on ``profile_name``, with that case's heads, head dim and dtype."""
-    cases = [c for (name, _), cs in batches.items() for c in cs
-             if next(s for s in preset.specs if s.name == name).cluster == profile_name]
+    cases = [c for (name, _), cs in batches.items() if preset.spec(name).cluster == profile_name for c in cs]
     if not cases:
         return None
     c = max(cases, key=lambda c: (c.seqlen // c.world_size, c.heads * c.head_dim))
@@ -165,10 +164,11 @@ def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> d
             progress.update(task, description=f"{c.experiment} G={c.world_size} {c.case_id}")
 
         for (spec_name, ws), cases in batches.items():
-            _set_cluster_env(local_info(next(s for s in preset.specs if s.name == spec_name).profile, ws))
+            spec = preset.spec(spec_name)
+            _set_cluster_env(local_info(spec.profile, ws))
             runnable = []
             for c in cases:
-                why = case_problem(c)
+                why = spec.plan.problem(c.case_id)
                 if why:
                     R.append_record(results_root, R.base_record(c, "skipped", why))
                     on_record(R.latest_by_case(R.read_records(
@@ -176,7 +176,6 @@ def _run_local(preset: Preset, batches, *, results_root: Path, cluster_for) -> d
                 else:
                     runnable.append(c)
             progress.update(task, description=f"{spec_name} G={ws}: launching {len(runnable)} case(s)")
-            spec = next(s for s in preset.specs if s.name == spec_name)
             launcher = local_launcher(results_root, ws, spec.profile.device, REPO)
             if spec.profile.scheduler == "emulated" and runnable:
                 cl = cluster_for(spec)
@@ -213,8 +212,7 @@ def _slurm_files(spec_name: str, ws: int, cases: list[Case], prof, *, results_ro
 def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wait: bool) -> dict[str, int]:
     """One job per (spec, world size). A real cluster's profile must have no placeholders left (checked before
     anything is submitted); an emulated one brings its SLURM cluster up here and waits for each job."""
-    specs = {s.name: s for s in preset.specs}
-    profiles = {specs[name].cluster: specs[name].profile for name, _ in batches}
+    profiles = {s.cluster: s.profile for s in (preset.spec(name) for name, _ in batches)}
     out_dir = Path(tempfile.mkdtemp(prefix="burst-dry-run-")) if dry_run else None
     for prof in profiles.values():
         if prof.scheduler == "slurm":
@@ -230,7 +228,8 @@ def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wai
     with contextlib.ExitStack() as stack:
         clusters: dict[str, EmulatedCluster] = {}
         for (spec_name, ws), cases in batches.items():
-            prof = specs[spec_name].profile
+            spec = preset.spec(spec_name)
+            prof = spec.profile
             path, script = _slurm_files(spec_name, ws, cases, prof, results_root=results_root, out_dir=out_dir)
             emulated = prof.scheduler == "emulated"
             cmd = ["sbatch", "--parsable", *(["--wait"] if wait or emulated else []), str(path)]
@@ -245,10 +244,10 @@ def run_slurm(preset: Preset, batches, *, results_root: Path, dry_run: bool, wai
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 print(f"{spec_name} G={ws}: {'job ' + out.stdout.strip() if out.returncode == 0 else out.stderr}")
                 continue
-            if specs[spec_name].cluster not in clusters:
-                clusters[specs[spec_name].cluster] = stack.enter_context(EmulatedCluster(
-                    prof, shape=_calibration_shape(preset, batches, specs[spec_name].cluster)))
-            cl = clusters[specs[spec_name].cluster]
+            if spec.cluster not in clusters:
+                clusters[spec.cluster] = stack.enter_context(EmulatedCluster(
+                    prof, shape=_calibration_shape(preset, batches, spec.cluster)))
+            cl = clusters[spec.cluster]
             if cl.slurm is None:
                 raise SystemExit(f"profile {prof.name}: no emulated SLURM cluster here ({cl.fallback}); "
                                  "run its specs with launcher: torchrun or on a machine that permits namespaces")
@@ -327,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return _finish(preset, counts, t0, args)
     if args.dry_run:
         for (spec_name, ws), cases in batches.items():
-            spec = next(s for s in preset.specs if s.name == spec_name)
+            spec = preset.spec(spec_name)
             cmd = worker_cmd(R.experiment_dir(results_root, spec_name) / ".work" / f"batch-G{ws}.json",
                              results_root, ws, spec.profile.device)
             where = (f" (on emulated cluster {spec.cluster}: one torchrun per node namespace)"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from experiments.harness import results as R
-from experiments.harness.spec import case_problem, parse_spec
+from experiments.harness.plan import case_problem
+from experiments.harness.spec import parse_spec
 from experiments.harness.steps import kernel_used
 from experiments.run import main as run_main
 

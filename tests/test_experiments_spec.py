@@ -163,7 +163,7 @@ def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):
 
 def test_method_unavailable_here_is_skipped_with_its_reason():
     """ring_flash_attn needs CUDA and flash-attn: on this machine its cases are skipped, with why."""
-    from experiments.harness.spec import case_problem
+    from experiments.harness.plan import case_problem
 
     spec = parse_spec(dict(GOOD, methods=["burst", "ring_flash_attn"]), "mem.yaml")
     rfa = [c for c in spec.cases() if c.method == "ring_flash_attn"]

@@ -5,6 +5,8 @@ warm-up/repeat counts, the seed and the cluster profile it runs on. The
 dataclasses below are the schema (``experiments.harness.schema``); the sweep
 axes are the fields of the problem shape (``experiments.harness.axes``).
 Every error names the file, the key and the rule, and is a ``ValueError``.
+Loading a spec builds its plan once (``Spec.plan``, ``experiments.harness.plan``): its cases and
+the checks that make an impossible combination a load error live there.
 
     name: fig2_train_7b_8gpu          # results/<name>/
     description: ...
@@ -64,24 +66,23 @@ still accepted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from baselines.registry import METHODS
 from burst_impl.kernels import BACKENDS as KERNELS
-from burst_impl.kernels import check_backend
-from burst_impl.shape import AttnShape
 
 from ..profiles.cluster import Profile, load_profile
 from . import axes
 from burst_impl.flops import MODES
+from .case import AUTO_KERNEL, Case
 from .overrides import read_mapping, resolve_base
-from .model_cases import (MODEL_MODES, ModelSetup, ModelVariant, check_attention_mode, check_model_case,
-                          check_setup, fill_sweep)
+from .plan import RunPlan, plan_of
+from .model_cases import MODEL_MODES, ModelSetup, check_setup, fill_sweep
 from .schema import FileErr, check_keys, check_type, fields_from, from_mapping, plain
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
@@ -125,90 +126,10 @@ class Timeouts:
     pg_s: float = field(default=120.0, metadata={"check": _positive_seconds})
 
 
-@dataclass(frozen=True)
-class Case:
-    """One measurement: one method, one shape, one mode. One record in the results."""
-
-    experiment: str
-    method: str
-    level: str
-    mode: str
-    shape: AttnShape
-    warmup: int
-    repeats: int
-    seed: int
-    measure_memory: bool = True
-    measure_comm: bool = True
-    case_timeout_s: float = 600.0
-    pg_timeout_s: float = 120.0
-    kernel: str | None = None        # local kernel (burst_impl.kernels name) passed as backend=; None: automatic
-    # level "model" only (model_cases.py): the decoder config, FSDP2 weights, the optimizer
-    model: str | None = None
-    zero: bool = False
-    optimizer: str = "adamw"
-    # model level: the training setup (model_cases.ModelVariant); ``variant`` names the row and leads the case id
-    variant: str | None = None
-    variant_label: str = ""
-    loss: str = "unfused"
-    checkpoint: str = "none"
-    # measure.modes: [perplexity] only (model_perplexity.py)
-    train_steps: int = 0
-    eval_tokens: int = 0
-    lr: float = 1e-3
-    corpus: str = "markov"
-    max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
-    ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
-    interleave: bool = True          # time with the other methods of the same shape, in rounds
-
-    @property
-    def repeat_cap(self) -> int:
-        return max(self.repeats, self.max_repeats or self.repeats)
-
-    @property
-    def group_key(self) -> tuple:
-        """Cases with equal keys are timed together in interleaved rounds (methods of one case shape).
-        Model-level cases run alone: a whole decoder per method at once would not fit where one does."""
-        if not self.interleave or self.level == "model":
-            return (self.case_id,)
-        return (self.experiment, self.level, self.mode, self.shape, self.kernel)
-
-    def __getattr__(self, name: str):
-        # case.seqlen, case.world_size, ...: the sweep axes are the shape's fields
-        if name in axes.AXES:
-            return getattr(self.shape, name)
-        raise AttributeError(name)
-
-    @property
-    def case_id(self) -> str:
-        base = axes.case_id(self.method, self.level, self.mode, self.shape)
-        if self.model is not None:
-            base += f".{self.model}" + (".zero" if self.zero else "")
-            if self.variant is not None:        # the row's name replaces the method's (summary.series)
-                base = self.variant + base[len(self.method):]
-            else:                               # a spec-wide setup other than the default
-                base += (f".{self.loss}" if self.loss != "unfused" else "") + (
-                    f".ck_{self.checkpoint}" if self.checkpoint != "none" else "")
-        return f"{base}.{self.kernel}" if self.kernel else base
-
-    def to_dict(self) -> dict:
-        """Flat: the shape's fields next to the case's own (the records' ``config``)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "shape"}
-        d.update(dataclasses.asdict(self.shape))
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Case":
-        shape = axes.shape_from(d)
-        return cls(shape=shape, **{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
-
-
 def _check_name(name: str) -> str | None:
     if not name.replace("_", "").replace("-", "").isalnum():
         return f"{name!r} must be letters, digits, '_' or '-' (it names results/<name>/)"
     return None
-
-
-AUTO_KERNEL = "auto"     # in ``kernels:``: the method's automatic choice (Case.kernel None)
 
 
 def _check_kernels(kernels: tuple[str, ...]) -> str | None:
@@ -254,12 +175,18 @@ class Spec:
     timeouts: Timeouts = field(default_factory=Timeouts)
     model: ModelSetup | None = None   # required at measure.level: model, refused otherwise
 
-    @property
+    @functools.cached_property
     def profile(self) -> Profile:
+        # read once per loaded spec: the driver, the model and the report ask for it many times
         return load_profile(self.cluster)
 
+    @functools.cached_property
+    def plan(self) -> RunPlan:
+        """The resolved plan (``experiments.harness.plan``), built once; ``parse_spec`` builds it on load."""
+        return plan_of(self)
+
     def cases(self) -> list[Case]:
-        return expand(self)
+        return [p.case for p in self.plan.cases]
 
     def resolved(self) -> dict:
         """The spec with every default filled in, for results/<name>/spec.resolved.yaml."""
@@ -347,116 +274,13 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
             raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
         check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero", "variant"}, err, "exclude.")
     spec = Spec(path=str(path), **kw)
-    validate_cases(spec)
+    _ = spec.plan     # expands and validates the cases: a bad combination fails on load
     return spec
 
 
 def load_spec(path: Path | str, *, cluster: str | None = None) -> Spec:
     p = Path(path)
     return parse_spec(read_mapping(p), p, cluster=cluster)
-
-
-# ---------------------------------------------------------------- cases
-
-
-def _excluded(spec: Spec, values: dict) -> bool:
-    return any(all(values.get(k) == v for k, v in e.items()) for e in spec.exclude)
-
-
-def _rows(spec: Spec, model: ModelSetup | None) -> list[tuple[str, ModelVariant | None]]:
-    """(method, variant) per row: the model's variants, else the methods with the spec-wide setup."""
-    if model is not None and model.variants:
-        return [(v.method, v) for v in model.variants]
-    return [(m, None) for m in spec.methods]
-
-
-def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -> dict:
-    setup = variant or model
-    return dict(model=model.name, zero=zero, optimizer=model.optimizer, loss=setup.loss,
-                checkpoint=setup.checkpoint, variant=variant.name if variant else None,
-                variant_label=(variant.label or variant.name) if variant else "", train_steps=model.train_steps,
-                eval_tokens=model.eval_tokens, lr=model.lr, corpus=model.corpus)
-
-
-def expand(spec: Spec) -> list[Case]:
-    """All cases, grouped by world size (so one launch can run a whole group)."""
-    out = []
-    model = spec.model if spec.measure.level == "model" else None
-    for shape in axes.shapes(spec.sweep):
-        for mode in spec.measure.modes:
-            for method, variant in _rows(spec, model):
-                for kernel_name in spec.kernels or (None,):
-                    kernel = None if kernel_name == AUTO_KERNEL else kernel_name
-                    for zero in model.zero if model is not None else (False,):
-                        values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel_name,
-                                      zero=zero, variant=variant.name if variant else None)
-                        if _excluded(spec, values):
-                            continue
-                        extra = _model_fields(model, zero, variant) if model else {}
-                        out.append(Case(experiment=spec.name, method=method, level=spec.measure.level, mode=mode,
-                                        shape=shape, warmup=spec.warmup, repeats=spec.repeats, seed=spec.seed,
-                                        measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
-                                        case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
-                                        kernel=kernel, max_repeats=spec.max_repeats, ci_target=spec.ci_target,
-                                        interleave=spec.interleave, **extra))
-    return out
-
-
-def case_problem(case: Case) -> str | None:
-    """Why ``case`` cannot run on this machine, else None (``Method.problem``).
-
-    Impossible shapes are load errors (``validate_cases``); what depends on the
-    machine makes the case skipped with a recorded reason, re-evaluated by the next run.
-    """
-    why = METHODS[case.method].problem(case.shape, case.level)
-    if why or case.kernel is None:
-        return why
-    # The device the worker will pick on this machine (device "auto"; cpu clusters reject CUDA kernels at load).
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        check_backend(case.kernel, device, case.shape.torch_dtype, case.head_dim)
-    except ValueError as e:
-        return f"kernel {case.kernel!r} cannot run here: {e}"
-    return None
-
-
-def validate_cases(spec: Spec) -> None:
-    """Impossible combinations are errors naming the file, the key and the rule."""
-    err = FileErr(spec.path)
-    cases = spec.cases()
-    if not cases:
-        raise err("exclude", "excludes every case of the sweep")
-    prof = load_profile(spec.cluster)
-    for ws in spec.sweep["world_size"]:
-        why = prof.world_size_rule(ws)
-        if why:
-            raise err("sweep.world_size", why)
-    for case in cases:
-        where = f"seqlen={case.seqlen}, world_size={case.world_size}, layout={case.layout}"
-        try:
-            case.shape.validate()
-        except ValueError as e:
-            raise err("sweep", f"combination ({where}) is impossible: {e}") from None
-        method = METHODS[case.method]
-        if case.kernel is not None and method.kernel is not None:
-            raise err("kernels", f"method {case.method!r} runs its own kernel ({method.kernel}); it takes no "
-                                 f"kernel={case.kernel!r}: drop it with exclude: [{{method: {case.method}, "
-                                 f"kernel: {case.kernel}}}] or measure it in a spec without kernels")
-        if case.kernel is not None and prof.device == "cpu" and KERNELS[case.kernel].devices not in (None, ("cpu",)):
-            raise err("kernels", f"kernel {case.kernel!r} runs on {'/'.join(KERNELS[case.kernel].devices)}, but "
-                                 f"cluster {spec.cluster!r} runs on cpu")
-        if case.level == "op" and method.level == "layer":
-            raise err("measure.level", f"method {case.method!r} is layer-only (tensor parallelism): "
-                                       "it needs measure.level: layer")
-        if case.level == "model":
-            check_model_case(case, err)
-        else:
-            check_attention_mode(case, err)
-        try:
-            method.validate(case.shape)
-        except ValueError as e:
-            raise err("sweep", f"combination ({where}, heads={case.heads}, kv_heads={case.kv_heads}) is "
-                               f"impossible for method {case.method!r}: {e}; drop it with 'exclude'") from None
 
 
 # ---------------------------------------------------------------- presets
@@ -468,6 +292,13 @@ class Preset:
     path: str
     specs: tuple[Spec, ...]
     description: str = ""
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Spec]:
+        return {s.name: s for s in self.specs}
+
+    def spec(self, name: str) -> Spec:
+        return self._by_name[name]
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from . import results as R
 from .executor import Fault, fault_from_env
 from .measure import Current, measure_group
 from .memory import is_oom, measure_peak
-from .spec import Case, case_problem
+from .case import Case
+from .plan import launch_problem
 from .steps import Step
 from .timing import barrier
 
@@ -199,20 +200,15 @@ def _set_up(kind: str, cases: list[Case], world: int, local_rank: int) -> torch.
 
 
 def _runnable(part: list[Case], root, rank: int, world: int) -> list[Case]:
-    """The cases of ``part`` that can run in this launch; the others recorded as skipped (rank 0)."""
+    """The cases of ``part`` that can run in this launch (``plan.launch_problem``, re-derived on this node from
+    the cases file); the others recorded as skipped with its reason (rank 0)."""
     runnable = []
     for case in part:
-        if case.world_size != world:
-            if rank == 0:
-                R.append_record(root, R.base_record(
-                    case, "skipped", f"launched with world size {world}, case needs {case.world_size}"))
-            continue
-        problem = case_problem(case)
-        if problem:
-            if rank == 0:
-                R.append_record(root, R.base_record(case, "skipped", problem))
-            continue
-        runnable.append(case)
+        problem = launch_problem(case, world)
+        if problem is None:
+            runnable.append(case)
+        elif rank == 0:
+            R.append_record(root, R.base_record(case, "skipped", problem))
     return runnable
 
 
