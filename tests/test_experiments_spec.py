@@ -163,12 +163,10 @@ def test_method_shape_rule_is_an_error_and_exclude_drops_it(tmp_path):
 
 def test_method_unavailable_here_is_skipped_with_its_reason():
     """ring_flash_attn needs CUDA and flash-attn: on this machine its cases are skipped, with why."""
-    from experiments.harness.plan import case_problem
-
     spec = parse_spec(dict(GOOD, methods=["burst", "ring_flash_attn"]), "mem.yaml")
-    rfa = [c for c in spec.cases() if c.method == "ring_flash_attn"]
-    assert rfa and "unavailable here (needs ring-flash-attn)" in case_problem(rfa[0])
-    assert all(case_problem(c) is None for c in spec.cases() if c.method == "burst")
+    rfa = [p for p in spec.plan.cases if p.case.method == "ring_flash_attn"]
+    assert rfa and "unavailable here (needs ring-flash-attn)" in rfa[0].problem
+    assert all(p.problem is None for p in spec.plan.cases if p.case.method == "burst")
 
 
 # ---------------------------------------------------------------- FLOPs
