@@ -23,7 +23,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
-from .cli import DEBUG_FLAG, DEBUG_HELP, run_cli
+from .cli import DEBUG_FLAG, DEBUG_HELP, INVOKED_AS, run_cli
 
 PROG = "burst-bench"
 BENCH_PACKAGE = "experiments.benches"
@@ -84,7 +84,11 @@ def bench_main(argv: list[str]) -> int | None:
     ap.add_argument("name", choices=sorted(found), help="which benchmark; `<name> --help`: its options")
     ap.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark unchanged")
     args = ap.parse_args(argv[:1])
-    return _entry(f"{found[args.name]}:main")(argv[1:])
+    token = INVOKED_AS.set(f"{PROG} bench {args.name}")
+    try:
+        return _entry(f"{found[args.name]}:main")(argv[1:])
+    finally:
+        INVOKED_AS.reset(token)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,7 +107,11 @@ def main(argv: list[str]) -> int | None:
     if not argv or argv[0] not in by_name:
         _parser().parse_args(argv[:1])            # --help; else argparse's own error naming the choices (exit 2)
         return 2
-    return _entry(by_name[argv[0]].entry)(argv[1:])
+    token = INVOKED_AS.set(f"{PROG} {argv[0]}")
+    try:
+        return _entry(by_name[argv[0]].entry)(argv[1:])
+    finally:
+        INVOKED_AS.reset(token)
 
 
 def cli() -> int:

@@ -8,6 +8,7 @@ A leaf module: it imports nothing of the suite, so every ``main`` can use it wit
 """
 from __future__ import annotations
 
+import contextvars
 import sys
 from typing import Callable, Sequence
 
@@ -23,6 +24,16 @@ class ToolFailed(RuntimeError):
     """A tool ran and failed where its message is the whole answer: the emulated cluster's ranks of a probe
     died (their log's tail is in the message), a self-test's flow broke, namespaces are forbidden here. The
     user reads the message and fixes the machine or the inputs; a traceback of the tool adds nothing."""
+
+
+# The command line a user typed, for a parser's usage line: burst-bench sets "burst-bench <subcommand>" while
+# it dispatches, so that `burst-bench run --help` does not tell the user to type `python -m experiments.run`.
+INVOKED_AS: contextvars.ContextVar[str | None] = contextvars.ContextVar("invoked_as", default=None)
+
+
+def prog(module_form: str) -> str:
+    """The usage line's program: the subcommand burst-bench is running, else ``module_form``."""
+    return INVOKED_AS.get() or module_form
 
 
 def run_cli(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> int:

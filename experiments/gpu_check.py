@@ -52,6 +52,7 @@ from typing import Callable
 
 import torch
 
+from .cli import prog
 from .harness import env
 from .harness import kernel_sweep as KS
 from .harness import results as R
@@ -362,7 +363,7 @@ def pack(root: Path, out: Path, plots: Path) -> Path:
 
 def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple[str, ...]]:
     """(options, the steps asked, the packages required); usage errors exit 2 (argparse)."""
-    ap = argparse.ArgumentParser(prog="python -m experiments.gpu_check", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.gpu_check"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
     ap.add_argument("--results", default=str(REPO / "results" / "gpu_check"), help="results root (a folder per GPU)")

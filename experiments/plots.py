@@ -33,7 +33,7 @@ import yaml
 
 from baselines.registry import METHODS
 
-from .cli import run_cli
+from .cli import prog, run_cli
 from .figstyle import _PALETTE, _method_order, legend_outside, save_figure, style  # first: it selects Agg
 import matplotlib.pyplot as plt  # after figstyle: it chose the backend
 from matplotlib.patches import Patch
@@ -392,7 +392,7 @@ def draw_all(results_root: Path, plots_root: Path, experiments: list[str] | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.plots", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.plots"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiments", nargs="*", help="experiment names (default: all under --results)")
     ap.add_argument("--results", default=str(REPO / "results"),

@@ -38,7 +38,7 @@ from rich.text import Text
 
 from burst_impl.flops import MODE_FACTOR, MODEL_MODE
 
-from .cli import DEBUG_FLAG, DEBUG_HELP, run_cli
+from .cli import DEBUG_FLAG, DEBUG_HELP, prog, run_cli
 from .cluster.emulator.emulated import CalibrationShape, EmulatedCluster, local_info
 from .cluster.jobs import merge_leftovers
 from .cluster.slurm import check_submittable, render_sbatch, write_sbatch
@@ -277,7 +277,7 @@ class _Renamed(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.run", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.run"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", help="preset name (experiments/presets/<name>.yaml), spec name or spec file")
     ap.add_argument("--cluster", dest="cluster",

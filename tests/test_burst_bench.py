@@ -56,6 +56,17 @@ def test_help_needs_no_torch():
 def test_a_subcommand_shows_its_own_options(capsys, sub, option):
     rc, out, _ = _bb(capsys, sub, "--help")
     assert rc == 0 and option in out
+    # its usage line names the command the user typed, not the module form
+    assert out.startswith(f"usage: burst-bench {sub} ")
+
+
+def test_a_benchmark_and_the_module_form_name_their_own_command(capsys):
+    rc, out, _ = _bb(capsys, "bench", "checkpoint", "--help")
+    assert rc == 0 and out.startswith("usage: burst-bench bench checkpoint ")
+    from experiments import plots
+    with pytest.raises(SystemExit):
+        plots.main(["--help"])        # the module form, outside burst-bench, keeps its own name
+    assert capsys.readouterr().out.startswith("usage: python -m experiments.plots ")
 
 
 def test_bench_finds_the_installed_benchmarks_and_passes_their_options(capsys):

@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 
 import torch
 
+from experiments.cli import prog
 from experiments.harness.memory import measure_peak
 from experiments.harness.timing import ratio_interval, summarize, time_steps
 
@@ -73,7 +74,8 @@ def run(seqlen: int, rounds: int, threads: int, memory: bool = True) -> list[dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.benches.checkpoint_bench"),
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqlen", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)

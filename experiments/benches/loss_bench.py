@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from experiments.cli import prog
 from experiments.harness.env import git_info, hardware, versions
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.harness.timing import summarize, synchronize, time_steps
@@ -180,7 +181,8 @@ def _tile(s: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m experiments.benches.loss_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=prog("python -m experiments.benches.loss_bench"),
+                                description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--vocab", type=int, nargs="+", default=[32768, 131072])

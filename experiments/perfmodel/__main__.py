@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
+from ..cli import DEBUG_FLAG, DEBUG_HELP, prog, run_cli
 from ..harness.spec import load_any
 from ..model_only import MODEL_ONLY
 from .jobs import run_jobs
@@ -23,7 +23,7 @@ from .predict import PLOTS_ROOT, RESULTS_ROOT
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.perfmodel", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.perfmodel"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", default=["paper"], help="spec names/files or presets (default: paper)")
     ap.add_argument("--hardware", help="model on this hardware profile (experiments/hardware/<name>.yaml) "

@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from ..cli import DEBUG_FLAG, DEBUG_HELP, run_cli
+from ..cli import DEBUG_FLAG, DEBUG_HELP, prog, run_cli
 from ..harness import results as R
 from ..harness.env import REPO
 from .build import write
@@ -19,7 +19,7 @@ from .context import REPORT_DIR, load_context
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m experiments.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.report"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", default=str(R.RESULTS_BASE), help="the results base folder (default: results/)")
     ap.add_argument("--out", default=str(REPORT_DIR), help="where the page goes (default: reports/)")
