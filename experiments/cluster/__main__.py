@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, run_cli
+from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
 from ..harness.launch import run_launch
 from .emulator import netns, overlap_probe, selftest, shaping
@@ -171,7 +171,7 @@ def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="burst-bench cluster", description=__doc__,
+    ap = argparse.ArgumentParser(prog=prog("python -m experiments.cluster"), description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="bring an emulated cluster up")

@@ -104,6 +104,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free)."""
     rows, hosts = [], {}
+    excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
@@ -112,12 +113,12 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=key[-1],
                                      costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k,
-                                                                            excess=excess or {}))
+                                                                            excess=excess))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = predict_case(c.method, c.shape, mode=c.mode, level=c.level, hardware=hw,
                          costs=lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
-                                                                       excess=excess or {}))
+                                                                       excess=excess))
         measured = float(c.rec["time_median_s"])
         b = p.breakdown
         rows.append({"seqlen": c.shape.seqlen, "method": c.method, "world_size": c.shape.world_size,
