@@ -221,7 +221,7 @@ def shape_check_enabled() -> bool:
 
 # ---- agreement once per call shape (the harness's timed region)
 # None: every call all-gathers (the default a user calling an operator gets). A dict: inside
-# ``agree_once``, the agreed rows of each (group, signature, outcome) seen so far.
+# ``agree_once``, the agreed rows of each (group, signature, vary) of a passing rank seen so far.
 _agreed: dict | None = None
 _collectives = {"agreement": 0}   # how many agreement all-gathers this process ran (tests read it)
 
@@ -274,7 +274,8 @@ def agree_on_inputs(group, signature: Sequence[int], problem: Exception | None, 
     if size == 1:
         return [list(signature)]
     # a rank whose own checks failed always joins the collective: the others must hear of it
-    key = (id(group) if group is not None else None, tuple(signature)) if problem is None else None
+    # (id(None) is as fixed as any group's; ``vary`` too: a looser verdict must not serve a stricter caller)
+    key = (id(group), tuple(signature), tuple(vary)) if problem is None else None
     if _agreed is not None and key in _agreed:
         return [list(row) for row in _agreed[key]]
     rows = _gather_and_judge(group, size, signature, problem, describe, names, values, vary)
@@ -372,8 +373,9 @@ class Pending:
 
     def wait(self) -> list[Tensor]:
         if self._reqs:
-            device = self._recv[0].device if self._recv else None
-            timed_on_gpu = bool(_active) and device is not None and device.type == "cuda"
+            # only while a counter is open (never a timed call): the device is looked at then alone
+            device = self._recv[0].device if _active and self._recv else None
+            timed_on_gpu = device is not None and device.type == "cuda"
             if timed_on_gpu:
                 _synchronize(device)
             t0 = time.perf_counter()

@@ -122,8 +122,8 @@ def channel_groups(group, E: int, I: int) -> tuple[object, object]:
     else:
         local = len(ranks) != dist.get_world_size()
         extra = {"use_local_synchronization": True} if local else {}
-        by_members = {tuple(m): dist.new_group([ranks[r] for r in m], **extra, **kw) for m in nodes + rails}
-        made = [by_members[tuple(next(m for m in split if me in m))] for split in (nodes, rails)]
+        every = [dist.new_group([ranks[r] for r in m], **extra, **kw) for m in nodes + rails]
+        made = [every[me // I], every[E + me % I]]   # this rank's node, then its rail
     _SUBGROUPS[key] = (made[0], made[1])
     return _SUBGROUPS[key]
 
