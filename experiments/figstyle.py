@@ -32,7 +32,7 @@ from .model_only import MODEL_ONLY
 _MORE = ("#20510a #799a66 #2e57c2 #9ea5f8 #08885b #8fd5b1 #8d024e #cd7697 #714b01 #bd9767 "
          "#175d4f #7aa79b #b54eb2 #f9adf4 #12487d #7b91bb #5f6137 #adad8d #84250a #cb7d63").split()
 PALETTE = tuple(plt.get_cmap("tab20").colors) + tuple(to_rgb(c) for c in _MORE)
-_PALETTE = plt.get_cmap("tab10").colors      # for things that are not methods (layouts, series)
+_SERIES_COLOURS = plt.get_cmap("tab10").colors  # for things that are not methods (layouts, series)
 # A name without a colour (a model spec's row, e.g. burst_ring) hashes into tab20 as before the palette grew,
 # so the figures drawn then keep their colours.
 _HASH_SLOTS = 20

@@ -34,7 +34,7 @@ import yaml
 from baselines.registry import METHODS
 
 from .cli import prog, run_cli
-from .figstyle import _PALETTE, _method_order, legend_outside, save_figure, style  # first: it selects Agg
+from .figstyle import _SERIES_COLOURS, _method_order, legend_outside, save_figure, style  # first: it selects Agg
 import matplotlib.pyplot as plt  # after figstyle: it chose the backend
 from matplotlib.patches import Patch
 from .figure_parts import footer, log2_x, mark_bad, source, status_legend
@@ -261,7 +261,7 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
                     yerr = [[y - float(v["time_p10_s"].iloc[0]) if len(v) else 0.0 for y, v in zip(ys, sel)],
                             [float(v["time_p90_s"].iloc[0]) - y if len(v) else 0.0 for y, v in zip(ys, sel)]]
                 xs = [i + (li * (2 if second else 1) + si) * width - 0.4 + width / 2 for i in range(len(masks_))]
-                ax.bar(xs, ys, width, color=_PALETTE[li % len(_PALETTE)], hatch="//" if si else "",
+                ax.bar(xs, ys, width, color=_SERIES_COLOURS[li % len(_SERIES_COLOURS)], hatch="//" if si else "",
                        alpha=0.5 if si else 1.0, edgecolor="black", linewidth=0.4, yerr=yerr, capsize=2,
                        label=f"{lay}" + (" (columns)" if si else (" (rows)" if second else "")))
         ax.set_xticks(range(len(masks_)))
