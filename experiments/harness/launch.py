@@ -69,7 +69,7 @@ def local_launcher(results_root: Path, ws: int, device: str, repo: Path) -> Laun
     return lambda cases_file, n: [(worker_cmd(cases_file, results_root, ws, device), worker_env(ws, device, repo))]
 
 
-class Procs:
+class _Procs:
     """The processes of one launch (one per node). One that fails gives the others ``GRACE_S`` to notice
     (their collectives fail once a peer is gone) before they are killed too."""
 
@@ -103,13 +103,12 @@ class Procs:
             f.close()
 
 
-
 def run_launch(specs, repo: Path, log: Path, timeout_s: float,
                on_poll: Callable[[], None] = lambda: None) -> tuple[int | None, str]:
     """Run one launch's commands (``(cmd, env)``, one per node) to their end (a failing node's peers get
     ``GRACE_S``, then are killed), calling ``on_poll`` while they run: ``(exit status, their logs)``; the
     status is None when ``timeout_s`` passed first and the processes were killed."""
-    procs = Procs(specs, repo, log)
+    procs = _Procs(specs, repo, log)
     deadline = time.monotonic() + timeout_s
     try:
         while (rc := procs.poll()) is None and time.monotonic() < deadline:

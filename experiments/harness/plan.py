@@ -54,8 +54,11 @@ class RunPlan:
     """A spec with its profile and its cases, in run order (grouped by world size)."""
 
     spec: Spec               # experiments.harness.spec.Spec
-    profile: Profile
     cases: tuple[PlannedCase, ...]
+
+    @property
+    def profile(self) -> Profile:
+        return self.spec.profile     # read once, by the spec (``Spec.profile``)
 
     @functools.cached_property
     def _by_id(self) -> dict[str, PlannedCase]:
@@ -69,8 +72,7 @@ def plan_of(spec: Spec) -> RunPlan:
     """Expand and validate (ValueError naming the file, the key and the rule); problems resolve on first use."""
     cases = expand(spec)
     _validate(spec, cases)
-    return RunPlan(spec=spec, profile=spec.profile,
-                   cases=tuple(PlannedCase(c) for c in cases))
+    return RunPlan(spec=spec, cases=tuple(PlannedCase(c) for c in cases))
 
 
 # ---------------------------------------------------------------- expansion
