@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from experiments.harness import executor as X
+from experiments.harness import faults as F
 from experiments.harness import results as R
 from experiments.harness.env import REPO
 from experiments.harness.spec import load_spec
@@ -153,9 +154,9 @@ def test_the_fault_fires_on_the_first_launch_only():
 @pytest.mark.parametrize("bad", ["rank:1", "rank:x@start", "rank:1@case:0", "1@start", "rank:1@case:"])
 def test_a_malformed_fault_is_a_clear_error(bad):
     with pytest.raises(ValueError, match=rf"{X.FAULT_ENV}=.*rank:<r>@start or rank:<r>@case:<k>"):
-        X.parse_fault(bad)
-    assert X.parse_fault("rank:3@case:12") == X.Fault(rank=3, case=12)
-    assert X.parse_fault("") is None
+        F.parse_fault(bad)
+    assert F.parse_fault("rank:3@case:12") == F.Fault(rank=3, case=12)
+    assert F.parse_fault("") is None
 
 
 def test_the_slurm_launcher_moves_the_port_per_launch(tmp_path):

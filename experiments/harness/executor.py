@@ -14,7 +14,7 @@ worker on them (``launch.py``: one ``torchrun`` per node) and, after each launch
 Locally ``experiments.run`` calls ``run_batch``; a SLURM job script runs ``python -m
 experiments.harness.executor --slurm ...`` (``cluster/slurm.py``), whose launches are ``srun ... torchrun``.
 
-Fault injection, for the executor's own tests (``tests/test_executor.py``): ``BURST_BENCH_FAULT`` names a
+Fault injection, for the executor's own tests (``tests/test_executor.py``; ``faults.py``): ``BURST_BENCH_FAULT`` names a
 rank and a moment, and the worker kills that rank with SIGKILL then:
 
     BURST_BENCH_FAULT=rank:1@start      # rank 1, once its process group is up, before any case ran
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import Callable
 
 from . import results as R
 from .env import REPO
+from .faults import FAULT_ENV, fault_from_env
 from .launch import Launcher, run_launch, tail
 from .spec import Case
 
@@ -50,32 +50,6 @@ from .spec import Case
 MAX_EMPTY_LAUNCHES = 3
 STARTUP_S = 120.0     # per launch, on top of its cases' budgets: interpreter, torch import, rendezvous
 MIN_LAUNCH_S = 60.0   # a launch with less time than this before the deadline is not started
-
-FAULT_ENV = "BURST_BENCH_FAULT"
-_FAULT_RE = re.compile(r"rank:(\d+)@(start|case:([1-9]\d*))")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Kill ``rank`` at start-up (``case`` None) or inside the ``case``-th case of the batch (1-based)."""
-
-    rank: int
-    case: int | None = None
-
-
-def parse_fault(text: str) -> Fault | None:
-    if not text:
-        return None
-    m = _FAULT_RE.fullmatch(text.strip())
-    if not m:
-        raise ValueError(f"{FAULT_ENV}={text!r}: must be rank:<r>@start or rank:<r>@case:<k> "
-                         "(r a rank, k >= 1 the case's position in the batch)")
-    return Fault(rank=int(m.group(1)), case=int(m.group(3)) if m.group(3) else None)
-
-
-def fault_from_env(environ=os.environ) -> Fault | None:
-    return parse_fault(environ.get(FAULT_ENV, ""))
-
 
 def _first_launch_only(specs: list, n: int) -> list:
     """The fault fires once per batch: later launches run without it."""

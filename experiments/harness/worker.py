@@ -24,7 +24,6 @@ import dataclasses
 import datetime
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from burst_impl import comm
 
 from . import results as R
-from .executor import Fault, fault_from_env
+from . import faults
 from .measure import Current, measure_group
 from .memory import is_oom, measure_peak
 from .case import Case
@@ -47,41 +46,6 @@ from .timing import barrier
 
 EXIT_CASE_FAILED = 3
 EXIT_TIMEOUT = 124
-# Fault injection for the harness's own tests: "<case_id substring>:<oom|error|hang|kill>[:<rank>]"
-# (kill: the rank ends itself with SIGKILL, as the kernel's OOM killer or an operator would). The
-# executor's BURST_BENCH_FAULT (a rank and a moment, first launch only) is ``_kill_at``.
-INJECT_ENV = "EXPERIMENTS_INJECT_FAULT"
-
-
-def _sigkill_self() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _kill_at(fault: Fault | None, rank: int, position: int | None) -> None:
-    """SIGKILL this rank if ``fault`` names it and this moment: start-up (``position`` None) or the
-    ``position``-th case of the batch."""
-    if fault is not None and fault.rank == rank and fault.case == position:
-        _sigkill_self()
-
-
-def _inject(case: Case, rank: int) -> None:
-    spec = os.environ.get(INJECT_ENV, "")
-    for item in filter(None, spec.split(";")):
-        parts = item.split(":")
-        what, kind = parts[0], parts[1]
-        only = int(parts[2]) if len(parts) > 2 else None
-        if what in case.case_id and (only is None or only == rank):
-            if kind == "oom":
-                raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 1 GiB")
-            if kind == "hang":
-                time.sleep(3600)
-            if kind == "kill":
-                _sigkill_self()
-            raise RuntimeError("injected failure")
-
-
 def _rank_world() -> tuple[int, int, int]:
     return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
             int(os.environ.get("LOCAL_RANK", 0)))
@@ -171,7 +135,7 @@ def run_case(case: Case, *, rank: int, world: int, device: torch.device) -> dict
 
 
 def run_group(cases: list[Case], *, rank: int, world: int, device: torch.device,
-              current: Current | None = None, inject=_inject) -> list[dict] | None:
+              current: Current | None = None, inject=faults.inject) -> list[dict] | None:
     """Measure ``cases`` (one case shape) on every rank; their records on rank 0, None elsewhere."""
     return measure_group(cases, rank=rank, world=world, device=device, current=current or Current(),
                          shape_checked=_shape_checked_once, inject=inject)
@@ -248,19 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     cases = [Case.from_dict(d) for d in json.loads(Path(args.cases).read_text())]
     rank, world, local_rank = _rank_world()
     root = args.results
-    fault = fault_from_env()
+    fault = faults.fault_from_env()
 
     device = _set_up(args.device, cases, world, local_rank)
     _warm_up_imports()
-    _kill_at(fault, rank, None)
+    faults.kill_at(fault, rank, None)
     if world > 1:
         barrier(dist.group.WORLD, device)     # every rank is up before the first case starts
     order = [c for part in groups(cases) for c in part]
     position = {c.case_id: i + 1 for i, c in enumerate(order)}
 
     def inject(case: Case, r: int) -> None:
-        _kill_at(fault, r, position[case.case_id])
-        _inject(case, r)
+        faults.kill_at(fault, r, position[case.case_id])
+        faults.inject(case, r)
 
     dog = Watchdog(root, rank)
     done_n = 0
