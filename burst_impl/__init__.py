@@ -1,4 +1,4 @@
-"""BurstAttention and BurstEngine: reference implementation (see ../shared/PAPER.md)."""
+"""BurstAttention and BurstEngine: reference implementation (see docs/papers.md)."""
 from . import comm, kernels, layout, volume
 from .attention import burst_attn_func, check_inputs
 
