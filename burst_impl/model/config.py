@@ -1,6 +1,6 @@
 """Model configurations: LLaMA-style decoders, as typed dataclasses keyed by the names YAML uses.
 
-The paper's models (PAPER.md §3) are LLaMA-2 7B and 13B, and BurstEngine's
+The paper's models (docs/papers.md §3, "Models") are LLaMA-2 7B and 13B, and BurstEngine's
 "14B" = the 13B shape with a 120K vocabulary (we use 122880 = 120 * 1024).
 ``n_kv_heads < n_heads`` gives grouped-query attention (LLaMA-3 8B is listed
 for that). The ``tiny*`` sizes are for CPU tests: 12 heads split over 1, 2,
