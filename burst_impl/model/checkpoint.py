@@ -1,6 +1,6 @@
 """Activation checkpointing of the decoder blocks, including BurstEngine's sequence-level variant.
 
-``ModelConfig.checkpoint`` (PAPER.md §2 and §4, "Sequence-level selective checkpointing"):
+``ModelConfig.checkpoint`` (docs/papers.md §2 and §4, "Sequence-level selective checkpointing"):
 
 * ``none``: every block keeps its activations for the backward (no recompute).
 * ``full``: every block is checkpointed (``torch.utils.checkpoint``, non-reentrant):
@@ -12,7 +12,7 @@
   for the FIRST half only, joins [recomputed | cached] and runs the ordinary
   attention backward over the whole local sequence.
 * ``whole``: as ``seq`` with all of O and lse cached: attention and its
-  communication are never recomputed (their headline mode, PAPER.md §4).
+  communication are never recomputed (their headline mode, docs/papers.md §4).
 
 Which half, and why. With the causal zigzag layout rank r holds global
 chunks (r, 2G-1-r), so the first local halves of all ranks are chunks
