@@ -1,6 +1,6 @@
 """``math``: attention with materialised scores in the inputs' dtype (any device).
 
-The paper's "Burst without LAO" and "TP without FlashAttention" (PAPER.md §3,
+The paper's "Burst without LAO" and "TP without FlashAttention" (docs/papers.md §3,
 Tables 2/3): every local block's (B, Z, Sq, Sk) scores and probabilities are
 written out, as a plain matmul implementation does, instead of tiled in a
 fused kernel. The matmuls run in the inputs' dtype (bf16 on GPU, as the
