@@ -1,4 +1,4 @@
-"""Local attention kernels (PAPER.md §1, "Local attention optimisation").
+"""Local attention kernels (docs/papers.md §1, "Local attention optimisation").
 
 Every ring method computes, at each ring step, attention of a query block
 against one key/value block. Two entry points, shared by BurstAttention and
