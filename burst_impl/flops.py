@@ -1,4 +1,4 @@
-"""The suite's single FLOP convention (PAPER.md, end of section 3; flash-attn's benchmarks).
+"""The suite's single FLOP convention (docs/papers.md §3, "FLOP convention"; flash-attn's benchmarks).
 
 forward attention = 4 * B * Z * d * (live score entries)   (QK^T and PV, 2 FLOP per MAC)
   full mask: N^2 entries; causal: N^2 / 2 (flash-attn's and the papers' halving, diagonal
