@@ -2,7 +2,7 @@
 
 Every function takes the problem shape (``burst_impl.shape.AttnShape``).
 
-Notation as in PAPER.md: B batch, N global sequence, G ranks, Z query heads,
+Notation as in docs/papers.md: B batch, N global sequence, G ranks, Z query heads,
 Zkv key/value heads, d head dim, e bytes per input element, f bytes per
 element of the travelling gradient accumulators (4: fp32 by default; 8 for fp64
 inputs, whose accumulators are fp64: ``grad_elem_size=None``).
@@ -120,7 +120,7 @@ def cheaper_backward(s: AttnShape, grad_elem_size: int | None = None) -> str:
 
 
 def saved_bytes(s: AttnShape, kv_heads: int | None = None) -> int:
-    """Activation bytes one rank keeps for backward in the ring family (a model, PAPER.md Table 1).
+    """Activation bytes one rank keeps for backward in the ring family (a model, docs/papers.md §1, Table 1).
 
     q and out (Z heads) and k, v (``kv_heads``, default Z_kv: Ulysses/USP pass
     their replicated count) in the input dtype, over B*N/G rows' worth of
