@@ -1,4 +1,4 @@
-"""Work balance of a layout under a mask, and balanced layouts (PAPER.md §2, last bullet).
+"""Work balance of a layout under a mask, and balanced layouts (docs/papers.md §2, last bullet).
 
 Work metric. A rank's work is the number of live (query, key) score entries
 it computes over a whole ring pass: those of its query rows in the forward
