@@ -16,7 +16,7 @@ runs.
   gradients during the forward (no recompute). Its forward takes
   ``(weight, input, target, bias)``: weight first.
 * ``cce``: Apple's Cut Cross-Entropy ``linear_cross_entropy`` (Triton, CUDA only),
-  the method BurstEngine's code calls (PAPER.md §4): tiles of tokens x
+  the method BurstEngine's code calls (docs/papers.md §4): tiles of tokens x
   vocabulary, lse forward, recomputing backward. It takes
   ``(embeddings, classifier, targets)``: hidden first. Its default ``impl="cce"``
   skips gradient entries below a threshold (``filter_eps``), so it is not
