@@ -1,4 +1,4 @@
-"""Sequence layouts: how the N tokens are split over G devices (PAPER.md §2, workload balance).
+"""Sequence layouts: how the N tokens are split over G devices (docs/papers.md §2, workload balance).
 
 Named layouts:
 
