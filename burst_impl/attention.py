@@ -1,4 +1,4 @@
-"""The BurstAttention operator (PAPER.md §1).
+"""The BurstAttention operator (docs/papers.md §1).
 
 ``burst_attn_func(q, k, v, *, causal, mask, softmax_scale, group, layout, backward)``
 takes the local shards (B, N/G, Z, d) of q and (B, N/G, Zkv, d) of k, v and
@@ -217,7 +217,7 @@ def merge_partial(out: Tensor, lse: Tensor, out_blk: Tensor, lse_blk: Tensor) ->
     """In place: fold a block's (out_blk, lse_blk) into the running (out, lse).
 
     out (B, S, Z, d), lse (B, Z, S), both in the statistics dtype (fp32, or
-    fp64 for fp64 inputs). PAPER.md §1 online-softmax rule in a stable form:
+    fp64 for fp64 inputs). docs/papers.md §1 online-softmax rule in a stable form:
     with m = max(lse, lse_blk), a = e^(lse - m), b = e^(lse_blk - m) (both in [0, 1]):
     lse' = m + log(a + b), out' = out + b / (a + b) (out_blk - out). The weight is
     taken from a and b, not from e^(lse_blk - lse'): lse' at |lse| ~ 1e4 carries an
