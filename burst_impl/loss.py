@@ -1,4 +1,4 @@
-"""Fused LM head + cross-entropy (PAPER.md §2, "Fused LM head + cross-entropy").
+"""Fused LM head + cross-entropy (docs/papers.md §2, "Fused LM head + cross-entropy").
 
 ``fused_linear_cross_entropy(hidden, weight, labels)`` is
 ``F.cross_entropy(F.linear(hidden, weight, bias), labels)`` without ever
