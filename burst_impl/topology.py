@@ -1,4 +1,4 @@
-"""Topology-aware ring ("double ring", PAPER.md §2 and §4) and the choice of a group's transport.
+"""Topology-aware ring ("double ring", docs/papers.md §2 and §4) and the choice of a group's transport.
 
 Ranks are placed node-major: group rank r = n*I + l (node n of E, local
 index l of I ranks per node; ``burst_impl.nodes``). A pass visits the G = E*I
@@ -7,7 +7,7 @@ block of
 
     owner(t) = ((n - rho) mod E) * I + (l - j) mod I
 
-(PAPER.md §4's "true source block", 0-based), so causal block skipping and
+(docs/papers.md §4's "true source block", 0-based), so causal block skipping and
 every layout (contiguous, zigzag, striped) work unchanged: the per-step
 compute only ever sees (q owner, kv owner) pairs.
 
@@ -33,7 +33,7 @@ intra-node hop home (these last two are not overlapped). Per rank: E*(I-1)
 intra-node and E-1 inter-node accumulator sends, G-1 in all as on the flat ring.
 
 Channels. The read ring inside the node, the write ring inside the node and
-the inter-node hop (blocks and accumulators), PAPER.md §2's separate
+the inter-node hop (blocks and accumulators), docs/papers.md §2's separate
 streams. On gloo they share the group's process group, told apart by tags; gloo progresses every posted
 transfer on its own threads, so a transfer posted early runs while the rank
 computes. On NCCL each channel gets its own communicator (and so its own
