@@ -4,7 +4,7 @@ The G ranks of ``group`` form a (ring degree r) x (Ulysses degree u) grid,
 G = u * r. Sequence-group rank g sits at ring index i = g // u and Ulysses
 index j = g % u, so a Ulysses group is u consecutive ranks (one node in
 practice: all-to-all over the fast links) and a ring group is the ranks with
-the same j, one per node (the ring crosses nodes, PAPER.md §2).
+the same j, one per node (the ring crosses nodes, docs/papers.md §2).
 
 Each rank passes its ``layout`` shard over all G ranks, as for every other
 method. The all-to-all inside the Ulysses group gathers the u shards of the
@@ -16,7 +16,7 @@ ring part is our BurstAttention (``burst_attn_func``) over the ring group
 with the same layout; with r == 1 it is local attention (pure Ulysses), with
 u == 1 it is pure Burst.
 
-Node-aware degrees (BurstEngine's Burst-USP, PAPER.md §2/§4). When the group
+Node-aware degrees (BurstEngine's Burst-USP, docs/papers.md §2/§4). When the group
 spans several nodes of I ranks each (``node_size=``, else ``LOCAL_WORLD_SIZE``;
 ``burst_impl.nodes``), the default Ulysses degree is u = I, or the largest
 divisor of I the heads split over (``kv_replication``): every all-to-all
