@@ -1,4 +1,4 @@
-"""Megatron-LM tensor parallelism for the attention layer (PAPER.md §3, "TP V1 / V3").
+"""Megatron-LM tensor parallelism for the attention layer (docs/papers.md §3, "TP V1 / V3").
 
 TP splits weights, not the sequence: rank r owns query heads
 [r*Z/G, (r+1)*Z/G) (columns of W_q), the kv heads they use (columns of W_k,
