@@ -1,4 +1,4 @@
-"""BurstAttention on the topology-aware double ring (PAPER.md §2, §4): ``burst_double_ring``.
+"""BurstAttention on the topology-aware double ring (docs/papers.md §2, §4): ``burst_double_ring``.
 
 The operator ``burst_impl.burst_attn_func`` with ``topology="double"``
 (``burst_impl.topology.DoubleRing``): an intra-node ring over the I ranks of
