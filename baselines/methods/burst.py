@@ -1,4 +1,4 @@
-"""BurstAttention (PAPER.md §1) as registry methods: ``burst``, ``burst_qring``, ``burst_no_overlap``.
+"""BurstAttention (docs/papers.md §1) as registry methods: ``burst``, ``burst_qring``, ``burst_no_overlap``.
 
 The implementation is the operator ``burst_impl.burst_attn_func``; these
 entries bind its backward scheme: ``burst`` = ``backward="auto"`` (the
