@@ -1,4 +1,4 @@
-"""DeepSpeed-Ulysses sequence parallelism (PAPER.md §1, last paragraph).
+"""DeepSpeed-Ulysses sequence parallelism (docs/papers.md §1, "Communication volume per layer").
 
 Each rank holds a sequence shard (B, N/G, Z, d) of q and (B, N/G, Zkv, d) of
 k, v. An all-to-all turns sequence shards into head shards (B, N, Z/G, d):
