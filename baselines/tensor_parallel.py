@@ -1,4 +1,4 @@
-"""Megatron-style tensor parallelism at model level (PAPER.md §3, "TP V1 / V3"), as a transform.
+"""Megatron-style tensor parallelism at model level (docs/papers.md §3, "TP V1 / V3"), as a transform.
 
     model = tensor_parallel(build_model(cfg), "v3", group=g, layout="zigzag", fused=True)
 
@@ -23,7 +23,7 @@ tokens; ``fused=False`` materialises the (B, Z/G, N, N) scores, the paper's
 
 Bytes one rank sends per layer (``layer_comm_bytes``), c = (G-1)/G,
 e bytes per activation element, H = Z d, forward and backward each
-4 c BNHe, PAPER.md's 4BZNd (attention and MLP together):
+4 c BNHe, docs/papers.md §1's 4BZNd (attention and MLP together):
 V1: an all-reduce (2 c BNHe) after attention and after the MLP forward, of
 dX before each backward. V3: an all-gather (c BNHe) and a reduce-scatter
 (c BNHe) around each of them, both directions.
