@@ -70,7 +70,7 @@ def test_tp_parity_and_bytes(pools, version, world_size, fused):
 
 
 def test_tp_bytes_are_the_papers_4bznd():
-    """Per layer and direction, both versions send 4 (G-1)/G B N H e: PAPER.md's 4BZNd per rank."""
+    """Per layer and direction, both versions send 4 (G-1)/G B N H e: docs/papers.md §1's 4BZNd per rank."""
     cfg = get_config("llama2_7b")
     B, N, G, e = 1, 32768, 8, 2
     four_bznd = 4 * B * N * cfg.hidden * e * (G - 1) // G
