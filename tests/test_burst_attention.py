@@ -142,7 +142,7 @@ def test_auto_picks_fewer_bytes(heads, expect):
 
 @pytest.mark.parametrize("G", [2, 3, 4, 8])
 def test_closed_form_matches_paper_table(G):
-    """Per rank, the formulas are (G-1)/G times PAPER.md's table (MHA, elements)."""
+    """Per rank, the formulas are (G-1)/G times the table of docs/papers.md §1 (MHA, elements)."""
     b, n, z, d = 2, 4096 * 3, 8, 64
     c = (G - 1) / G
     # bf16 elements (e = 2 bytes) and bf16 accumulators: bytes = 2 x elements for the d-wide
