@@ -1,4 +1,4 @@
-"""Loss parity (PAPER.md Table 4 as a test): the sequence-parallel model equals the single-process one.
+"""Loss parity (docs/papers.md §3: Table 4 as a test): the sequence-parallel model equals the single-process one.
 
 For every op-level attention method of the registry that runs here, W = 1..4
 and every layout the method accepts, one step of the tiny model (2 layers,
