@@ -212,7 +212,7 @@ def test_ring_flash_attn_adapter_is_registered_and_validates_first():
 
 
 def test_formulas_reproduce_the_papers_ratios():
-    """PAPER.md §1 table, MHA, with every tensor at 4 bytes (fp32 inputs and accumulators):
+    """docs/papers.md §1 table, MHA, with every tensor at 4 bytes (fp32 inputs and accumulators):
     RingAttention (Li et al.) backward 6BZNd vs forward 2BZNd; blockwise ring backward
     4BZNd; Burst backward 3BZNd + 2BZN; Ulysses 4 all-to-alls each way of N*H/G."""
     s = AttnShape(1, 4096, 8, 8, 64, 4, dtype="float32")
