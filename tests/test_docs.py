@@ -55,7 +55,7 @@ def test_relative_links_resolve(path):
     for target in _relative_links(path):
         resolved = (path.parent / target).resolve()
         if not resolved.is_relative_to(ROOT):
-            continue            # outside the repository (../shared/): not this checkout's to check
+            continue            # outside the repository: tests/test_repo_links.py rejects it
         if not resolved.exists():
             missing.append(target)
     assert not missing, f"{path.relative_to(ROOT)}: links to missing files: {missing}"
