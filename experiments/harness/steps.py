@@ -4,7 +4,7 @@ through ``Method.fn``; layer-level measurements go through
 ``baselines.layer`` (attention layer: projections + attention + output);
 model-level ones (a whole decoder trained or prefilled) through ``model_steps``.
 
-Modes (PAPER.md, FLOP convention):
+Modes (docs/papers.md §3, "FLOP convention"):
 * ``forward``: the forward under ``torch.no_grad`` (inference prefill);
 * ``backward``: the backward only; the forward runs untimed in ``setup``;
 * ``fwd_bwd``: forward then backward (a training step of the layer).
