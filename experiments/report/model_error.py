@@ -1,6 +1,6 @@
 """The performance model against the paper, cell by cell: the modelled value at the paper's size, its
 relative error, and whether the two agree on out-of-memory. Shown as it is: the model is never tuned
-toward these numbers (PAPER_RESULTS.md), so this is its honest error."""
+toward these numbers (experiments/paper/), so this is its honest error."""
 from __future__ import annotations
 
 import statistics
