@@ -23,7 +23,7 @@ def _provenance(ctx: Context) -> list:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = tuple((Link(r.rel, ctx.href(r.path)), r.kind) for r in ctx.roots)
     return [Para((f"Built at commit {commit}, {date}, from the results folders below; it measured nothing. "
-                  "Papers: PAPER.md; their numbers: experiments/paper/ (from PAPER_RESULTS.md).",)),
+                  "Papers: docs/papers.md; their numbers: experiments/paper/.",)),
             Table(("results folder", "kind"), rows)]
 
 
