@@ -7,7 +7,7 @@ then fails if the schedule left a registry entry unplaced. So the simulated
 bytes equal the registry's by construction, and a registry change the
 schedules do not know about is an error, not a silent mismatch.
 
-Communication model (PAPER.md §1 "Overlap"; burst_impl/comm.py, attention.py):
+Communication model (docs/papers.md §1 "Overlap"; burst_impl/comm.py, attention.py):
 
 * A ring step posts its sends and receives together (``batch_isend_irecv``),
   computes on the block it holds, and waits for both: the transfer of step
