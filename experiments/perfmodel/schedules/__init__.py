@@ -48,7 +48,7 @@ def schedules() -> dict[str, Builder]:
     return {name: for_method(m) for name, m in METHODS.items() if m.schedule is not None}
 
 
-# Model-only variants of PAPER.md §3's tables (experiments.model_only: not registry methods, nothing runs them):
+# Model-only variants of docs/papers.md §3's tables (experiments.model_only: not registry methods, nothing runs them):
 # name -> (registry method whose bytes and memory model they share, builder, label)
 VARIANTS: dict[str, tuple[str, Builder, str]] = {
     v.name: (v.method, for_method(get(v.method), **v.schedule), v.label) for v in MODEL_ONLY.values()}
