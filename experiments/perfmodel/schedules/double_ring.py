@@ -1,4 +1,4 @@
-"""The double ring's pass (burst_impl/topology.py, PAPER.md §2, §4) as a schedule, and the choice of pass.
+"""The double ring's pass (burst_impl/topology.py, docs/papers.md §2, §4) as a schedule, and the choice of pass.
 
 The routes are the runtime's own: ``burst_impl.topology.DoubleRingSchedule``
 (which block a rank holds at each step, on which channel the held block is
