@@ -15,7 +15,7 @@ attention-only TFLOP/s benchmark needs no model: it is ``burstengine_attn_tflops
 Sparse masks: no sparse mask exists in the suite yet (causal and full only), so their figure is not made.
 
 Memory per rank (``model_level.model_memory``): the BurstAttention paper's specs hold replicated weights
-(TP: 1/G), BurstEngine's cases FSDP2 (ZeRO-3 over the ranks, PAPER.md §4); a case over the
+(TP: 1/G), BurstEngine's cases FSDP2 (ZeRO-3 over the ranks, docs/papers.md §4); a case over the
 accelerator's HBM is "oom" (figures mark it, tables print "OOM" with the time it would take).
 """
 from __future__ import annotations
@@ -97,7 +97,7 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
     hw = load_hardware(BE_HARDWARE)
     files = []
     # scaling: 1..32 GPUs at 32K tokens per GPU (BurstEngine's scaling runs), MFU. Their end-to-end runs
-    # checkpoint (PAPER.md §4): without it 14B keeps ~260 GiB of activations per rank at 32K tokens (OOM).
+    # checkpoint (docs/papers.md §4): without it 14B keeps ~260 GiB of activations per rank at 32K tokens (OOM).
     exp = "burstengine_scaling_14b" + SUFFIX
     items = []
     for g in SCALING_WORLD_SIZES:
