@@ -1,4 +1,4 @@
-"""Attention masks as data (PAPER.md §2, last bullet; §4 "Sparse masks").
+"""Attention masks as data (docs/papers.md §2, last bullet; §4 "Sparse masks").
 
 A mask says which (query position, key position) pairs of the *global*
 sequence attend. Every mask has
