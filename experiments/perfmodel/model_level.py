@@ -76,7 +76,7 @@ from .simulator import Schedule
 
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
 HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
-# Paper spec -> the model it is a layer of (PAPER.md §3); the shapes are checked against it.
+# Paper spec -> the model it is a layer of (docs/papers.md §3); the shapes are checked against it.
 SPEC_MODELS = {
     "table2_prefill_7b_8gpu": "llama2_7b", "table3_prefill_13b_8gpu": "llama2_13b",
     "fig2_train_7b_8gpu": "llama2_7b", "fig3_train_7b_32gpu": "llama2_7b",
