@@ -1,5 +1,5 @@
-"""The papers' published values as typed data: ``experiments/paper/*.yaml``, transcribed from
-the papers (each file's ``source``), checked on load like the specs (a ValueError naming the file, the key and the rule).
+"""The papers' published values as typed data: ``experiments/paper/*.yaml``, transcribed from the papers
+(each file's ``source``), checked on load like the specs (a ValueError naming the file, the key and the rule).
 
 Each table is rows (the paper's method or configuration) x columns (a setting); every cell becomes a
 ``PaperValue`` that knows its source (table, row, column) and the records it is compared with: the
