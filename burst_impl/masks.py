@@ -27,20 +27,25 @@ causal).
 Spec strings (the ``mask`` sweep axis; ``parse(spec, N)``):
 ``"full"``, ``"causal"``, ``"window:L:R"``, ``"docs:MEAN[:SEED]"`` (document
 lengths drawn from a seeded long-tailed log-normal distribution of mean
-MEAN tokens, the last one cut at N), ``"bsparse:BS:DENSITY[:SEED]"`` (each
-off-diagonal block live with probability DENSITY, the diagonal always live).
+MEAN tokens, the last one cut at N), ``"docs:NAME[:SEED]"`` (lengths from the
+published distribution NAME of ``burst_impl.doc_lengths``, none above N/4),
+``"bsparse:BS:DENSITY[:SEED]"`` (each off-diagonal block live with
+probability DENSITY, the diagonal always live).
 """
 from __future__ import annotations
 
 import bisect
 import functools
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
+
+from . import doc_lengths
 
 Tensor = torch.Tensor
 
@@ -555,7 +560,7 @@ def parse(spec: str, seqlen: int) -> Mask:
 def _parse(spec: str, seqlen: int | None) -> Mask:
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"mask={spec!r} must be a non-empty string: one of 'full', 'causal', 'window:L:R', "
-                         "'docs:MEAN[:SEED]', 'bsparse:BS:DENSITY[:SEED]'")
+                         "'docs:MEAN[:SEED]', 'docs:NAME[:SEED]', 'bsparse:BS:DENSITY[:SEED]'")
     kind, *args = spec.split(":")
     if kind == "full" and not args:
         return Full()
@@ -572,7 +577,10 @@ def _parse(spec: str, seqlen: int | None) -> Mask:
     if kind == "docs":
         if len(args) not in (1, 2):
             raise ValueError(f"mask={spec!r}: documents are 'docs:MEAN[:SEED]' (mean document length in "
-                             "tokens, seed of the long-tailed length distribution)")
+                             "tokens, seed of the long-tailed length distribution) or 'docs:NAME[:SEED]' "
+                             f"(a published length distribution: {', '.join(doc_lengths.names())})")
+        if not args[0].lstrip("-").isdigit():
+            return _published_docs(spec, args[0], args[1:], seqlen)
         mean, *seed = _ints(args, spec, "MEAN and SEED")
         if mean <= 0 or (seed and seed[0] < 0):
             raise ValueError(f"mask={spec!r}: MEAN must be > 0 and SEED >= 0")
@@ -595,7 +603,21 @@ def _parse(spec: str, seqlen: int | None) -> Mask:
             raise ValueError(f"mask={spec!r}: block_size={bs} must divide the sequence length N={seqlen}")
         return BlockSparse(bs, random_block_mask(seqlen // bs, density, seed), source=spec)
     raise ValueError(f"mask={spec!r} is unknown; choose one of 'full', 'causal', 'window:L:R', "
-                     "'docs:MEAN[:SEED]', 'bsparse:BS:DENSITY[:SEED]'")
+                     "'docs:MEAN[:SEED]', 'docs:NAME[:SEED]', 'bsparse:BS:DENSITY[:SEED]'")
+
+
+def _published_docs(spec: str, name: str, seed_arg: list, seqlen: int | None) -> Mask:
+    """'docs:NAME[:SEED]': document lengths drawn from the published distribution NAME."""
+    if name not in doc_lengths.names():
+        raise ValueError(f"mask={spec!r}: {name!r} is neither a MEAN (an integer: the synthetic long-tailed "
+                         f"lengths) nor a document-length distribution ({', '.join(doc_lengths.names())})")
+    seed = _ints(seed_arg, spec, "SEED")[0] if seed_arg else 0
+    if seed < 0:
+        raise ValueError(f"mask={spec!r}: SEED must be >= 0")
+    if seqlen is None:
+        return Documents((0, 1))
+    lengths = doc_lengths.sample_doc_lengths(seqlen, name, seed=seed)
+    return Documents(tuple(itertools.accumulate(lengths, initial=0)), source=spec)
 
 
 def resolve(causal: bool, mask: "str | Mask | None", seqlen: int) -> Mask:
