@@ -1,0 +1,174 @@
+"""A KV cache sharded across the ranks of a context-parallel group (docs/inference.md).
+
+Each rank holds, for every layer and every sequence of the batch, the keys and values of the
+tokens it owns, and each cached token keeps its *global* position (RoPE and the masks use it), so
+shards may hold any mix of positions:
+
+* the prefill writes the layout's shard (``burst_impl.layout.positions``: contiguous, zigzag, ...);
+* later tokens are placed by ``placement``:
+  ``"round_robin"``: token at position t goes to rank t mod G (vLLM's decode context parallelism);
+  ``"shortest"``: each new token goes to the rank with the fewest tokens of that sequence (the
+  lowest rank on a tie), which keeps shards even after a prefill of uneven length.
+
+The placement may change between calls: nothing downstream assumes one. Every rank keeps every
+rank's shard length of every sequence (``shard_lens``), so all ranks compute the same owners for
+new tokens without any communication.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import comm
+
+Tensor = torch.Tensor
+PLACEMENTS = ("round_robin", "shortest")
+
+
+@dataclass
+class SeqShard:
+    """This rank's part of one sequence at one layer: k, v (n_local, Zkv, d), pos (n_local,) int64 global
+    positions; ``shard_lens``: every rank's n_local (the same list on every rank)."""
+
+    k: Tensor
+    v: Tensor
+    pos: Tensor
+    shard_lens: list[int]
+
+    @property
+    def length(self) -> int:
+        """Tokens of the sequence cached over all ranks."""
+        return sum(self.shard_lens)
+
+
+def check_placement(placement: str) -> None:
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r} is unknown; choose one of {PLACEMENTS}")
+
+
+def place(placement: str, shard_lens: list[int], start: int, count: int) -> list[int]:
+    """Owner rank of each of ``count`` new tokens at positions start.. of a sequence whose shards hold
+    ``shard_lens`` tokens (pure: the same answer on every rank)."""
+    check_placement(placement)
+    g = len(shard_lens)
+    if placement == "round_robin":
+        return [(start + i) % g for i in range(count)]
+    lens, owners = list(shard_lens), []
+    for _ in range(count):
+        r = min(range(g), key=lambda j: (lens[j], j))
+        owners.append(r)
+        lens[r] += 1
+    return owners
+
+
+def check_cache(cache, layer: int, group) -> None:
+    """``cache`` is a ``ShardedKVCache`` of this rank of ``group``, and ``layer`` one of its layers."""
+    if not isinstance(cache, ShardedKVCache):
+        raise ValueError(f"cache={type(cache).__name__} must be a burst_impl.inference.ShardedKVCache")
+    rank, size = comm.world(group)
+    if (cache.rank, cache.world_size) != (rank, size):
+        raise ValueError(f"cache.rank, cache.world_size = {cache.rank}, {cache.world_size} must be this process's "
+                         f"rank and size in group: {rank}, {size} (a cache built for another group)")
+    cache.check_layer(layer)
+
+
+@dataclass
+class ShardedKVCache:
+    """Every layer's shards of a batch of ``batch`` sequences on rank ``rank`` of ``world_size``.
+
+    Build with ``ShardedKVCache.empty``; the operators of ``burst_impl.inference`` fill it. A
+    world of one rank is a single-device cache (and a tensor-parallel rank's head-sharded cache)."""
+
+    n_layers: int
+    batch: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+    rank: int
+    world_size: int
+    placement: str = "round_robin"
+    layers: list[list[SeqShard]] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def empty(cls, n_layers: int, batch: int, kv_heads: int, head_dim: int, *, dtype=torch.float32,
+              device="cpu", placement: str = "round_robin", group=None, rank: int | None = None,
+              world_size: int | None = None) -> "ShardedKVCache":
+        """An empty cache for this rank of ``group`` (or an explicit ``rank`` of ``world_size``)."""
+        for name, value in (("n_layers", n_layers), ("batch", batch), ("kv_heads", kv_heads),
+                            ("head_dim", head_dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive int")
+        check_placement(placement)
+        if (rank is None) != (world_size is None):
+            raise ValueError(f"rank={rank!r} and world_size={world_size!r}: give both or neither (then: the group's)")
+        if rank is None:
+            rank, world_size = comm.world(group)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
+        device = torch.device(device)
+        cache = cls(n_layers, batch, kv_heads, head_dim, dtype, device, rank, world_size, placement)
+        cache.layers = [[cache._empty_shard() for _ in range(batch)] for _ in range(n_layers)]
+        return cache
+
+    def _empty_shard(self) -> SeqShard:
+        kv = torch.empty((0, self.kv_heads, self.head_dim), dtype=self.dtype, device=self.device)
+        return SeqShard(kv, kv.clone(), torch.empty(0, dtype=torch.int64, device=self.device),
+                        [0] * self.world_size)
+
+    # ------------------------------------------------------------ reading
+
+    def shard(self, layer: int, seq: int) -> SeqShard:
+        self.check_layer(layer)
+        if not 0 <= seq < self.batch:
+            raise ValueError(f"seq={seq} must lie in [0, batch={self.batch})")
+        return self.layers[layer][seq]
+
+    def lengths(self, layer: int) -> list[int]:
+        """Global cached length of every sequence at ``layer``."""
+        self.check_layer(layer)
+        return [s.length for s in self.layers[layer]]
+
+    def check_layer(self, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer={layer!r} must be an int in [0, n_layers={self.n_layers}) of this cache")
+
+    def check_layers(self, n_layers: int) -> None:
+        """ValueError unless the cache was built for a model of ``n_layers`` layers."""
+        if n_layers != self.n_layers:
+            raise ValueError(f"cache.n_layers={self.n_layers} must equal the model's n_layers={n_layers} "
+                             "(a cache built for another model)")
+
+    def owners(self, layer: int, seq: int, count: int) -> list[int]:
+        """The ranks the next ``count`` tokens of ``seq`` at ``layer`` go to (``placement``; pure)."""
+        s = self.shard(layer, seq)
+        return place(self.placement, s.shard_lens, s.length, count)
+
+    def nbytes(self) -> int:
+        """Bytes of K and V this rank holds (positions left out: the model's KV capacity)."""
+        return sum(comm.nbytes(s.k) + comm.nbytes(s.v) for layer in self.layers for s in layer)
+
+    # ------------------------------------------------------------ writing (the operators call these)
+
+    def write(self, layer: int, seq: int, k: Tensor, v: Tensor, pos: Tensor, shard_lens: list[int]) -> None:
+        """Append this rank's rows ``k``/``v`` (n, Zkv, d) at global positions ``pos`` (n,), after which
+        the ranks hold ``shard_lens`` tokens of the sequence."""
+        s = self.shard(layer, seq)
+        s.k = torch.cat([s.k, k.to(self.dtype)])
+        s.v = torch.cat([s.v, v.to(self.dtype)])
+        s.pos = torch.cat([s.pos, pos.to(device=self.device, dtype=torch.int64)])
+        s.shard_lens = list(shard_lens)
+        assert s.k.shape[0] == s.pos.numel() == s.shard_lens[self.rank], "cache rows and positions out of step"
+
+    def append(self, layer: int, seq: int, k: Tensor, v: Tensor, owners: list[int]) -> Tensor:
+        """Append the new tokens (k, v: (n, Zkv, d), every rank's) owned by this rank; positions continue
+        the sequence. Returns their positions (n,)."""
+        s = self.shard(layer, seq)
+        pos = torch.arange(s.length, s.length + len(owners), device=self.device)
+        mine = torch.tensor([o == self.rank for o in owners], dtype=torch.bool, device=k.device)
+        lens = list(s.shard_lens)
+        for o in owners:
+            lens[o] += 1
+        self.write(layer, seq, k[mine], v[mine], pos[mine.to(pos.device)], lens)
+        return pos

@@ -1,0 +1,51 @@
+"""Partial attention over one rank's cache shard, and the log-sum-exp merge of the ranks' partials.
+
+A shard holds tokens at arbitrary global positions (``kv_cache``), so the mask of a (queries,
+shard) pair is built from the positions themselves (``Mask.allowed``: the masks' single source of
+truth) and handed to the shared kernels as a dense tile mask; a shard with no live key for a row
+gives out = 0, lse = -inf there, which the merge weighs zero (``attention.merge_partial``).
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import masks
+from ..attention import merge_partial
+from ..kernels import TileMask, attn_forward, stats_dtype
+
+Tensor = torch.Tensor
+
+
+def decode_mask(window: int | None) -> masks.Mask:
+    """Causal, or a query at q attends keys q - window .. q (``masks.SlidingWindow(window, 0)``)."""
+    if window is None:
+        return masks.Causal()
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window={window!r} must be a non-negative int (keys q - window .. q) or None (causal)")
+    return masks.SlidingWindow(window, 0)
+
+
+def partial_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tensor, mask: masks.Mask,
+                      scale: float, backend: str | None = None) -> tuple[Tensor, Tensor]:
+    """One sequence: q (Sq, Z, d) at positions q_pos (Sq,) against k/v (Sk, Zkv, d) at k_pos (Sk,) ->
+    (out (Sq, Z, d), lse (Z, Sq)), both in the statistics dtype."""
+    acc = stats_dtype(q.dtype)
+    sq, z, d = q.shape
+    if k.shape[0] == 0:
+        return (torch.zeros((sq, z, d), dtype=acc, device=q.device),
+                torch.full((z, sq), float("-inf"), dtype=acc, device=q.device))
+    live = mask.allowed(q_pos.cpu(), k_pos.cpu())                      # (Sq, Sk) bool
+    tile = TileMask("dense", sq, k.shape[0], rows_fn=lambda a, b: live[a:b])
+    out, lse = attn_forward(q.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
+                            scale=scale, backend=backend, mask=tile)
+    return out[0].to(acc), lse[0]
+
+
+def merge_all(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge G partials in rank order: outs (G, ..., S, Z, d), lses (G, ..., Z, S) -> the merged pair,
+    in the statistics dtype of ``outs`` (every rank merging the same partials gets the same bits)."""
+    acc = stats_dtype(outs.dtype)
+    out, lse = outs[0].to(acc).clone(), lses[0].to(acc).clone()
+    for j in range(1, outs.shape[0]):
+        merge_partial(out, lse, outs[j], lses[j].to(acc))
+    return out, lse
