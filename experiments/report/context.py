@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..harness import results as R
 from ..harness.env import REPO
-from .claims import Claim, load_claims
+from .claims import Claim, Rules, load_claims, load_rules
 from .evidence import Experiment, Root, experiments, find_roots
 from .paper import PAPER_DIR, MethodMap, PaperTable, load_methods, load_tables
 
@@ -23,6 +23,7 @@ class Context:
     claims: list[Claim]
     roots: list[Root]
     page_dir: Path
+    rules: Rules        # how a claim's verdict chain makes its headline (experiments/paper/verdict_rules.yaml)
 
     @property
     def measured_roots(self) -> list[Root]:
@@ -58,4 +59,4 @@ def load_context(results_base: Path = R.RESULTS_BASE, machine: str | None = None
                  page_dir: Path = REPORT_DIR, paper_dir: Path = PAPER_DIR) -> Context:
     tables = {t.id: t for t in load_tables(paper_dir)}
     return Context(tables, load_methods(paper_dir), load_claims(set(tables), paper_dir),
-                   find_roots(Path(results_base), machine), Path(page_dir).resolve())
+                   find_roots(Path(results_base), machine), Path(page_dir).resolve(), load_rules(paper_dir))

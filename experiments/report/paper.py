@@ -24,6 +24,7 @@ from .quantities import QUANTITIES
 PAPER_DIR = Path(__file__).resolve().parent.parent / "paper"
 METHODS_FILE = "methods.yaml"
 CLAIMS_FILE = "claims.yaml"
+RULES_FILE = "verdict_rules.yaml"       # how a claim's columns make its headline (report/claims.py)
 OOM = "OOM"
 
 
@@ -143,7 +144,7 @@ def load_table(path: Path, methods: dict[str, MethodMap]) -> PaperTable:
 
 def load_tables(paper_dir: Path = PAPER_DIR) -> list[PaperTable]:
     methods = load_methods(paper_dir)
-    files = sorted(p for p in paper_dir.glob("*.yaml") if p.name not in (METHODS_FILE, CLAIMS_FILE))
+    files = sorted(p for p in paper_dir.glob("*.yaml") if p.name not in (METHODS_FILE, CLAIMS_FILE, RULES_FILE))
     tables = sorted((load_table(p, methods) for p in files), key=lambda t: (t.order, t.id))
     ids = [t.id for t in tables]
     dup = sorted({i for i in ids if ids.count(i) > 1})

@@ -13,6 +13,7 @@ body{font-family:system-ui,sans-serif;max-width:1200px;margin:1em auto;padding:0
 table{border-collapse:collapse;margin:.5em 0 1em;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 6px;vertical-align:top}th{background:#f2f2f2}
 td.v-reproduced,span.v-reproduced{background:#dff3df}td.v-contradicted,span.v-contradicted{background:#f8d7d7}
+td.v-direction{background:#eef2f7}
 img{max-width:100%;border:1px solid #eee;margin:.3em 0}
 nav a{margin-right:.8em}table.claims td{max-width:24em}td a{word-break:break-word}
 """
@@ -36,12 +37,14 @@ def _cell(c) -> str:
 
 
 def _css_class(row: tuple) -> list[str]:
-    # verdict cells get a background: reproduced green, contradicted red
+    # verdict cells get a background: reproduced green, contradicted red; a measurement outside its
+    # claim's regime (chain.measured_column) only shows a direction: a neutral tint, never red
     out = []
     for c in row:
         s = c if isinstance(c, str) else ""
         out.append(" class=\"v-contradicted\"" if s.startswith(("contradicted", "mixed")) else
-                   " class=\"v-reproduced\"" if s.startswith("reproduced") else "")
+                   " class=\"v-reproduced\"" if s.startswith("reproduced") else
+                   " class=\"v-direction\"" if s.startswith("direction") else "")
     return out
 
 

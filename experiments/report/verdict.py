@@ -24,6 +24,7 @@ class Outcome:
     status: str
     detail: str
     experiment: Experiment | None = None
+    shapes: tuple = ()        # the shapes compared (compare.shape), which the claim's regime is checked on
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,15 @@ def _pairs(claim, exp, methods, measured):
 
 
 def _speedup(claim, exp, methods, measured) -> Outcome:
-    parts, statuses = [], []
+    parts, statuses, shapes = [], [], []
     for other, at, mine, theirs in _pairs(claim, exp, methods, measured):
         r = time_ratio(mine, theirs)
         statuses.append(r.status)
+        shapes.append(at)
         parts.append(f"vs {other} at N={at[1]}: {r.text()}")
     if not parts:
         return Outcome(MISSING, f"{exp.name}: no shape has both {claim.method} and one of {list(claim.against)}", exp)
-    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts), exp)
+    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts), exp, tuple(shapes))
 
 
 def _best(claim, exp, methods, measured) -> Outcome:
@@ -75,7 +77,7 @@ def _best(claim, exp, methods, measured) -> Outcome:
     lower = bool(mem) and mine_mem is not None and all(m and mine_mem < m for m in mem)
     status = r.status if lower or not mem else (CONTRADICTED if r.status == REPRODUCED else r.status)
     return Outcome(status, f"{exp.name} at N={at[1]}: vs the fastest other ({best['method']}) {r.text()}; "
-                           f"memory {'lower' if lower else 'not lower'} than every other", exp)
+                           f"memory {'lower' if lower else 'not lower'} than every other", exp, (at,))
 
 
 def _bytes(rec: dict) -> float:
@@ -88,18 +90,20 @@ def _bytes(rec: dict) -> float:
 
 
 def _less_bytes(claim, exp, methods, measured) -> Outcome:
-    parts, statuses = [], []
+    parts, statuses, shapes = [], [], []
     for other, at, mine_rec, theirs_rec in _pairs(claim, exp, methods, measured):
         mine, theirs = _bytes(mine_rec), _bytes(theirs_rec)
         if not theirs:
             continue
         less = 1 - mine / theirs
         statuses.append(REPRODUCED if less > 0 else CONTRADICTED)
+        shapes.append(at)
         parts.append(f"{abs(less):.0%} {'less' if less > 0 else 'more'} than {other} at N={at[1]}")
     if not parts:
         return Outcome(MISSING, f"{exp.name}: no bytes for {claim.method} next to {list(claim.against)}", exp)
     paper = f" (paper: ~{claim.paper_value:.0%})" if claim.paper_value else ""
-    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts) + paper + "; bytes are counted, exact", exp)
+    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts) + paper + "; bytes are counted, exact", exp,
+                   tuple(shapes))
 
 
 def _losses(rec: dict) -> list[float] | None:
@@ -122,23 +126,24 @@ def _equal_loss(claim, exp, methods, measured) -> Outcome:
     spread = max((max(step) - min(step)) / min(step) for step in zip(*losses))
     status = REPRODUCED if spread <= claim.tolerance else CONTRADICTED
     return Outcome(status, f"{exp.name} at N={at[1]}: {len(present)} methods, largest relative spread of the "
-                           f"{what} {spread:.1e} (paper's own spread {claim.tolerance:.0e})", exp)
+                           f"{what} {spread:.1e} (paper's own spread {claim.tolerance:.0e})", exp, (at,))
 
 
 def _ordering(claim, exp, methods, measured) -> Outcome:
     names = [n for n, t in zip((claim.method, *claim.against), _shapes(claim, exp, methods, measured,
                                                                        (claim.method, *claim.against))) if t]
-    parts, statuses = [], []
+    parts, statuses, shapes = [], [], []
     for fast, slow in zip(names, names[1:]):
         sub = Claim(claim.id, claim.paper, claim.claim, "speedup", fast, (slow,), select=claim.select)
         o = _speedup(sub, exp, methods, measured)
         statuses.append(o.status)
+        shapes += o.shapes
         parts.append(f"{fast} > {slow}: {o.detail.split(': ', 1)[-1]}")
     if not parts:
         return Outcome(MISSING, f"{exp.name}: fewer than two of the ordered methods", exp)
     missing = [n for n in (claim.method, *claim.against) if n not in names]
     return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts)
-                   + (f" (absent: {', '.join(missing)})" if missing else ""), exp)
+                   + (f" (absent: {', '.join(missing)})" if missing else ""), exp, tuple(shapes))
 
 
 _KIND = {"speedup": _speedup, "speedup_best": _best, "less_bytes": _less_bytes, "equal_loss": _equal_loss,
