@@ -143,6 +143,18 @@ def test_the_headline_is_the_modelled_verdict_qualified_by_the_validation(tmp_pa
         assert "no emulated run has tp_v3" in head and "in no emulated run: tp_v3" in a
 
 
+@pytest.mark.parametrize("modelled_ratio, inside", [(1.05, True), (1.5, False)])
+def test_a_modelled_margin_inside_the_models_error_is_said(tmp_path, modelled_ratio, inside):
+    base, ref, mod = _tree(tmp_path)
+    _emulated(ref, "m1_emu", 1.0, 1.2, errors={"burst": 0.02, "tp_v3": -0.08})
+    _experiment(mod, "m1_model", 1.0, modelled_ratio, seqlen=32768, world=8, modelled=True)
+    head = _chains(tmp_path, [_claim("m1")])[0]["m1"].headline
+    assert head.startswith("reproduced in direction (modelled at the paper's size); " + RULES.validated), head
+    assert (RULES.inside_error in head) == inside, head
+    if inside:
+        assert "smallest modelled margin 5% < worst |error| 8%" in head, head
+
+
 def test_no_validation_and_no_model_are_said(tmp_path):
     base, ref, mod = _tree(tmp_path)
     _experiment(ref, "c4_cpu", 1.0, 2.0, seqlen=1024, world=4)

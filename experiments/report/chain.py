@@ -170,7 +170,14 @@ def headline(c: Claim, modelled: Verdict, val: Validation, in_regime: str, rules
     if modelled.status == MISSING:
         return f"{label(MISSING, False)} at the paper's size" + (f"; {measured}" if measured else "")
     return f"{label(modelled.status, False)} (modelled at the paper's size); {qualifier(c, val, rules)}" + \
-        (f"; {measured}" if measured else "")
+        _margin(modelled, val, rules) + (f"; {measured}" if measured else "")
+
+
+def _margin(modelled: Verdict, val: Validation, rules: Rules) -> str:
+    margins = [abs(r - 1) for o in modelled.outcomes for r in o.ratios]
+    if not margins or val.worst is None or min(margins) >= val.worst:
+        return ""
+    return f"; {rules.inside_error} (smallest modelled margin {min(margins):.0%} < worst |error| {val.worst:.0%})"
 
 
 @dataclass(frozen=True)

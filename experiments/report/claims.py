@@ -133,6 +133,7 @@ class Rules:
     not_validated: str                  # the headline's qualifier where no emulated run has a claim's method
     validated: str                      # ... where every method's |error| is inside the validation bound
     not_trusted: str                    # ... where one is outside it
+    inside_error: str                   # ... where a modelled time ratio is nearer 1 than the model's error
     without_model: str = field(default="measured in regime", metadata={"check": lambda v: None if v in
                                WITHOUT_MODEL else f"unknown rule {v!r}; known: {list(WITHOUT_MODEL)}"})
 

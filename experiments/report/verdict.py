@@ -25,6 +25,7 @@ class Outcome:
     detail: str
     experiment: Experiment | None = None
     shapes: tuple = ()        # the shapes compared (compare.shape), which the claim's regime is checked on
+    ratios: tuple = ()        # the time ratios compared (> 1: the claimed method faster), where times decide
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,16 @@ def _pairs(claim, exp, methods, measured):
 
 
 def _speedup(claim, exp, methods, measured) -> Outcome:
-    parts, statuses, shapes = [], [], []
+    parts, statuses, shapes, ratios = [], [], [], []
     for other, at, mine, theirs in _pairs(claim, exp, methods, measured):
         r = time_ratio(mine, theirs)
         statuses.append(r.status)
         shapes.append(at)
+        ratios += [r.value] if r.value is not None else []
         parts.append(f"vs {other} at N={at[1]}: {r.text()}")
     if not parts:
         return Outcome(MISSING, f"{exp.name}: no shape has both {claim.method} and one of {list(claim.against)}", exp)
-    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts), exp, tuple(shapes))
+    return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts), exp, tuple(shapes), tuple(ratios))
 
 
 def _best(claim, exp, methods, measured) -> Outcome:
@@ -77,7 +79,8 @@ def _best(claim, exp, methods, measured) -> Outcome:
     lower = bool(mem) and mine_mem is not None and all(m and mine_mem < m for m in mem)
     status = r.status if lower or not mem else (CONTRADICTED if r.status == REPRODUCED else r.status)
     return Outcome(status, f"{exp.name} at N={at[1]}: vs the fastest other ({best['method']}) {r.text()}; "
-                           f"memory {'lower' if lower else 'not lower'} than every other", exp, (at,))
+                           f"memory {'lower' if lower else 'not lower'} than every other", exp, (at,),
+                   (r.value,) if r.value is not None else ())
 
 
 def _bytes(rec: dict) -> float:
@@ -132,18 +135,19 @@ def _equal_loss(claim, exp, methods, measured) -> Outcome:
 def _ordering(claim, exp, methods, measured) -> Outcome:
     names = [n for n, t in zip((claim.method, *claim.against), _shapes(claim, exp, methods, measured,
                                                                        (claim.method, *claim.against))) if t]
-    parts, statuses, shapes = [], [], []
+    parts, statuses, shapes, ratios = [], [], [], []
     for fast, slow in zip(names, names[1:]):
         sub = Claim(claim.id, claim.paper, claim.claim, "speedup", fast, (slow,), select=claim.select)
         o = _speedup(sub, exp, methods, measured)
         statuses.append(o.status)
         shapes += o.shapes
+        ratios += o.ratios
         parts.append(f"{fast} > {slow}: {o.detail.split(': ', 1)[-1]}")
     if not parts:
         return Outcome(MISSING, f"{exp.name}: fewer than two of the ordered methods", exp)
     missing = [n for n in (claim.method, *claim.against) if n not in names]
     return Outcome(combine(statuses), f"{exp.name}: " + "; ".join(parts)
-                   + (f" (absent: {', '.join(missing)})" if missing else ""), exp, tuple(shapes))
+                   + (f" (absent: {', '.join(missing)})" if missing else ""), exp, tuple(shapes), tuple(ratios))
 
 
 _KIND = {"speedup": _speedup, "speedup_best": _best, "less_bytes": _less_bytes, "equal_loss": _equal_loss,
