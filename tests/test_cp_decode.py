@@ -120,6 +120,7 @@ def _bad_inputs() -> list[str]:
         "merge": lambda: decode(*one, cache, 0, merge="heads" if rank == 2 else "all_gather"),
         "behind": lambda: decode(*one, ShardedKVCache.empty(2, 1, 1, D, dtype=torch.float64) if rank == 1
                                  else cache, 0),
+        "continue": lambda: prefill_continue(*(t[6:8 if rank == 1 else 7].unsqueeze(0) for t in (q, k, v)), cache, 0),
     }
     out = []
     for name, call in calls.items():
@@ -148,4 +149,5 @@ def test_bad_input_is_a_value_error_on_every_rank_before_any_byte(pools):
         assert "window: rank 0: None, rank 1: 2, rank 2: None" in msgs[4]
         assert "merge: rank 0: 'all_gather', rank 1: 'all_gather', rank 2: 'heads'" in msgs[6]
         assert "shards" in msgs[8] and "disagree" in msgs[8]
-        assert "cache.n_layers=2 must equal the model's n_layers=3" in msgs[10]
+        assert "the ranks hold [1, 2, 1] new tokens" in msgs[10] and "as [2, 1, 1]" in msgs[10], text
+        assert "cache.n_layers=2 must equal the model's n_layers=3" in msgs[12]

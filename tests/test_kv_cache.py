@@ -1,0 +1,58 @@
+"""The sharded KV cache alone (burst_impl.inference.kv_cache): placements, positions, bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from burst_impl.inference import ShardedKVCache, decode, place
+from burst_impl.inference.decode import check_positions
+from tests.inference_refs import FP64_TOL, attend, err, sequence
+
+
+def test_round_robin_puts_position_t_on_rank_t_mod_g():
+    assert place("round_robin", [4, 3, 3], 10, 5) == [1, 2, 0, 1, 2]
+
+
+def test_shortest_fills_the_shortest_shard_lowest_rank_first():
+    assert place("shortest", [4, 2, 3], 9, 4) == [1, 1, 2, 0]
+    assert place("shortest", [0, 0, 0], 0, 4) == [0, 1, 2, 0]
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(placement="striped"), "placement='striped' is unknown"),
+    (dict(n_layers=0), "n_layers=0 must be a positive int"),
+    (dict(rank=3, world_size=3), "rank=3 must lie in [0, world_size=3)"),
+    (dict(rank=1), "give both or neither"),
+])
+def test_bad_cache_arguments_name_the_parameter(kwargs, needle):
+    args = dict(n_layers=2, batch=1, kv_heads=1, head_dim=4) | kwargs
+    with pytest.raises(ValueError) as e:
+        ShardedKVCache.empty(args.pop("n_layers"), args.pop("batch"), args.pop("kv_heads"), args.pop("head_dim"),
+                             **args)
+    assert needle in str(e.value)
+
+
+def test_positions_must_continue_the_sequence():
+    with pytest.raises(ValueError, match=r"positions\[1\]=\[3\] lie inside the cache: sequence 1 holds 4"):
+        check_positions(torch.tensor([[5], [3]]), [5, 4], 1)
+    with pytest.raises(ValueError, match="past the end of the cache"):
+        check_positions(torch.tensor([[6]]), [5], 1)
+
+
+def test_single_rank_decode_of_a_ragged_batch_matches_fp64_and_counts_kv_bytes():
+    """W = 1: sequences of 3 and 6 tokens decoded one token at a time, out and lse against the reference."""
+    data = [sequence(s, 8, 4, 2, 4) for s in (1, 2)]
+    cache = ShardedKVCache.empty(1, 2, 2, 4, dtype=torch.float64, rank=0, world_size=1)
+    for b, n in enumerate((3, 6)):   # a ragged start: each sequence's prompt written on its own
+        cache.append(0, b, data[b][1][:n], data[b][2][:n], [0] * n)
+    for step in range(2):
+        lens = cache.lengths(0)
+        new = [torch.tensor([n]) for n in lens]
+        q, k, v = (torch.stack([data[b][j][new[b]] for b in range(2)]) for j in range(3))
+        out, lse = decode(q, k, v, cache, 0, window=2 if step else None)
+        for b in range(2):
+            want = attend(data[b][0][new[b]], new[b], data[b][1][:lens[b] + 1], data[b][2][:lens[b] + 1],
+                          2 if step else None)
+            assert max(err(out[b], want[0]), err(lse[b], want[1])) <= FP64_TOL
+    assert cache.lengths(0) == [5, 8]
+    assert cache.nbytes() == (5 + 8) * 2 * 2 * 4 * 8     # tokens x (K, V) x kv heads x d x fp64
