@@ -53,7 +53,7 @@ def _on_gpu(rec: dict) -> bool:
 def speaks(regime: Regime, o: Outcome) -> bool:
     """Whether the comparison ``o`` ran inside ``regime``: every shape it compared (or, for a kind that
     compares no one shape, every record) has the claim's tokens and ranks, on its nodes and hardware."""
-    if regime.any:
+    if regime.unbounded:
         return True
     recs = o.experiment.records if o.experiment is not None else ()
     shapes = o.shapes or tuple(shape(r) for r in recs)

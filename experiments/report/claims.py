@@ -49,11 +49,11 @@ class Regime:
     source: str = ""                           # where the paper states it
 
     @property
-    def any(self) -> bool:
+    def unbounded(self) -> bool:
         return not (self.min_tokens or self.min_ranks or self.min_nodes) and self.hardware == "any"
 
     def text(self) -> str:
-        if self.any:
+        if self.unbounded:
             return "any size"
         bits = [f">= {_tokens(self.min_tokens)} tokens" if self.min_tokens else "", f">= {self.min_ranks} ranks"
                 if self.min_ranks else "", f">= {self.min_nodes} nodes" if self.min_nodes else "",
