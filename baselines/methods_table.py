@@ -49,7 +49,8 @@ def render() -> str:
             name += " (bytes by formula)"
         row = (name, m.level, _cell(m.travels), ", ".join(f"`{x}`" for x in m.layouts),
                "yes" if m.masks else "no", _cell(_schedule(m)),
-               f"caches O, lse ({m.operator_backward})" if m.operator_backward else "as full",
+               f"caches O, lse ({m.operator_backward})" if m.operator_backward else
+               "caches O, lse (own hook)" if m.cached_attention else "as full",
                _cell(m.external) if m.external else "-", _cell(m.description))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

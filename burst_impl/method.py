@@ -34,6 +34,10 @@ and a ``METHODS`` tuple of ``Method`` entries, each carrying:
   "burst", "ring"): sequence-level checkpointing can cache its (O, lse) and run
   the operator's backward from them (``burst_impl.model.checkpoint``); None: the
   method only exposes its own autograd, and ``seq``/``whole`` checkpoint it as ``full``;
+* ``cached_attention(causal=, layout=, group=, options=)``: for a method that is not the operator
+  but has its own backward from (O, lse) (``burst_usp``), an object with ``causal``, ``layout``,
+  ``forward(q, k, v, layout) -> (O, lse)`` and ``backward(dout, q, k, v, O, lse) -> (dq, dk, dv)``,
+  which sequence-level checkpointing runs instead of the operator; None: ``operator_backward`` decides;
 * ``fresh_output(shape, **options)``: True when the method returns a new
   (B, N/G, Z, d) buffer rather than the O its backward saved (Ulysses' output
   all-to-all): the layer's output projection then keeps both (``layer_memory``);
@@ -116,6 +120,7 @@ class Method:
     link_bytes: Callable[..., dict] | None = None
     variant_of: str | None = None
     operator_backward: str | None = None          # the BurstAttention operator's backward it binds
+    cached_attention: Callable[..., object] | None = None   # its own (O, lse) hook for seq/whole checkpointing
     fresh_output: Callable[..., bool] = _never
     tp_version: str | None = None                 # "v1" / "v3" for tensor-parallel layers
     schedule: Schedule | None = None              # None: not modelled

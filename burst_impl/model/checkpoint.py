@@ -32,7 +32,9 @@ starts from (q, k, v, O, lse): the BurstAttention operator's ring backwards
 (the methods whose ``Method.operator_backward`` names the scheme they bind:
 ``burst``, ``burst_qring``, ``burst_double_ring``, their ``_no_overlap``
 variants, and ``ring``, which is that operator with the key/value-circulating
-backward) and the single-device kernels (``LocalAttention``, fused). Other methods (Ulysses, USP, ring_rsa, TP)
+backward), a method with its own hook for it (``Method.cached_attention``: ``burst_usp``,
+whose backward from (O, lse) is Burst's behind its all-to-alls) and the single-device kernels
+(``LocalAttention``, fused). Other methods (Ulysses, usp, loongtrain_usp, ring_rsa, TP)
 expose only their own autograd, so under ``seq``/``whole`` they are
 checkpointed as ``full`` (exact, no saving); ``effective_mode`` says which.
 
@@ -112,9 +114,11 @@ def attention_spec(core) -> AttnSpec | None:
         return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
     method = getattr(core, "method", None)
     scheme = None if method is None else method.operator_backward
+    opts = {} if method is None else {**method.options, **getattr(core, "options", {})}
+    if method is not None and method.cached_attention is not None:
+        return method.cached_attention(causal=core.causal, layout=core.layout, group=core.group, options=opts)
     if scheme is None:
         return None
-    opts = {**method.options, **getattr(core, "options", {})}
     return AttnSpec("ring", causal=core.causal, layout=core.layout, group=core.group,
                     scheme=scheme, backend=opts.get("backend"),
                     topology=opts.get("topology", "flat"), node_size=opts.get("node_size"),
@@ -182,9 +186,9 @@ def effective_mode(block, mode: str) -> str:
 def method_mode(method: Method, mode: str) -> str:
     """``effective_mode`` from an attention method, for models of a step that build no blocks
     (the memory and performance models): ``seq``/``whole`` are ``full`` unless the method is the
-    BurstAttention operator (``Method.operator_backward``)."""
+    BurstAttention operator (``Method.operator_backward``) or has its own hook (``Method.cached_attention``)."""
     check_mode(mode)
-    if mode in ("seq", "whole") and method.operator_backward is None:
+    if mode in ("seq", "whole") and method.operator_backward is None and method.cached_attention is None:
         return "full"
     return mode
 

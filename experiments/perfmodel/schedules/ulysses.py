@@ -94,15 +94,17 @@ def ulysses(ctx: Ctx) -> dict:
     return _ulysses_schedule(ctx, ctx.shape.world_size, prefix="")
 
 
-def usp(ctx: Ctx, overlap: bool = True) -> dict:
+def usp(ctx: Ctx, overlap: bool = True, method: str = "usp", ring_topology: str = "double") -> dict:
+    """``method``: the registry entry whose default degree this is (usp, burst_usp, loongtrain_usp: each
+    its own); ``ring_topology``: that method's default ring. The ring's backward follows its bytes."""
     s = ctx.shape
     u = ctx.options.get("ulysses_degree")
     if u is None:
         # the registry's default degree, read back from its byte formula's all-to-all entries
-        u = _usp_degree(get("usp"), s)
-    topology = ctx.options.get("ring_topology", "double")
-    ctx.note(f"USP: Ulysses degree u={u} (all-to-all inside {u} consecutive ranks), "
-             f"Burst ring over {s.world_size // u} ranks ({topology} ring where it has >= 2 ranks per node)")
+        u = _usp_degree(get(method), s)
+    topology = ctx.options.get("ring_topology", ring_topology)
+    ctx.note(f"USP ({method}): Ulysses degree u={u} (all-to-all inside {u} consecutive ranks), "
+             f"ring over {s.world_size // u} ranks ({topology} ring where it has >= 2 ranks per node)")
     if not overlap:
         ctx.note("overlap off: every ring transfer is waited for before the step computes")
     return _ulysses_schedule(ctx, u, prefix="a2a_", topology=topology, overlap=overlap)
