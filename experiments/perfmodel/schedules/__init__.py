@@ -18,6 +18,7 @@ from burst_impl.method import Method
 
 from ...model_only import MODEL_ONLY
 
+from .allgather_kv import allgather_kv
 from .common import Ctx
 from .ring_family import flat
 from .ring_rsa import ring_rsa
@@ -27,7 +28,7 @@ from .ulysses import ulysses, usp
 Builder = Callable[[Ctx], dict]
 
 FAMILIES: dict[str, Callable[..., dict]] = {"ring": flat, "ring_rsa": ring_rsa, "ulysses": ulysses, "usp": usp,
-                                            "tp": tp}
+                                            "tp": tp, "allgather_kv": allgather_kv}
 # What a builder takes from the method's own options, by family.
 _FROM_OPTIONS = {"ring": ("topology", "overlap"), "ring_rsa": ("overlap",), "usp": ("overlap",)}
 
