@@ -103,8 +103,10 @@ def usp(ctx: Ctx, overlap: bool = True, method: str = "usp", ring_topology: str 
         # the registry's default degree, read back from its byte formula's all-to-all entries
         u = _usp_degree(get(method), s)
     topology = ctx.options.get("ring_topology", ring_topology)
-    ctx.note(f"USP ({method}): Ulysses degree u={u} (all-to-all inside {u} consecutive ranks), "
-             f"ring over {s.world_size // u} ranks ({topology} ring where it has >= 2 ranks per node)")
+    ring = "K/V ring" if ("backward", "k") in ctx.table else "Burst ring"
+    where = " where it has >= 2 ranks per node" if topology == "double" else ""
+    ctx.note(f"USP{'' if method == 'usp' else f' ({method})'}: Ulysses degree u={u} (all-to-all inside {u} "
+             f"consecutive ranks), {ring} over {s.world_size // u} ranks ({topology} ring{where})")
     if not overlap:
         ctx.note("overlap off: every ring transfer is waited for before the step computes")
     return _ulysses_schedule(ctx, u, prefix="a2a_", topology=topology, overlap=overlap)
