@@ -55,6 +55,8 @@ def _check(q, k_new, v_new, cache, layer) -> None:
     if not isinstance(cache, ShardedKVCache) or cache.world_size != 1:
         raise ValueError("cache must be the head-sharded ShardedKVCache of tp_cache (one shard per rank)")
     cache.check_layer(layer)
+    if not all(isinstance(t, Tensor) for t in (q, k_new, v_new)):
+        raise ValueError("q, k_new, v_new must be tensors (batch, new tokens, this rank's heads, head_dim)")
     want = (cache.batch, q.shape[1], cache.kv_heads, cache.head_dim)
     if q.dim() != 4 or q.shape[0] != cache.batch or tuple(k_new.shape) != want or k_new.shape != v_new.shape:
         raise ValueError(f"q.shape={tuple(q.shape)}, k_new.shape={tuple(k_new.shape)}: this rank's heads of the "
@@ -68,7 +70,7 @@ def tp_decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, la
     Appends them to the head-sharded cache and returns (out (B, q, Z/G, d), lse (B, Z/G, q)) of the
     rank's heads. The ranks agree on layer, window and their caches' lengths before attending."""
     agree(group, lambda: _check(q, k_new, v_new, cache, layer),
-          dict(op="tp_decode", layer=layer, window=window, tokens=q.shape[1],
+          dict(op="tp_decode", layer=layer, window=window, shape=tuple(getattr(q, "shape", ())),
                lengths=cache.lengths(layer) if isinstance(cache, ShardedKVCache) and
                layer in range(cache.n_layers) else None))
     mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)

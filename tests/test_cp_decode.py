@@ -1,7 +1,7 @@
 """Context-parallel inference against the single-process fp64 reference (burst_impl.inference).
 
 One scenario per (world size, placement, kv heads) on a gloo group: two sequences of different
-prompt lengths prefilled pass-KV (zigzag and contiguous layouts, uneven N), one continued pass-Q,
+prompt lengths prefilled pass-KV (zigzag, and contiguous with a window; uneven N), one continued pass-Q,
 then decode steps of 1, 3 and 2 new tokens through both merges, the placement switched half-way
 (the placements mix) and a sliding window on the last step. Every operator's output and lse are
 compared with the reference on every rank, and every rank's counted bytes with the closed forms.
@@ -18,7 +18,7 @@ from burst_impl.inference import (ShardedKVCache, continuation_owners, continue_
 from tests.inference_refs import FP64_TOL, attend, err, sequence
 
 D = 4
-PROMPTS = ((11, "zigzag"), (6, "contiguous"))     # (N, layout) of the two sequences, uneven over most W
+PROMPTS = ((11, "zigzag", None), (6, "contiguous", 2))   # (N, layout, window) of the two prompts, uneven N
 CONTINUE = 2                                       # pass-Q continuation of sequence 1: W + 2 tokens
 STEPS = ((1, "all_gather", None), (3, "heads", None), (2, "all_gather", 4))   # (q, merge, window)
 
@@ -33,7 +33,7 @@ def _scenario(placement: str, kv_heads: int) -> list:
     """Every check of the scenario on this rank; the failures (empty: all passed)."""
     rank, g = comm.world()
     z = 2 * g if g > 1 else 2                   # "heads" splits Z over the ranks; GQA group Z / kv_heads
-    total = [n + (CONTINUE + g if i == 1 else 0) + sum(s[0] for s in STEPS) for i, (n, _) in enumerate(PROMPTS)]
+    total = [n + (CONTINUE + g if i == 1 else 0) + sum(s[0] for s in STEPS) for i, (n, _, _) in enumerate(PROMPTS)]
     data = [sequence(7 + i, total[i], z, kv_heads, D) for i in range(2)]
     cache = ShardedKVCache.empty(2, 2, kv_heads, D, dtype=torch.float64, placement=placement)
     bad = []
@@ -43,11 +43,11 @@ def _scenario(placement: str, kv_heads: int) -> list:
         if not e <= FP64_TOL or counted != formula:
             bad.append((what, rank, e, counted, formula))
 
-    for b, (n, lay) in enumerate(PROMPTS):     # pass-KV prefill, each sequence its own prompt length
+    for b, (n, lay, window) in enumerate(PROMPTS):     # pass-KV prefill, each sequence its own prompt length
         pos = layouts.positions(lay, rank, g, n)
         q, k, v = (t[pos].unsqueeze(0) for t in data[b])
-        (out, lse), counted = _counted(lambda: prefill(q, k, v, cache, 0, seqs=[b], layout=lay))
-        want = attend(data[b][0][pos], pos, data[b][1][:n], data[b][2][:n])
+        (out, lse), counted = _counted(lambda: prefill(q, k, v, cache, 0, seqs=[b], layout=lay, window=window))
+        want = attend(data[b][0][pos], pos, data[b][1][:n], data[b][2][:n], window)
         check(f"prefill seq {b}", out[0], lse[0], want, counted,
               prefill_bytes(rank, list(layouts.lengths(lay, g, n)), 1, kv_heads, D, 8))
 
@@ -73,8 +73,14 @@ def _scenario(placement: str, kv_heads: int) -> list:
                           window)
             check(f"decode step {i} seq {b} ({merge})", out[b], lse[b], (want[0][:, heads], want[1][heads]),
                   counted, decode_bytes(merge, g, 2, n_new, z, D, 8, 8))
-    held = sorted(torch.cat([cache.shard(0, b).pos for b in range(2)]).tolist())
-    if cache.lengths(0) != total or cache.lengths(1) != [0, 0] or not held:
+        if merge == "all_gather":   # every rank must hold the same bits (generation samples from them)
+            every = [out]
+            if g > 1:
+                every = [torch.empty_like(out) for _ in range(g)]
+                torch.distributed.all_gather(every, out.contiguous())
+            if not all(torch.equal(o, out) for o in every):
+                bad.append((f"decode step {i}: ranks' outputs differ", rank))
+    if cache.lengths(0) != total or cache.lengths(1) != [0, 0]:
         bad.append(("cache lengths", cache.lengths(0), total))
     return bad
 
@@ -95,6 +101,23 @@ def _every_token_once(placement: str) -> list:
     prefill(q[pos].unsqueeze(0), k[pos].unsqueeze(0), v[pos].unsqueeze(0), cache, 0, layout="contiguous")
     decode(q[5:9].unsqueeze(0), k[5:9].unsqueeze(0), v[5:9].unsqueeze(0), cache, 0)
     return cache.shard(0, 0).pos.tolist()
+
+
+def _decode_from_empty() -> float:
+    """Decode into an empty sequence: at first most ranks' shards are empty (partials 0, lse -inf)."""
+    rank, g = comm.world()
+    cache = ShardedKVCache.empty(1, 1, 1, D, dtype=torch.float64)
+    q, k, v = sequence(4, 4, 3, 1, D)
+    worst = 0.0
+    for a, b in ((0, 1), (1, 3), (3, 4)):
+        out, lse = decode(*(t[a:b].unsqueeze(0) for t in (q, k, v)), cache, 0)
+        want = attend(q[a:b], torch.arange(a, b), k[:b], v[:b])
+        worst = max(worst, err(out[0], want[0]), err(lse[0], want[1]))
+    return worst
+
+
+def test_decode_from_an_empty_cache(pools):
+    assert max(pools.run(3, _decode_from_empty)) <= FP64_TOL
 
 
 @pytest.mark.parametrize("placement", ["round_robin", "shortest"])

@@ -56,3 +56,19 @@ def test_single_rank_decode_of_a_ragged_batch_matches_fp64_and_counts_kv_bytes()
             assert max(err(out[b], want[0]), err(lse[b], want[1])) <= FP64_TOL
     assert cache.lengths(0) == [5, 8]
     assert cache.nbytes() == (5 + 8) * 2 * 2 * 4 * 8     # tokens x (K, V) x kv heads x d x fp64
+
+
+@pytest.mark.parametrize("cache,layer,needle", [
+    (None, 0, "cache=NoneType must be a burst_impl.inference.ShardedKVCache"),
+    ("cache", 1, "layer=1 must be an int in [0, n_layers=1)"),
+    ("other group", 0, "cache.rank, cache.world_size = 1, 2 must be this process's rank and size in group: 0, 1"),
+])
+def test_decode_rejects_a_bad_cache(cache, layer, needle):
+    one = [torch.zeros(1, 1, 2, 4, dtype=torch.float64)] + [torch.zeros(1, 1, 1, 4, dtype=torch.float64)] * 2
+    if cache == "cache":
+        cache = ShardedKVCache.empty(1, 1, 1, 4, dtype=torch.float64)
+    elif cache == "other group":
+        cache = ShardedKVCache.empty(1, 1, 1, 4, dtype=torch.float64, rank=1, world_size=2)
+    with pytest.raises(ValueError) as e:
+        decode(*one, cache, layer)
+    assert needle in str(e.value)

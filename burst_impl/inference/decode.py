@@ -23,7 +23,7 @@ from .. import comm
 from ..collectives import all_gather_, all_to_all_
 from ..kernels import FLOAT_DTYPES, default_scale
 from .agree import agree
-from .kv_cache import ShardedKVCache, check_cache
+from .kv_cache import ShardedKVCache, cache_state, check_cache
 from .partial import decode_mask, merge_all, partial_attention
 
 Tensor = torch.Tensor
@@ -83,9 +83,7 @@ def decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer
     (their caches, layer, window, merge, shapes): ValueError on every rank before any byte."""
     agree(group, lambda: _check(q, k_new, v_new, cache, layer, merge, window, positions, group),
           dict(op="decode", layer=layer, merge=merge, window=window, scale=softmax_scale,
-               shape=tuple(getattr(q, "shape", ())), dtype=getattr(q, "dtype", None), placement=cache.placement,
-               n_layers=cache.n_layers, shards=[s.shard_lens for s in cache.layers[layer]]
-               if isinstance(cache, ShardedKVCache) and layer in range(cache.n_layers) else None))
+               shape=tuple(getattr(q, "shape", ())), dtype=getattr(q, "dtype", None), **cache_state(cache, layer)))
     mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)
     outs, lses = [], []
     for b in range(cache.batch):

@@ -73,6 +73,16 @@ def check_cache(cache, layer: int, group) -> None:
     cache.check_layer(layer)
 
 
+def cache_state(cache, layer: int, seqs=None) -> dict:
+    """What the ranks of a call must agree on about their caches (layer count, placement, every shard
+    length of ``seqs`` at ``layer``); None where ``cache`` or ``layer`` is invalid (the local checks say why)."""
+    if not isinstance(cache, ShardedKVCache) or not isinstance(layer, int) or layer not in range(cache.n_layers):
+        return dict(n_layers=getattr(cache, "n_layers", None), placement=None, shards=None)
+    seqs = range(cache.batch) if seqs is None else [b for b in seqs if b in range(cache.batch)]
+    return dict(n_layers=cache.n_layers, placement=cache.placement,
+                shards=[cache.layers[layer][b].shard_lens for b in seqs])
+
+
 @dataclass
 class ShardedKVCache:
     """Every layer's shards of a batch of ``batch`` sequences on rank ``rank`` of ``world_size``.

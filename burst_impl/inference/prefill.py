@@ -22,7 +22,7 @@ from ..balance import resolve_layout
 from ..collectives import all_to_all_
 from ..kernels import FLOAT_DTYPES, default_scale
 from .agree import agree
-from .kv_cache import ShardedKVCache, check_cache
+from .kv_cache import ShardedKVCache, cache_state, check_cache
 from .partial import decode_mask, merge_all, partial_attention
 
 Tensor = torch.Tensor
@@ -44,10 +44,8 @@ def _check_batch(q, k, v, cache: ShardedKVCache, layer: int, seqs: list[int], gr
         raise ValueError(f"query heads q.shape[2]={q.shape[2]} must be a multiple of cache.kv_heads={cache.kv_heads}")
 
 
-def _state(cache, layer, seqs):
-    ok = isinstance(cache, ShardedKVCache) and layer in range(cache.n_layers)
-    return dict(n_layers=getattr(cache, "n_layers", None), placement=getattr(cache, "placement", None),
-                shards=[cache.layers[layer][b].shard_lens for b in seqs if b in range(cache.batch)] if ok else None)
+def _tokens(t) -> int:
+    return t.shape[1] if isinstance(t, Tensor) and t.dim() >= 2 else -1
 
 
 def prefill(q: Tensor, k: Tensor, v: Tensor, cache: ShardedKVCache, layer: int, *, seqs=None,
@@ -62,12 +60,13 @@ def prefill(q: Tensor, k: Tensor, v: Tensor, cache: ShardedKVCache, layer: int, 
 
     def checks():
         _check_batch(q, k, v, cache, layer, seqs, group)
+        decode_mask(window)
         filled = [b for b in seqs if cache.layers[layer][b].length]
         if filled:
             raise ValueError(f"seqs={seqs}: sequence(s) {filled} already hold tokens at layer {layer}; prefill "
                              "fills empty sequences (prefill_continue extends cached ones)")
     rows = agree(group, checks, dict(op="prefill", layer=layer, seqs=seqs, window=window, layout=str(layout),
-                                     **_state(cache, layer, seqs)), dict(seq_local=q.shape[1]))
+                                     **cache_state(cache, layer, seqs)), dict(seq_local=_tokens(q)))
     rank, size = comm.world(group)
     n = sum(r["seq_local"] for r in rows) if len(rows) == size else q.shape[1] * size
     mask = decode_mask(window) if window is not None else None
@@ -99,6 +98,7 @@ def prefill_continue(q: Tensor, k: Tensor, v: Tensor, cache: ShardedKVCache, lay
 
     def checks():
         _check_batch(q, k, v, cache, layer, seqs, group)
+        decode_mask(window)
         if len({tuple(cache.layers[layer][b].shard_lens) for b in seqs}) > 1:
             raise ValueError(f"seqs={seqs}: their shards at layer {layer} differ in length "
                              f"({[cache.layers[layer][b].shard_lens for b in seqs]}); continue them in separate calls")
@@ -106,8 +106,9 @@ def prefill_continue(q: Tensor, k: Tensor, v: Tensor, cache: ShardedKVCache, lay
             raise ValueError("prefill_continue learns every rank's token count from the agreement check: call it "
                              "with comm.check_shapes on")
     rows = agree(group, checks, dict(op="prefill_continue", layer=layer, seqs=seqs, window=window,
-                                     scale=softmax_scale, heads=q.shape[2:], **_state(cache, layer, seqs)),
-                 dict(tokens=q.shape[1]))
+                                     scale=softmax_scale, heads=tuple(getattr(q, "shape", ()))[2:],
+                                     **cache_state(cache, layer, seqs)),
+                 dict(tokens=_tokens(q)))
     counts = [r["tokens"] for r in rows]
     owners = cache.owners(layer, seqs[0], sum(counts))
     expected = [owners.count(r) for r in range(size)]
