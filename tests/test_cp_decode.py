@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from burst_impl import comm, layout as layouts
-from burst_impl.inference import (ShardedKVCache, continuation_owners, continue_bytes, decode, decode_bytes, prefill,
-                                  prefill_bytes, prefill_continue)
+from burst_impl.inference import (ShardedKVCache, continuation_owners, continue_bytes, decode, decode_bytes,
+                                  decode_mask, partial_attention, prefill, prefill_bytes, prefill_continue)
 from tests.inference_refs import FP64_TOL, attend, err, sequence
 
 D = 4
@@ -174,3 +174,29 @@ def test_bad_input_is_a_value_error_on_every_rank_before_any_byte(pools):
         assert "shards" in msgs[8] and "disagree" in msgs[8]
         assert "the ranks hold [1, 2, 1] new tokens" in msgs[10] and "as [2, 1, 1]" in msgs[10], text
         assert "cache.n_layers=2 must equal the model's n_layers=3" in msgs[12]
+
+
+def _low_precision(dtype) -> list[tuple[str, float, float]]:
+    """(merge, error of the sharded decode, error of single-process attention in the same dtype), vs fp64."""
+    rank, g = comm.world()
+    q, k, v = sequence(9, 36, 6, 2, 16)
+    pos, mask = torch.arange(32, 36), decode_mask(20)
+    single, _ = partial_attention(q[32:].to(dtype), pos, k.to(dtype), v.to(dtype), torch.arange(36), mask, 16 ** -0.5)
+    out = []
+    for merge in ("all_gather", "heads"):
+        cache = ShardedKVCache.empty(1, 1, 2, 16, dtype=dtype)
+        cache.append(0, 0, k[:32].to(dtype), v[:32].to(dtype), cache.owners(0, 0, 32))   # a prefix, then 4 new
+        o, _ = decode(*(t[32:].unsqueeze(0).to(dtype) for t in (q, k, v)), cache, 0, merge=merge, window=20)
+        heads = slice(None) if merge == "all_gather" else slice(rank * 6 // g, (rank + 1) * 6 // g)
+        want = attend(q[32:], pos, k, v, 20)[0][:, heads]
+        out.append((merge, err(o[0], want), err(single[:, heads], want)))
+    return out
+
+
+def test_fp32_and_bf16_decode_within_the_tolerance_policy(pools):
+    """docs/testing.md: fp32 within 2e-5 of the largest reference value; bf16 within 2x the error of
+    single-process bf16 attention plus a floor of 1e-2."""
+    for merge, got, _ in (r for rank in pools.run(3, _low_precision, torch.float32) for r in rank):
+        assert got <= 2e-5, (merge, got)
+    for merge, got, single in (r for rank in pools.run(3, _low_precision, torch.bfloat16) for r in rank):
+        assert got <= 2 * single + 1e-2, (merge, got, single)
