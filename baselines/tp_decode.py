@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 
 from burst_impl import comm
-from burst_impl.inference import ShardedKVCache, decode_mask, partial_attention
+from burst_impl.inference import ShardedKVCache
+from burst_impl.inference.partial import check_attention_args, decode_mask, partial_attention
 from burst_impl.inference.agree import agree
 from burst_impl.kernels import default_scale
 
@@ -51,7 +52,7 @@ def tp_cache(n_layers: int, batch: int, heads: int, kv_heads: int, head_dim: int
                                 rank=0, world_size=1)
 
 
-def _check(q, k_new, v_new, cache, layer) -> None:
+def _check(q, k_new, v_new, cache, layer, window, softmax_scale, backend) -> None:
     if not isinstance(cache, ShardedKVCache) or cache.world_size != 1:
         raise ValueError("cache must be the head-sharded ShardedKVCache of tp_cache (one shard per rank)")
     cache.check_layer(layer)
@@ -61,6 +62,8 @@ def _check(q, k_new, v_new, cache, layer) -> None:
     if q.dim() != 4 or q.shape[0] != cache.batch or tuple(k_new.shape) != want or k_new.shape != v_new.shape:
         raise ValueError(f"q.shape={tuple(q.shape)}, k_new.shape={tuple(k_new.shape)}: this rank's heads of the "
                          f"new tokens, k_new and v_new {want}")
+    decode_mask(window)
+    check_attention_args(q, softmax_scale, backend)
 
 
 def tp_decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer: int, *,
@@ -69,7 +72,7 @@ def tp_decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, la
     """q (B, q, Z/G, d) and k_new / v_new (B, q, local KV heads, d): this rank's heads of the new tokens.
     Appends them to the head-sharded cache and returns (out (B, q, Z/G, d), lse (B, Z/G, q)) of the
     rank's heads. The ranks agree on layer, window and their caches' lengths before attending."""
-    agree(group, lambda: _check(q, k_new, v_new, cache, layer),
+    agree(group, lambda: _check(q, k_new, v_new, cache, layer, window, softmax_scale, backend),
           dict(op="tp_decode", layer=layer, window=window, shape=tuple(getattr(q, "shape", ())),
                lengths=cache.lengths(layer) if isinstance(cache, ShardedKVCache) and
                layer in range(cache.n_layers) else None))

@@ -72,3 +72,17 @@ def test_decode_rejects_a_bad_cache(cache, layer, needle):
     with pytest.raises(ValueError) as e:
         decode(*one, cache, layer)
     assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(softmax_scale=-1.0), "softmax_scale=-1.0 must be a finite positive number"),
+    (dict(backend="nope"), "backend='nope' is unknown"),
+    (dict(window=-2), "window=-2 must be a non-negative int"),
+    (dict(merge="sum"), "merge='sum' is unknown"),
+])
+def test_decode_rejects_bad_arguments_without_touching_the_cache(kwargs, needle):
+    one = [torch.zeros(1, 1, 2, 4, dtype=torch.float64)] + [torch.zeros(1, 1, 1, 4, dtype=torch.float64)] * 2
+    cache = ShardedKVCache.empty(1, 1, 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError) as e:
+        decode(*one, cache, 0, **kwargs)
+    assert needle in str(e.value) and cache.lengths(0) == [0]

@@ -24,13 +24,14 @@ from ..collectives import all_gather_, all_to_all_
 from ..kernels import FLOAT_DTYPES, default_scale
 from .agree import agree
 from .kv_cache import ShardedKVCache, cache_state, check_cache
-from .partial import decode_mask, merge_all, partial_attention
+from .partial import check_attention_args, decode_mask, merge_all, partial_attention
 
 Tensor = torch.Tensor
 MERGES = ("all_gather", "heads")
 
 
-def _check(q, k_new, v_new, cache: ShardedKVCache, layer, merge, window, positions, group) -> None:
+def _check(q, k_new, v_new, cache: ShardedKVCache, layer, merge, window, positions, group, softmax_scale,
+           backend) -> None:
     check_cache(cache, layer, group)
     if merge not in MERGES:
         raise ValueError(f"merge={merge!r} is unknown; choose one of {MERGES}")
@@ -52,6 +53,7 @@ def _check(q, k_new, v_new, cache: ShardedKVCache, layer, merge, window, positio
     if merge == "heads" and z % cache.world_size:
         raise ValueError(f"merge='heads' splits the query heads q.shape[2]={z} over the {cache.world_size} ranks: "
                          "they must divide evenly (or use merge='all_gather')")
+    check_attention_args(q, softmax_scale, backend)
     if positions is not None:
         check_positions(positions, cache.lengths(layer), n)
 
@@ -81,7 +83,8 @@ def decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer
     Returns (out, lse) in (q's dtype, statistics dtype): "all_gather" (B, q, Z, d) and (B, Z, q);
     "heads" this rank's heads, (B, q, Z/G, d) and (B, Z/G, q). Bad input, or ranks that disagree
     (their caches, layer, window, merge, shapes): ValueError on every rank before any byte."""
-    agree(group, lambda: _check(q, k_new, v_new, cache, layer, merge, window, positions, group),
+    agree(group, lambda: _check(q, k_new, v_new, cache, layer, merge, window, positions, group, softmax_scale,
+                                 backend),
           dict(op="decode", layer=layer, merge=merge, window=window, scale=softmax_scale,
                shape=tuple(getattr(q, "shape", ())), dtype=getattr(q, "dtype", None), **cache_state(cache, layer)))
     mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)

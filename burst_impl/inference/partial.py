@@ -7,11 +7,14 @@ gives out = 0, lse = -inf there, which the merge weighs zero (``attention.merge_
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from .. import masks
 from ..attention import merge_partial
-from ..kernels import TileMask, attn_forward, stats_dtype
+from ..kernels import TileMask, attn_forward, resolve_backend, stats_dtype
 
 Tensor = torch.Tensor
 
@@ -23,6 +26,15 @@ def decode_mask(window: int | None) -> masks.Mask:
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window={window!r} must be a non-negative int (keys q - window .. q) or None (causal)")
     return masks.SlidingWindow(window, 0)
+
+
+def check_attention_args(q: Tensor, softmax_scale, backend) -> None:
+    """``softmax_scale`` finite and positive (or None), ``backend`` able to run on q (or None), checked
+    before a call appends to the cache or sends."""
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)
+                                      or not math.isfinite(softmax_scale) or not softmax_scale > 0):
+        raise ValueError(f"softmax_scale={softmax_scale!r} must be a finite positive number (or None: 1/sqrt(d))")
+    resolve_backend(q.device, backend, q.dtype, q.shape[-1])
 
 
 def partial_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tensor, mask: masks.Mask,

@@ -23,7 +23,7 @@ from ..collectives import all_to_all_
 from ..kernels import FLOAT_DTYPES, default_scale
 from .agree import agree
 from .kv_cache import ShardedKVCache, cache_state, check_cache
-from .partial import decode_mask, merge_all, partial_attention
+from .partial import check_attention_args, decode_mask, merge_all, partial_attention
 
 Tensor = torch.Tensor
 
@@ -99,6 +99,7 @@ def prefill_continue(q: Tensor, k: Tensor, v: Tensor, cache: ShardedKVCache, lay
     def checks():
         _check_batch(q, k, v, cache, layer, seqs, group)
         decode_mask(window)
+        check_attention_args(q, softmax_scale, backend)
         if len({tuple(cache.layers[layer][b].shard_lens) for b in seqs}) > 1:
             raise ValueError(f"seqs={seqs}: their shards at layer {layer} differ in length "
                              f"({[cache.layers[layer][b].shard_lens for b in seqs]}); continue them in separate calls")
