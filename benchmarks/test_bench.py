@@ -20,6 +20,7 @@ from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from experiments.harness.measure import memory_model_bytes
 from experiments.harness.memory import measure_peak
 from experiments.harness.plan import case_problem
+from experiments.harness.results import base_record
 from experiments.harness.steps import build_step
 from experiments.harness.timing import barrier
 
@@ -65,19 +66,18 @@ def test_case(benchmark, case, device):
         formula = method.bytes(case.shape)
         flops, _ = case_flops(case.level, case.shape, case.mode)   # layer level: projections included
         mem_model = memory_model_bytes(case)
-    benchmark.extra_info.update({
-        "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
-        "mode": case.mode, "world_size": case.world_size, "rank": rank,
-        "shape": {k: getattr(case, k) for k in ("batch", "seqlen", "heads", "kv_heads", "head_dim", "dtype",
-                                                "causal", "layout")},
+    # the suite's one record type (experiments/harness/record.py), this rank's view; pytest-benchmark keeps
+    # the times and their statistics itself
+    rec = base_record(case, "ok")
+    rec.update({
         "comm_fwd_bytes": counts.phase_total("forward"), "comm_bwd_bytes": counts.phase_total("backward"),
         "comm_fwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "forward"),
         "comm_bwd_formula_bytes": sum(v for (p, _), v in formula.items() if p == "backward"),
         "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
         "mem_model_bytes": mem_model, "flops": flops,
     })
-
     med = benchmark.stats.stats.median if benchmark.stats else None
     if med:
-        benchmark.extra_info["tflops_per_rank"] = tflops_per_s(flops, med) / case.world_size
-        benchmark.extra_info["tokens_per_s"] = tokens_per_s(case.batch, case.seqlen, med)
+        rec.update(time_median_s=med, tflops_per_rank=tflops_per_s(flops, med) / case.world_size,
+                   tokens_per_s=tokens_per_s(case.batch, case.seqlen, med))
+    benchmark.extra_info.update(rank=rank, record=rec.to_json())

@@ -7,6 +7,7 @@
     burst-bench cluster overlap a800_ib_emu_3x2  # the emulated cluster's tools
     burst-bench gpu-check                        # every CUDA kernel and peer once
     burst-bench bench loss --vocab 32768         # a standalone benchmark (experiments/benches/)
+    burst-bench migrate results/<machine>        # older results into today's record schema
     burst-bench <subcommand> --help              # that subcommand's own options
 
 Everything after the subcommand's name goes to it unchanged, so its options and its ``--help`` are its
@@ -48,6 +49,8 @@ SUBCOMMANDS = (
     Subcommand("cluster", "experiments.cluster.__main__:main",
                "the emulated cluster: up, show, selftest, overlap, down, report, ratios"),
     Subcommand("gpu-check", "experiments.gpu_check:main", "every CUDA kernel and peer once, on this machine's GPUs"),
+    Subcommand("migrate", "experiments.harness.migrate:main",
+               "convert results written before the record schema 3 (once per results root)"),
     Subcommand("bench", f"{__name__}:bench_main",
                "a standalone benchmark of experiments/benches/ (`bench --help` lists them)"),
 )

@@ -55,8 +55,8 @@ def _style(row: str, method: str) -> dict:
 def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
     r = df.iloc[0]
     ref = f" ({meta['paper_ref']})" if meta.get("paper_ref") else ""
-    # measured records name the model in "model"; modelled ones keep their model's breakdown there
-    model = r.get("model_config") if isinstance(r.get("model"), dict) else r.get("model")
+    # the model's name: "model_config" in a modelled model-level record, "model" (its config) in every record
+    model = r.get("model_config") if isinstance(r.get("model_config"), str) else r.get("model")
     gs = "/".join(str(g) for g in sorted(df["world_size"].unique()))     # a main table's cells differ in G
     return (f"{r['experiment']}{ref}: {what}\nmodel {model}, {TITLE_MODE.get(r['mode'], r['mode'])}, "
             f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}")

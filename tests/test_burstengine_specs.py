@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-import yaml
 
 from experiments.harness.model_cases import VARIANT_KNOBS
 from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_spec, parse_spec, spec_mapping
@@ -105,11 +104,12 @@ def test_presets_hold_the_specs():
 def test_modelled_records_say_their_setup(tmp_path):
     """The perf model's records of the main table: one per case, each with its row, loss, checkpoint as
     run (usp runs seq as full), ZeRO stage 3 and the offload; the table names every row."""
+    from experiments.harness.record import read_rows
     from experiments.perfmodel.model_figures import write_model_spec
 
     spec = load_spec(MAINS[1])
     files = write_model_spec(spec, results_root=tmp_path / "r", plots_root=tmp_path / "p", draw=False)
-    recs = [yaml.safe_load(line) for line in (tmp_path / "r" / spec.name / "results.jsonl").read_text().splitlines()]
+    recs = read_rows(tmp_path / "r" / spec.name / "results.jsonl")
     assert len(recs) == len(spec.cases())
     by = {(r["variant"], r["world_size"]): r for r in recs}
     assert by[("burst_usp", 32)]["checkpoint"] == "full" and by[("burst_ring", 32)]["checkpoint"] == "seq"

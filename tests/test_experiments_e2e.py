@@ -12,6 +12,7 @@ import yaml
 
 from experiments.harness import results as R
 from experiments.harness.env import REPO
+from experiments.harness.record import Record
 from experiments.run import main as run_main
 
 SPEC = {
@@ -109,8 +110,9 @@ def test_pytest_benchmark_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert len(data["benchmarks"]) == 2
-    info = data["benchmarks"][0]["extra_info"]
-    for key in ("method", "shape", "world_size", "comm_fwd_bytes", "comm_fwd_formula_bytes", "mem_peak_bytes",
-                "flops"):
-        assert key in info
-    assert info["shape"]["seqlen"] == 64 and info["mem_peak_bytes"] > 0
+    # the suite's record type, as the harness writes it
+    info = Record.from_json(data["benchmarks"][0]["extra_info"]["record"]).row()
+    for key in ("method", "seqlen", "world_size", "comm_fwd_bytes", "comm_fwd_formula_bytes", "mem_peak_bytes",
+                "flops", "time_median_s", "git"):
+        assert info[key] is not None, key
+    assert info["seqlen"] == 64 and info["mem_peak_bytes"] > 0

@@ -16,7 +16,6 @@ from experiments.harness import results as R
 from experiments.harness.memory import is_oom, measure_peak
 from experiments.profiles.cluster import load_profile
 from experiments.cluster.slurm import render_sbatch
-from experiments.harness.env import REPO
 from experiments.harness.spec import EXPERIMENTS_DIR, load_any, load_preset, load_spec, parse_spec
 from experiments.harness.timing import quantile, summarize, time_steps
 
@@ -130,15 +129,6 @@ def test_old_cluster_option_is_an_error_naming_the_new_one(capsys):
     with pytest.raises(SystemExit) as e:
         main(["cpu", "--target", "cpu", "--dry-run"])
     assert e.value.code == 2 and "--target was renamed --cluster" in capsys.readouterr().err
-
-
-def test_records_of_the_old_level_name_read_as_layer(tmp_path):
-    """Committed reference records (results/reference/cpu2-amd-epyc) carry ``"level": "block"``."""
-    p = tmp_path / "results.jsonl"
-    p.write_text(json.dumps({"case_id": "a", "level": "block"}) + "\n" + json.dumps({"case_id": "b", "level": "op"}))
-    assert [r["level"] for r in R.read_records(p)] == ["layer", "op"]
-    old = R.read_records(REPO / "results/reference/cpu2-amd-epyc/cpu_fig3_train/results.jsonl")
-    assert old and {r["level"] for r in old} == {"layer"}
 
 
 def test_missing_required_key(tmp_path):

@@ -18,6 +18,7 @@ from experiments.perfmodel.emulated.costs import EmulatedCosts
 from experiments.perfmodel.emulated.hardware import emulated_hardware
 from experiments.perfmodel.emulated.measured import HBM, KernelTimes
 from experiments.perfmodel.model import predict_case
+from tests._helpers import write_rows
 from tests.emulated_records import emulated_cluster, emulated_record
 
 CPUS = 0.5            # each rank's cap in the synthetic run
@@ -100,7 +101,7 @@ def test_the_kernel_table_is_timed_under_the_runs_cap(tmp_path, monkeypatch):
     recs = [_record(256, 0.6)]
     d = tmp_path / "t_emu"
     d.mkdir()
-    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    write_rows(d / "results.jsonl", [{**r, "experiment": "t_emu"} for r in recs])
     keys = validate.needed_keys(recs)
     KernelTimes(procs=2, threads=1, seconds={k: 1.0 for k in keys}, cpus=None).save(d / validate.KERNEL_TIMES_FILE)
     asked = []

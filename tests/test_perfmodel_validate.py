@@ -18,6 +18,7 @@ from experiments.perfmodel.emulated.costs import EmulatedCosts
 from experiments.perfmodel.emulated.hardware import emulated_hardware
 from experiments.perfmodel.emulated.measured import HBM, KernelTimes, measure
 from experiments.perfmodel.schedules.common import merge_bytes
+from tests._helpers import write_rows
 from tests.emulated_records import RATE
 from tests.emulated_records import emulated_cluster as _cluster
 from tests.emulated_records import emulated_record as _record
@@ -104,7 +105,7 @@ def test_report_appends_the_model_table(tmp_path):
     recs = [_record(4096, "burst", 0.8), _record(256, "burst", 0.5)]
     d = tmp_path / "t_emu"
     d.mkdir()
-    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    write_rows(d / "results.jsonl", [{**r, "experiment": "t_emu"} for r in recs])
     _times(recs).save(d / validate.KERNEL_TIMES_FILE)
     rep = with_model({"experiment": "t_emu", "text": "ratios"}, tmp_path, measure_missing=False)
     assert rep["text"].startswith("ratios\n\nperformance model")
@@ -125,7 +126,7 @@ def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):
     recs = [_record(256, "burst", 0.5)]           # given link rates: no calibration in the cluster block
     d = tmp_path / "t_emu"
     d.mkdir()
-    (d / "results.jsonl").write_text("".join(json.dumps({**r, "experiment": "t_emu"}) + "\n" for r in recs))
+    write_rows(d / "results.jsonl", [{**r, "experiment": "t_emu"} for r in recs])
     with pytest.raises(ValueError, match="no compute calibration"):
         validate.validate_experiment(tmp_path, "t_emu", require_calibration=True)
 

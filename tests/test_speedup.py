@@ -3,7 +3,6 @@ samples, an interval that straddles 1; and the same interval for the same two re
 shows one (the run summary, the figures, the emulator's report and ratios, the claims page)."""
 from __future__ import annotations
 
-import json
 import random
 
 import pandas as pd
@@ -15,6 +14,7 @@ from experiments.harness import summary
 from experiments.harness.timing import summarize
 from experiments.plots import _speedup
 from experiments.report import compare
+from tests._helpers import write_rows
 
 SHAPE = "op.fwd_bwd.N1024.G4"
 
@@ -96,9 +96,8 @@ def test_an_interval_that_straddles_one_decides_nothing():
 def _write(root, experiment: str, recs: list[dict]) -> None:
     d = root / experiment
     d.mkdir(parents=True)
-    extra = {"cluster": {}, "hardware": {}, "timestamp": "2026-01-01T00:00:00", "comm_fwd_bytes": 0,
-             "comm_bwd_bytes": 0}
-    (d / "results.jsonl").write_text("".join(json.dumps({**extra, **r}) + "\n" for r in recs))
+    extra = {"cluster": {}, "comm_fwd_bytes": 0, "comm_bwd_bytes": 0, "experiment": experiment}
+    write_rows(d / "results.jsonl", [{**extra, **r} for r in recs])
 
 
 def test_every_path_gives_the_same_interval_for_the_same_two_records(tmp_path):

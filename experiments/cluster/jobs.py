@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import json
 import shutil
 import sys
 from pathlib import Path
 
-from ..harness import results as R
+from ..harness import record, results as R
 
 JOBS_DIR = ".jobs"
 
@@ -28,20 +27,13 @@ def merge(job_root: Path, results_root: Path) -> int:
     """Append the job's records to the shared results files (exclusive lock per file); returns the count."""
     n = 0
     for src in sorted(Path(job_root).glob(f"*/{R.RESULTS_FILE}")):
-        lines = [ln for ln in src.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        good = []
-        for ln in lines:
-            try:
-                json.loads(ln)
-                good.append(ln)
-            except json.JSONDecodeError:   # a torn last line from a killed writer
-                continue
+        good = [record.dumps(r) for r in record.read(src)]   # the one reader skips a torn last line
         dst = R.experiment_dir(results_root, src.parent.name) / R.RESULTS_FILE
         dst.parent.mkdir(parents=True, exist_ok=True)
         with open(dst, "a", encoding="utf-8") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
-                f.write("".join(ln + "\n" for ln in good))
+                f.write("".join(good))
                 f.flush()
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import results as R
+from . import record, results as R
 from .env import REPO
 from .faults import FAULT_ENV, fault_from_env
 from .launch import Launcher, run_launch, tail
@@ -75,13 +75,7 @@ class RecordWatcher:
         if end < 0:
             return []
         self.offset += len(chunk[:end + 1].encode("utf-8"))
-        out = []
-        for line in chunk[:end + 1].splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-        return out
+        return [r.row() for r in record.parse_lines(chunk[:end + 1].splitlines(), str(self.path))]
 
 
 @dataclass

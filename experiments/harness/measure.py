@@ -11,6 +11,7 @@ by the next launch.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -109,12 +110,14 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
     ids = [c.case_id for c in cases]
     for i, rec in enumerate(out):
         rec["repeat_stop"] = timed.stop
+        # the mean rank's time beside the slowest's (time_median_s): what codes that average over ranks report
+        rec["time_mean_rank_s"] = statistics.median(timed.mean_samples[i]) if timed.mean_samples else None
         rec["rounds"] = timed.rounds          # samples taken (``repeats`` is the configured minimum)
         rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
         # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)
         rec["interleaved_with"] = [x for x in ids if x != ids[i]]
-        rec["duration_s"] = t_timed / len(cases) + rec.pop("_rest_s")
+        rec["duration_s"] = t_timed / len(cases) + rec["duration_s"]   # + its untimed steps
     return out
 
 
@@ -157,10 +160,12 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
     per_rank = _gather(local, world)
     if rank != 0:
         return None
-    return _record(case, step, samples, per_rank, device) | {"_rest_s": time.perf_counter() - t0}
+    rec = _record(case, step, samples, per_rank, device)
+    rec["duration_s"] = time.perf_counter() - t0        # the untimed steps; the caller adds the timed share
+    return rec
 
 
-def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], device: torch.device) -> dict:
+def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], device: torch.device) -> R.Record:
     method = METHODS[case.method]
     shape = case.shape
     rec = R.base_record(case, "ok", extra_config={"device": str(device.type),

@@ -1,4 +1,5 @@
-"""Result records: one JSON line per case in ``<root>/<experiment>/results.jsonl``.
+"""Where result records live: one JSON line per case in ``<root>/<experiment>/results.jsonl``, in the
+record type of ``record.py`` (its one writer and reader; here the paths, resume and unfinished cases).
 
 Results belong to a machine: the root is ``results/<machine>/`` (``env.machine_slug``
 for this machine, the cluster profile's name for a SLURM cluster), every record
@@ -7,8 +8,8 @@ at the same commit (``done_case_ids``). Committed reference results live apart,
 in ``results/reference/<machine>/``; the performance model's in ``results/modelled/``.
 
 Written by rank 0 of the worker (ok/failed/oom), by the driver (skipped cases)
-or by the executor (cases a broken launch left, ``executor.py``). Readable by ``pandas.read_json(lines=True)``;
-``load_results`` keeps the newest record of each case.
+or by the executor (cases a broken launch left, ``executor.py``). ``load_results`` is the DataFrame of
+the newest record of each case (``record.Record.row``).
 
 Run-time bookkeeping lives in ``results/<experiment>/.work/``: a ``<case>.started``
 marker while a case runs and ``<case>.rank<r>.err`` files written by ranks that
@@ -24,20 +25,18 @@ from typing import Iterable
 
 import pandas as pd
 
-from . import axes, env
+from . import env, record
 from .axes import AXES
+from .record import SCHEMA_VERSION, STATUSES, Record  # noqa: F401 - re-exported: the one record type
 from .spec import Case
-
-SCHEMA_VERSION = 2     # 2: machine, time intervals, repeat_stop, bytes_source, one memory definition
-STATUSES = ("ok", "failed", "oom", "skipped")
 # Cases with one of these statuses are not run again unless --force
 # (failed ones with --retry-failed); "skipped" is always re-evaluated, so a
 # method registered later is picked up by the next run.
 DONE_STATUSES = ("ok", "oom", "failed")
 RESULTS_FILE = "results.jsonl"
 
-# Keys every record has (tests check the schema against this list).
-CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")   # copied to the top level
+# Keys every record's row has (tests check the schema against this list): the case's axes come from its config.
+CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")
 # ``kernel``: the local attention kernel that ran (the worker resolves it on its device); in records
 # written without running (skipped, or failed before the worker) the one asked for, or "auto".
 REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS, "kernel",
@@ -86,45 +85,28 @@ def now() -> str:
 
 
 def base_record(case: Case, status: str, reason: str = "", *, world_size: int | None = None,
-                extra_config: dict | None = None) -> dict:
-    if status not in STATUSES:
-        raise ValueError(f"status={status!r} must be one of {STATUSES}")
+                extra_config: dict | None = None) -> Record:
+    """A new record of ``case``: its resolved config and provenance; producers fill in the rest."""
     cfg = case.to_dict()
     cfg.update(extra_config or {})
-    rec = {
-        "schema": SCHEMA_VERSION,
-        "experiment": case.experiment,
-        "case_id": case.case_id,
-        "status": status,
-        "reason": reason,
-        "timestamp": now(),
-        **{k: cfg[k] for k in CASE_KEYS},
-        "kernel": cfg.get("kernel") or "auto",
-        "time_samples_s": [],
-        "config": cfg,
-        "git": env.git_info(),
-        "versions": env.versions(),
-        "hardware": env.hardware(world_size or case.world_size),
-        "machine": current_machine(),
+    rec = Record(status=status, reason=reason)
+    rec.update({
+        "experiment": case.experiment, "case_id": case.case_id, "method": case.method, "level": case.level,
+        "mode": case.mode, "kernel": cfg.get("kernel") or "auto", "time_samples_s": [], "config": cfg,
+        "timestamp": now(), "git": env.git_info(), "versions": env.versions(),
+        "hardware": env.hardware(world_size or case.world_size), "machine": current_machine(),
         "cluster": cluster_info(world_size or case.world_size),
-    }
+    })
     if cfg.get("variant"):       # a model-level row (model_cases.ModelVariant): summaries and figures key on it
         rec.update(variant=cfg["variant"], variant_label=cfg.get("variant_label") or cfg["variant"])
     return rec
 
 
-def append_record(results_root: Path | str, rec: dict) -> None:
-    missing = [k for k in REQUIRED_KEYS if k not in rec]
-    if missing:
-        raise ValueError(f"record for {rec.get('case_id')} lacks keys {missing}")
-    path = experiment_dir(results_root, rec["experiment"]) / RESULTS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(rec, sort_keys=True, default=str) + "\n"
-    # One write of one line in append mode: concurrent readers see whole lines.
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+def append_record(results_root: Path | str, rec: Record) -> None:
+    """The one writer (``record.write``) at ``<root>/<experiment>/results.jsonl``."""
+    if not isinstance(rec, Record):
+        raise ValueError(f"rec={type(rec).__name__}: a result must be a record.Record (base_record builds one)")
+    record.write(experiment_dir(results_root, rec.case.experiment) / RESULTS_FILE, rec)
 
 
 def end_torn_line(path: Path | str) -> None:
@@ -137,29 +119,9 @@ def end_torn_line(path: Path | str) -> None:
                 f.write(b"\n")
 
 
-# Levels of records written before the level was renamed (``"block"``: the committed reference runs
-# results/reference/cpu2-amd-epyc/{cpu_fig3_train,cpu_fig4a_scaling,cpu_fig4b_batch}), read as today's.
-_OLD_LEVELS = {"block": "layer"}
-
-
 def read_records(path: Path | str) -> list[dict]:
-    """Every record of a results.jsonl (a torn last line, from a killed writer, is ignored)."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("level") in _OLD_LEVELS:
-            rec["level"] = _OLD_LEVELS[rec["level"]]
-        out.append(rec)
-    return out
+    """The rows of every record of a results.jsonl (``record.read_rows``; a torn last line is ignored)."""
+    return record.read_rows(path)
 
 
 def latest_by_case(records: Iterable[dict]) -> dict[str, dict]:
@@ -206,13 +168,9 @@ def load_results(results_root: Path | str, experiment: str | None = None):
     rows = []
     for d in dirs:
         rows.extend(latest_by_case(read_records(d / RESULTS_FILE)).values())
-    df = pd.DataFrame(rows)
-    if not df.empty:
-        # records written before an axis existed (e.g. ``mask``, committed reference runs) ran at its default
-        for a in AXES:
-            if a not in df:
-                df[a] = axes.default(a)
-    return df
+    # a row names every record field; a column no record of these has a value for is left out, so that
+    # "x" in df means "these records measured x" (what the figures test before drawing a quantity)
+    return pd.DataFrame(rows).dropna(axis=1, how="all")
 
 
 # ---------------------------------------------------------------- unfinished cases

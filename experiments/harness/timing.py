@@ -59,13 +59,20 @@ def barrier(group=None, device: torch.device | None = None) -> None:
 
 def max_over_ranks(values: list[float], device: torch.device, group=None) -> list[float]:
     """Element-wise maximum of a per-rank list of floats (identity at world size 1)."""
+    return [max(col) for col in zip(*over_ranks(values, device, group))]
+
+
+def over_ranks(values: list[float], device: torch.device, group=None) -> list[list[float]]:
+    """Every rank's list of floats, in rank order (one all-gather; ``[values]`` at world size 1): the slowest
+    rank's and the mean rank's times come from one collective."""
     if not _dist_on():
-        return list(values)
-    # gloo reduces CPU tensors, NCCL CUDA tensors.
+        return [list(values)]
+    # gloo gathers CPU tensors, NCCL CUDA tensors.
     where = device if device.type == "cuda" else torch.device("cpu")
     t = torch.tensor(values, dtype=torch.float64, device=where)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.cpu().tolist()
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, t, group=group)
+    return [o.cpu().tolist() for o in out]
 
 
 def _warm_up(step: Callable[[], object], setup: Callable[[], object] | None, warmup: int,
@@ -187,6 +194,7 @@ class Interleaved:
     samples: list[list[float]]      # per step, one sample per round (max over ranks), round order
     stop: str                       # converged | max_repeats | time_budget
     rounds: int
+    mean_samples: list[list[float]] | None = None   # the same rounds' mean over ranks
 
 
 def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
@@ -211,21 +219,24 @@ def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device
         _warm_up(step, setup, warmup, device)
     t_rounds = time.perf_counter()
     samples: list[list[float]] = [[] for _ in steps]
+    means: list[list[float]] = [[] for _ in steps]
     while True:
         local = []
         for i, (step, setup) in enumerate(steps):
             if on_step is not None:
                 on_step(i)
             local.append(_sample(step, setup, device, group))
-        *times, elapsed = max_over_ranks(local + [time.perf_counter() - t0], device, group)
-        for s, t in zip(samples, times):
-            s.append(t)
+        per_rank = over_ranks(local + [time.perf_counter() - t0], device, group)
+        *times, elapsed = (max(col) for col in zip(*per_rank))
+        for s, m, col in zip(samples, means, zip(*per_rank)):
+            s.append(max(col))
+            m.append(sum(col) / len(col))
         n = len(samples[0])
         # the next round costs about what the rounds so far cost on average (setups included)
         round_s = (elapsed - (t_rounds - t0)) / n
         why = policy.stop(samples, elapsed, round_s)
         if why:
-            return Interleaved(samples=samples, stop=why, rounds=n)
+            return Interleaved(samples=samples, stop=why, rounds=n, mean_samples=means)
 
 
 def summarize(samples: list[float], level: float = 0.95) -> dict[str, float]:

@@ -57,6 +57,7 @@ G ranks. FLOPs, TFLOP/s and MFU use the model's FLOP convention (``burst_impl.mo
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ from burst_impl.model.config import ModelConfig, get_config, layer_params, num_p
 from burst_impl.model.flops import model_flops
 from burst_impl.model.memory import WEIGHTS, step_memory
 
+from ..harness.record import Memory, Record
 from .costs import CostModel
 from .memory import GIB
 from .model import _cost_model, predict_case
@@ -289,9 +291,10 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
                            status=status, reason=reason, attention=attn, memory=mem)
 
 
-def model_record(layer_record: dict, mp: ModelPrediction, experiment: str) -> dict:
-    """A model-level record made from the layer-level one (same schema, ``level: "model"``)."""
-    rec = {k: v for k, v in layer_record.items() if not k.startswith("mem_")}
+def model_record(layer_record: Record, mp: ModelPrediction, experiment: str) -> Record:
+    """A model-level record made from the layer-level one (same schema, ``level: "model"``): its memory is
+    the whole step's, not the layer's."""
+    rec = dataclasses.replace(copy.deepcopy(layer_record), memory=Memory())
     s, m = mp.shape, mp.memory
     t = mp.time_s if mp.status == "ok" else None
     peak = mp.attention.hardware.accelerator.peak_tflops[s.dtype] * 1e12
@@ -327,10 +330,10 @@ def model_record(layer_record: dict, mp: ModelPrediction, experiment: str) -> di
             rec[f"{key}_bytes"] += add
         rec[f"{key}_formula_bytes"] = (rec.get(f"{key}_formula_bytes") or 0) + add_f
     rec["comm_measured_over"] = "modelled schedule, one layer (attention layer + MLP block)"
-    rec["model"] = {**rec["model"], "level": "model", "parts_s": mp.parts, "memory": m,
-                    "layer_memory": rec["model"]["memory"], "assumptions":
-                    list(rec["model"]["assumptions"]) + list(ASSUMPTIONS),
-                    "breakdown": {"makespan_s": mp.time_s, "critical_comm_s": mp.critical_comm_s}}
+    rec["prediction"] = {**rec["prediction"], "level": "model", "parts_s": mp.parts, "memory": m,
+                         "layer_memory": rec["prediction"]["memory"], "assumptions":
+                         list(rec["prediction"]["assumptions"]) + list(ASSUMPTIONS),
+                         "breakdown": {"makespan_s": mp.time_s, "critical_comm_s": mp.critical_comm_s}}
     return rec
 
 

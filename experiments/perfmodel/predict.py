@@ -20,14 +20,13 @@ variants and written to ``variants.jsonl`` and the tables, not to the figures.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import yaml
 
 from ..profiles.hardware import Hardware, known_hardware, load_hardware
 from ..profiles.cluster import emulated_target, known_profiles, load_profile
-from ..harness import results as R
+from ..harness import record, results as R
 from ..harness.env import REPO
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from ..harness.spec import Case, Spec
@@ -90,7 +89,7 @@ def hardware_record(hw: Hardware, world_size: int) -> dict:
     }
 
 
-def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | None = None) -> dict:
+def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | None = None) -> R.Record:
     case = dataclasses.replace(case, experiment=experiment)
     rec = R.base_record(case, pred.status, pred.reason)
     s, hw = pred.shape, pred.hardware
@@ -126,7 +125,7 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
         "comm_bytes_by_kind": {f"{p}/{k}": v for (p, k), v in sorted(per_rank[0].items())},
         "comm_formula_by_kind": {f"{p}/{k}": v for (p, k), v in sorted(formula.items())},
         "comm_measured_over": "modelled schedule (bytes placed from the registry formula)",
-        "model": {
+        "prediction": {
             "breakdown": pred.breakdown,
             "memory": pred.memory,
             "assumptions": list(ASSUMPTIONS),
@@ -157,13 +156,8 @@ def predict_spec(spec: Spec, hardware: str | None = None, *, variants: bool = Tr
     return exp, records, extra
 
 
-def _write_jsonl(path: Path, records: list[dict]) -> None:
-    for rec in records:
-        missing = [k for k in R.REQUIRED_KEYS if k not in rec]
-        if missing:
-            raise ValueError(f"modelled record {rec.get('case_id')} lacks keys {missing}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in records), encoding="utf-8")
+def _write_jsonl(path: Path, records: list[R.Record]) -> None:
+    record.write_all(path, records)
 
 
 def write_experiment(spec: Spec, *, hardware: str | None = None, results_root: Path | str = RESULTS_ROOT,

@@ -36,16 +36,16 @@ def _cell(rec: dict | None, what: str, peak_tflops: float) -> str:
     if rec is None:
         return "–"
     if what == "mem":
-        return f"{rec['model']['memory']['total_bytes'] / 2**30:.1f}"
+        return f"{rec['prediction']['memory']['total_bytes'] / 2**30:.1f}"
     if rec["status"] == "oom":
-        return f"OOM ({rec['model']['memory']['total_bytes'] / 2**30:.0f} GiB)"
+        return f"OOM ({rec['prediction']['memory']['total_bytes'] / 2**30:.0f} GiB)"
     t = rec["time_median_s"]
     if what == "time":
         return f"{t * 1e3:.3g}" if t < 1 else f"{t * 1e3:,.0f}"
     if what == "tflops":
         return f"{rec['tflops_per_rank']:.0f} ({100 * rec['tflops_per_rank'] / peak_tflops:.0f}%)"
     if what == "exposed":
-        b = rec["model"]["breakdown"]
+        b = rec["prediction"]["breakdown"]
         return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%" if b["makespan_s"] else "0%"
     raise ValueError(what)
 
@@ -121,7 +121,7 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
     out += ["## Assumptions", ""] + [f"- {a}" for a in ASSUMPTIONS]
     notes = []
     for r in recs:
-        for n in r["model"]["notes"]:
+        for n in r["prediction"]["notes"]:
             line = f"- `{r['method']}`: {n}"
             if line not in notes:
                 notes.append(line)
@@ -135,7 +135,7 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
 def _model_cell(rec: dict | None, what: str) -> str:
     if rec is None:
         return "–"
-    mem = rec["model"]["memory"]
+    mem = rec["prediction"]["memory"]
     if what == "mem":
         return f"{mem['total_bytes'] / 2**30:.1f}" + (" (OOM)" if mem["oom"] else "")
     if rec["status"] == "oom":
@@ -149,7 +149,7 @@ def _model_cell(rec: dict | None, what: str) -> str:
     if what == "tokens":
         return f"{rec['tokens_per_s'] / rec['world_size']:,.0f}"
     if what == "exposed":
-        b = rec["model"]["breakdown"]
+        b = rec["prediction"]["breakdown"]
         return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%"
     raise ValueError(what)
 
@@ -170,7 +170,7 @@ def _setup_lines(records: list[dict]) -> list[str]:
            "| row | method | loss | checkpoint (as run) | weights | ZeRO stage | offload |",
            "|---|---|---|---|---|---:|---|"]
     for row, r in _one_per_row(records):
-        m = r["model"]["memory"]
+        m = r["prediction"]["memory"]
         out.append(f"| {r.get('variant_label') or row} | `{r['method']}` | {m['loss']} | {m['checkpoint']} | "
                    f"{m['weights']} | {r.get('zero_stage', 3 if m['weights'] == 'fsdp2' else 0)} | "
                    f"{r.get('offload', 'none')} |")
@@ -230,7 +230,7 @@ def _ablation_tables(records: list[dict], hbm: str) -> list[str]:
         return f"{b / 2**30:.1f}"
 
     for r in rows:
-        m, p = r["model"]["memory"], r["model"]["memory"]["parts"]
+        m, p = r["prediction"]["memory"], r["prediction"]["memory"]["parts"]
         out.append(f"| {r['ablation_step']} | {m['weights']} | {m['checkpoint']} | {m['loss']} | "
                    f"{gib(m['resident_bytes'])} | {gib(p['grads'])} | {gib(p['activations'])} | "
                    f"{gib(p['recompute'])} | {gib(p['logits'])} | {gib(p['attention_transient'])} | "
@@ -264,7 +264,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
         if x == "seqlen" and len({r["world_size"] for r in records}) > 1:
             x = "world_size"
         xs = sorted({r[x] for r in records})
-        weights = sorted({str(r["model"]["memory"]["weights"]) for r in records})
+        weights = sorted({str(r["prediction"]["memory"]["weights"]) for r in records})
         for key, title in (("time", "Time per step (s)"), ("tokens", "Tokens/s per GPU"), ("mfu", "MFU"),
                            ("exposed", "Share of the step that is communication on the critical path"),
                            ("mem", f"Memory per rank (GiB, modelled; weights {' / '.join(weights)}; OOM above "
@@ -283,7 +283,7 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
             "| method | case | attention layers | MLP blocks | LM head | exposed grad sync | recompute |",
             "|---|---|---:|---:|---:|---:|---:|"]
     for row, r in _one_per_row(sorted(records, key=lambda r: (-r["seqlen"] * r["batch"], -r["world_size"]))):
-        p = r["model"]["parts_s"]
+        p = r["prediction"]["parts_s"]
         out.append(f"| `{row}` | N={human(r['seqlen'])}, G={r['world_size']}, B={r['batch']} | "
                    f"{p['attention']:.3g} | {p['mlp']:.3g} | {p['head']:.3g} | {p['grad_sync_exposed']:.3g} | "
                    f"{p['recompute']:.3g} |")

@@ -67,23 +67,12 @@ def find_roots(base: Path = R.RESULTS_BASE, machine: str | None = None) -> list[
     return sorted(roots, key=lambda r: (_RANK[r.kind], r.rel))
 
 
-def _normalise(rec: dict) -> dict:
-    """A record with the keys the papers' selects use at its top level: config keys (model, zero, variant).
-    A modelled model-level record's ``model`` is the prediction's details (a dict); its config names the
-    model, as a measured record's ``model`` does."""
-    config = rec.get("config") or {}
-    out = {**{k: v for k, v in config.items() if k not in rec}, **rec}
-    if isinstance(rec.get("model"), dict) and isinstance(config.get("model"), str):
-        out["model"] = config["model"]
-    return out
-
-
 @functools.lru_cache(maxsize=None)
 def _read(folder: Path) -> tuple[dict, ...]:
     recs = []
     for name in RECORD_FILES:
         recs.extend(R.latest_by_case(R.read_records(folder / name)).values())
-    return tuple(_normalise(r) for r in recs)
+    return tuple(recs)     # rows (record.Record.row): the config's keys at the top, as the papers' selects use
 
 
 def experiments(roots: list[Root], patterns: tuple[str, ...]) -> list[Experiment]:
@@ -101,10 +90,14 @@ def select(records, sel: dict) -> list[dict]:
     """Records whose fields equal ``sel``'s. A key a record does not have is not applied (attention-level
     records have no ``zero`` or ``model``); without a ``kernel`` key, records of the ``math`` kernel
     are left out, since they are the papers' "without LAO / FlashAttention" rows, not the method's."""
+    def has(r: dict, k: str) -> bool:
+        # a row names every record field (None where unset): a key "a record has" is a value or a config key
+        return r.get(k) is not None or k in (r.get("config") or {})
+
     def ok(r: dict) -> bool:
         if "kernel" not in sel and r.get("kernel") == "math":
             return False
-        return all(r[k] == v for k, v in sel.items() if k in r)
+        return all(r.get(k) == v for k, v in sel.items() if has(r, k))
     return [r for r in records if ok(r)]
 
 
