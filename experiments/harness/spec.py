@@ -80,6 +80,7 @@ from ..profiles.cluster import Profile, load_profile
 from . import axes
 from burst_impl.flops import MODES
 from .case import AUTO_KERNEL, Case
+from .env import repo_relative
 from .overrides import read_mapping, resolve_base
 from .plan import RunPlan, plan_of
 from .model_cases import MODEL_MODES, ModelSetup, check_setup, fill_sweep
@@ -191,6 +192,7 @@ class Spec:
     def resolved(self) -> dict:
         """The spec with every default filled in, for results/<name>/spec.resolved.yaml."""
         d = plain(self)
+        d["path"] = repo_relative(self.path)    # no checkout's absolute path in a committed results folder
         d["n_cases"] = len(self.cases())
         return d
 
