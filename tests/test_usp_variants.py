@@ -212,6 +212,10 @@ def test_sequence_level_checkpointing_caches_for_burst_usp_only(pools):
                 assert [res[m]["effective"] for m in res] == ["full", "seq", "whole"]
                 assert ring_fwd["seq"] * 4 == ring_fwd["full"] * 3, ring_fwd      # 1 + 1/2 passes, not 2
                 assert ring_fwd["whole"] * 2 == ring_fwd["full"], ring_fwd        # 1 pass, not 2
+                # the cache's extra all-to-all: the lse of one forward (whole), of 1 + 1/2 (seq)
+                lse_a2a = {m: res[m]["counts"].get(("forward", "a2a_lse"), 0) for m in res}
+                assert lse_a2a["full"] == 0 and lse_a2a["whole"] > 0, lse_a2a
+                assert lse_a2a["seq"] * 2 == lse_a2a["whole"] * 3, lse_a2a
             else:
                 assert [res[m]["effective"] for m in res] == ["full"] * 3
                 assert ring_fwd["seq"] == ring_fwd["whole"] == ring_fwd["full"], ring_fwd
