@@ -110,12 +110,14 @@ def _grid_2x2() -> list[dict]:
         cases.append(_case(m, 4, 2, 16, (4, 4), "balanced:2", mask="window:5:0", **u))
         cases.append(_case(m, 4, 2, 19, (4, 2), "zigzag", **u))      # uneven N
         cases.append(_case(m, 4, 2, 18, (4, 4), "contiguous", **u))
+        cases.append(_case(m, 4, 2, 16, (4, 1), "zigzag", **u))     # one kv head: replicated before the all-to-all
     return cases
 
 
 def test_fp64_and_bytes_2x2(pools):
     """2 nodes x 2 ranks, u = 2 (the all-to-all inside a node, a ring of one rank per node): every
-    layout, GQA, a sliding window on the balanced layout, uneven N."""
+    layout, GQA (a kv head per rank, and one kv head replicated), a sliding window on the balanced
+    layout, uneven N."""
     _check_world(pools, _grid_2x2(), timeout=400)
 
 
