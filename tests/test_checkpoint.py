@@ -89,9 +89,9 @@ def test_checkpoint_modes_exact(pools, method, loss, world_size):
 
 
 def test_effective_modes():
-    """The burst operator's methods and the single-device kernels cache; others fall back to full."""
-    # the methods that are the BurstAttention operator (stated here, not read from Method.operator_backward,
-    # so that a wrong field fails the test)
+    """The burst operator's methods, burst_usp and the single-device kernels cache; others fall back to full."""
+    # the methods that are the BurstAttention operator, and burst_usp with its own hook (stated here, not
+    # read from Method.operator_backward / cached_attention, so that a wrong field fails the test)
     operator = {"burst", "burst_qring", "burst_double_ring", "ring", "loongtrain_double_ring", "burst_usp"}
     model = build_model(get_config("tiny"))
     assert effective_mode(model.layers[0], "seq") == "seq"
