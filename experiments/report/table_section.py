@@ -62,7 +62,7 @@ def _measured_table(ctx: Context, t: PaperTable, exp: Experiment) -> Table | Non
     vary = [i for i in range(len(SHAPE_KEYS)) if len({s[i] for s in shapes}) > 1] or [1]
     head = [", ".join(f"{SHAPE_KEYS[i]}={s[i]}" for i in vary) for s in shapes]
     rows = tuple((label, *[_value(q, recs[s]) if s in recs else "" for s in shapes]) for label, recs in rows_by.items())
-    return Table((f"{q.label} ({q.unit})", *head), rows)
+    return Table((f"{q.label} ({q.unit})" if q.unit else q.label, *head), rows)
 
 
 def _measured(ctx: Context, t: PaperTable) -> list:
