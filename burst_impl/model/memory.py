@@ -258,10 +258,16 @@ def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, 
     A rank holds the hidden states of all N tokens (V1) or of its N/G shard (V3: ``layer_input``
     "sequence"), 1/G of the heads and of the FFN columns, and (as Megatron, and as the performance
     model's LM head) 1/G of the vocabulary. Per block: the two RMSNorms' 6H per held token; the
-    SwiGLU's 4 F/G per token over all N tokens (the MLP runs on the gathered sequence); under V3 the
-    gathered (B, N, H) MLP input that w1/w3 keep for their weight gradients; the attention part is
-    the registry's TP memory model (``tp_memory_bytes``: gathered input, this rank's q, k, v, O, lse
-    over N). Approximate: the V1 norm output that the registry also counts as the attention input is
+    SwiGLU's 4 F/G per token over all N tokens (the MLP runs on the gathered sequence); the attention
+    part is the registry's TP memory model (``tp_memory_bytes``: input, this rank's q, k, v, O, lse
+    over N). V3 keeps what the paper's TP-V3 keeps: each column-parallel linear (QKV, w1/w3) saves its
+    local (B, N/G, H) input, which is the norm's output counted above, and all-gathers it again in
+    the backward for its weight gradient (BMTrain ``OpParallelLinear``, docs/memory.md "TP-V3"
+    row), so no gathered (B, N, H) is kept per block; one is live as a backward temporary. The
+    suite's own ``tp_v3`` operator keeps the gathered input (what ``tp_memory_bytes`` and
+    tests/test_memory_reconcile.py measure): this step model is the paper's TP-V3, not that operator,
+    and the backward's re-gather is not timed (docs/findings.md, 2026-12-02). Approximate: the V1
+    norm output that the registry also counts as the attention input is
     counted twice (B N H e per block); the head's gathered input under V3 and the vocabulary-parallel
     loss's cross-rank max/sum buffers are not counted; our model-level ``tensor_parallel`` replicates
     the embedding and LM head (not Megatron's split), which this does not follow. ``seq``/``whole``
@@ -274,8 +280,12 @@ def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, 
     H, F, V = cfg.hidden, cfg.ffn_hidden // G, -(-cfg.vocab_size // G)
     n = batch * seqlen                                                     # tokens the MLP and head run on
     held = n if method.layer_input == "replicated" else n // G             # tokens whose (B, ., H) a rank holds
-    per_block = (held * 6 * H + n * 4 * F + (n * H if held != n else 0)) * e + attn
+    # V3: the gathered input is re-gathered in the backward, not kept (docstring; BMTrain
+    # bmtrain/nn/parallel_linear_func.py OpParallelLinear.forward saves the local input, line 189, and
+    # backward gathers it again, lines 225-228): out of the attention's kept bytes, one in the temporaries
+    regather = n * H * e if held != n else 0
+    per_block = (held * 6 * H + n * 4 * F) * e + attn - regather
     logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks, loss_device)
     return replace(parts, per_block=per_block, inputs_block=held * H * e, cache_block=0, head_act=3 * held * H * e,
-                   head_grad=V * H * e, logits=logits, block_temp=n * (2 * F + H) * e)
+                   head_grad=V * H * e, logits=logits, block_temp=n * (2 * F + H) * e + regather)
 

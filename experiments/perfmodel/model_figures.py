@@ -30,7 +30,7 @@ from burst_impl.model.checkpoint import method_mode
 
 from ..profiles.hardware import load_hardware
 from ..harness.model_record import OFFLOAD
-from ..harness.spec import Case, Spec
+from ..harness.spec import Case, Spec, load_spec, resolve_spec_path
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
 from .predict import VARIANTS_FILE, _record, _write_jsonl, experiment_name, spec_hardware
 from .schedules import VARIANTS
@@ -73,6 +73,30 @@ def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_
     return files
 
 
+def twin_zero(spec: Spec) -> dict[str, tuple[bool, ...]]:
+    """Method -> the ``zero`` settings (False first) that the model-level spec ``model_<spec>`` runs it with,
+    where that spec is ``spec``'s twin (``twin``); {} where there is none. Its ``zero: [false, true]`` and
+    ``exclude`` say which rows the paper has (Fig. 3: Burst with and without ZeRO, TP-V3 without)."""
+    try:
+        other = load_spec(resolve_spec_path("model_" + spec.name))
+    except ValueError:
+        return {}
+    if twin(other) != spec.name:
+        return {}
+    zeros: dict[str, set] = {}
+    for c in other.cases():
+        if c.mode == "train":
+            zeros.setdefault(c.method, set()).add(c.zero)
+    return {m: tuple(sorted(z)) for m, z in zeros.items()}
+
+
+def _zero_items(case: Case, cfg: str, zeros: dict[str, tuple[bool, ...]]) -> list[tuple]:
+    """One item per ``zero`` setting of the case's method (replicated weights, TP: 1/G, when it has none):
+    ``zero: true`` is FSDP2 (ZeRO-3) over the G sequence-parallel ranks, as the BurstEngine specs run it."""
+    settings = zeros.get(case.method, (False,)) if case.mode == "fwd_bwd" else (False,)
+    return [(case, cfg, {"weights": "fsdp2"} if z else {}, {"zero_stage": 3} if z else {}) for z in settings]
+
+
 def write_spec_model_level(spec: Spec, *, hardware: str | None = None, results_root: Path, plots_root: Path,
                            draw: bool = True) -> list[Path]:
     if spec.name not in SPEC_MODELS:
@@ -81,16 +105,23 @@ def write_spec_model_level(spec: Spec, *, hardware: str | None = None, results_r
     cfg = SPEC_MODELS[spec.name]
     exp = spec.name + SUFFIX + ("" if not hardware else f"__{hw.name}")
     mode_ok = [c for c in spec.cases() if c.mode in ("forward", "fwd_bwd")]
-    items = [(with_layer_level(c), cfg, {}, {}) for c in mode_ok]       # weights replicated (TP: 1/G), as theirs
+    zeros = twin_zero(spec)
+    # weights replicated (TP: 1/G), as theirs; and FSDP2 where the model-level twin asks for zero: true
+    items = [it for c in mode_ok for it in _zero_items(with_layer_level(c), cfg, zeros)]
     extra = [(dataclasses.replace(c, method=name), cfg, {}, {"variant_of": base})
-             for c, *_ in items for name, (base, _, _) in VARIANTS.items() if base == c.method]
+             for c, _, kw, _ in items if not kw for name, (base, _, _) in VARIANTS.items() if base == c.method]
     variants = _records(exp, extra, hw)
     for r in variants:
         r["config"] = {**r["config"], "variant_of": r["variant_of"]}
     methods = list(spec.methods) + [v for v in VARIANTS if any(r["method"] == v for r in variants)]
     meta = {"paper_ref": spec.paper_ref, "description": f"{spec.description} — whole {cfg} model",
             "baseline": spec.baseline, "methods": methods, "model": cfg}
-    return _write(exp, _records(exp, items, hw), meta, results_root, plots_root, draw, hw, variants)
+    records = _records(exp, items, hw)
+    for r in records:
+        if r["zero"]:            # an attention case has no ".zero" in its id; a measured model-level case has
+            r["case_id"] += ".zero"
+            r["config"] = {**r["config"], "zero": True}
+    return _write(exp, records, meta, results_root, plots_root, draw, hw, variants)
 
 
 def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True) -> list[Path]:
@@ -161,5 +192,5 @@ def twin(spec: Spec) -> str | None:
     return name if name != spec.name and name in SPEC_MODELS else None
 
 
-__all__ = ["ASSUMPTIONS", "model_spec_records", "twin", "write_model_spec", "write_spec_model_level",
+__all__ = ["ASSUMPTIONS", "model_spec_records", "twin", "twin_zero", "write_model_spec", "write_spec_model_level",
            "write_burstengine"]

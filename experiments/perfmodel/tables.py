@@ -258,7 +258,9 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
     elif "variant" in r0:
         out += _variant_tables(records, meta, hbm) + _setup_lines(records)
     else:
-        methods = [m for m in meta.get("methods", []) if any(r["method"] == m for r in records)]
+        # a column per method and ZeRO setting (Fig. 3's twin has Burst with and without ZeRO, model_figures.twin_zero)
+        methods = [(m, z) for m in meta.get("methods", []) for z in (False, True)
+                   if any(r["method"] == m and bool(r.get("zero")) == z for r in records)]
         x = _x_axis(records) if len({r["seqlen"] for r in records}) > 1 or len(
             {r["world_size"] for r in records}) > 1 or len({r["batch"] for r in records}) > 1 else "seqlen"
         if x == "seqlen" and len({r["world_size"] for r in records}) > 1:
@@ -269,12 +271,13 @@ def write_model_table(experiment: str, meta: dict, hw: Hardware, records: list[d
                            ("exposed", "Share of the step that is communication on the critical path"),
                            ("mem", f"Memory per rank (GiB, modelled; weights {' / '.join(weights)}; OOM above "
                                    f"{hbm})")):
-            out += [f"## {title}", "", "| " + " | ".join([x if x != "seqlen" else "N"] + methods) + " |",
+            out += [f"## {title}", "", "| " + " | ".join([x if x != "seqlen" else "N"] + [
+                        m + ("+ZeRO" if z else "") for m, z in methods]) + " |",
                     "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
             for v in xs:
                 row = [human(v) if x == "seqlen" else str(v)]
-                row += [_model_cell(next((r for r in records if r["method"] == m and r[x] == v), None), key)
-                        for m in methods]
+                row += [_model_cell(next((r for r in records if r["method"] == m and bool(r.get("zero")) == z
+                                          and r[x] == v), None), key) for m, z in methods]
                 out.append("| " + " | ".join(row) + " |")
             out.append("")
         out += [_MEM_NOTE if r0["mode"] == "fwd_bwd" else _PREFILL_NOTE, ""]
