@@ -47,7 +47,8 @@ def _order(s: tuple) -> tuple:
     return tuple((0, x, "") if isinstance(x, (int, float)) else (1, 0, str(x)) for x in s)
 
 
-def _measured_table(ctx: Context, t: PaperTable, exp: Experiment) -> Table | None:
+def _measured_table(ctx: Context, t: PaperTable, exp: Experiment) -> Table | str:
+    """The records' values per paper row and shape, or why there is no table."""
     q = QUANTITIES[t.quantity]
     rows_by: dict[str, dict] = {}
     for r in t.rows:
@@ -57,7 +58,11 @@ def _measured_table(ctx: Context, t: PaperTable, exp: Experiment) -> Table | Non
             how = ", ".join(f"{k} {v}" for k, v in method_select(m, measured=True).items())
             rows_by.setdefault(f"{r.label} ({how})", recs)
     if not rows_by:
-        return None
+        return "None of the paper's methods in these records."
+    found = [x for recs in rows_by.values() for x in recs.values()]
+    # a table of dashes says nothing: prefill records have no losses, so no perplexity
+    if all(x.get("status") == "ok" and q.read(x) is None for x in found):
+        return f"These records of the paper's methods have no {q.label}."
     shapes = sorted({s for recs in rows_by.values() for s in recs}, key=_order)
     vary = [i for i in range(len(SHAPE_KEYS)) if len({s[i] for s in shapes}) > 1] or [1]
     head = [", ".join(f"{SHAPE_KEYS[i]}={s[i]}" for i in vary) for s in shapes]
@@ -73,8 +78,8 @@ def _measured(ctx: Context, t: PaperTable) -> list:
     for e in exps:
         tab = _measured_table(ctx, t, e)
         out.append(Para(("Measured:", Link(e.rel, ctx.href(e.path)), f"— regime: {regime(e.records)}.",
-                         "" if tab else "None of the paper's methods in these records.")))
-        if tab:
+                         tab if isinstance(tab, str) else "")))
+        if not isinstance(tab, str):
             out.append(tab)
     return out
 
