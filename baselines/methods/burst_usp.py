@@ -4,7 +4,7 @@ Ulysses inside the node, our Burst ring across nodes: ``usp``'s grid
 (``baselines.methods.usp``; u consecutive ranks per all-to-all group, the
 ring over the ranks with the same index in their group) with two choices
 bound. The Ulysses degree is the GPUs per node when the group spans several
-nodes (PAPER.md §4: "Ulysses degree = GPUs per node (8) inside the node",
+nodes (docs/papers.md §4, "Burst-USP": "The Ulysses degree equals the GPUs per node (8)",
 or the largest divisor of it that splits the heads, ``usp.default_ulysses_degree``);
 on one node it is ``usp``'s one-node default. The ring's backward is the
 query side's (``backward="burst"``: Q, dO, lse, delta circulate and dQ comes

@@ -7,7 +7,7 @@ ring across the groups instead of ours: ``loongtrain_double_ring``'s, K and
 V circulating forward and backward with the fp32 dK, dV accumulators (its
 ``operator_backward``, read from that entry, not restated here).
 
-Degrees and ring. PAPER.md gives Burst-USP's degrees (Ulysses = GPUs per
+Degrees and ring. docs/papers.md §4 gives Burst-USP's degrees (Ulysses = GPUs per
 node) but not LoongTrain-USP's. The authors' harness ran it with head
 degree 4 and context degree 8 on 32 GPUs of 8 per node, and with one window
 (thunlp/BurstEngine ``evaluation/baselines/InternEvo/exp.sh`` lines 2 and
