@@ -103,10 +103,11 @@ def status_legend(ax, df: pd.DataFrame, axes_from=()) -> None:
     legend_outside(ax, handles, labels)
 
 
-def log2_x(ax, values) -> None:
+def log2_x(ax, values, names: dict | None = None) -> None:
+    """A log2 axis where the values span 4x or more, ticked at the values (``names``: a tick's own text)."""
     vals = sorted(set(int(v) for v in values))
     if len(vals) > 1 and vals[-1] / max(vals[0], 1) >= 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(vals)
-    ax.set_xticklabels([axes.human(v) for v in vals], rotation=0, fontsize=8)
+    ax.set_xticklabels([(names or {}).get(v, axes.human(v)) for v in vals], rotation=0, fontsize=8)
     ax.minorticks_off()

@@ -4,7 +4,9 @@
 *row* is what the papers' legends and tables list: a spec's variant label (``model.variants``), else the
 method, "+ZeRO" when its weights are FSDP2
 sharded, and the kernel's variant ("without LAO" for a ring method on the ``math`` kernel, "without
-FlashAttention" for TP on it). ``plots/<experiment>/`` gets, where the sweep has the axis:
+FlashAttention" for TP on it). A row's colour is its method's; rows that share a method differ by marker in
+the line figures and by hatch in the bars (``row_marks``). ``plots/<experiment>/`` gets, where the sweep has
+the axis:
 
 * ``model_tokens_per_s_vs_seqlen.png``: tokens/s per rank (median; bars from the p10/p90 step times);
 * ``model_mfu_vs_seqlen.png``: MFU (GPU records), else model TFLOP/s per rank, with the FLOP convention;
@@ -25,6 +27,7 @@ import pandas as pd
 from . import figure_parts as FP
 from .figstyle import _method_order, color, legend_outside, save_figure  # first: it selects Agg
 import matplotlib.pyplot as plt  # after figstyle: it chose the backend
+from matplotlib.patches import Patch
 from .harness.axes import human
 
 TITLE_MODE = {"train": "training step", "prefill": "prefill (first token)"}
@@ -46,10 +49,25 @@ def _rows(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def _style(row: str, method: str) -> dict:
+ROW_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*")
+ROW_HATCHES = ("", "//", "..", "xx", "\\\\", "oo", "++", "--")
+
+
+def row_marks(pairs) -> dict[str, int]:
+    """Each row's place among the rows of its method, in the order given: its marker or hatch, so rows that
+    share a method and so a colour (Burst-USP and LoongTrain-USP, the ablation's steps) stay apart."""
+    out: dict[str, int] = {}
+    seen: dict[str, int] = {}
+    for row, method in pairs:
+        if row not in out:
+            out[row] = seen[method] = seen.get(method, -1) + 1
+    return out
+
+
+def _style(row: str, method: str, mark: int) -> dict:
     dashed = "+ZeRO" in row or "without" in row
     return {"color": color(method), "linestyle": "--" if dashed else "-",
-            "marker": "s" if "+ZeRO" in row else "o"}
+            "marker": ROW_MARKERS[mark % len(ROW_MARKERS)]}
 
 
 def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
@@ -62,24 +80,35 @@ def _title(df: pd.DataFrame, meta: dict, what: str) -> str:
             f"G={gs}, B={r['batch']}, {r['dtype']}, {r['layout']}")
 
 
+def _world_sizes(df: pd.DataFrame, x: str) -> dict | None:
+    """Tick names 'N / G=<ranks>' where each sequence length ran on its own number of ranks (BurstEngine's
+    2M on 32, 4M on 64): the line then joins settings that differ in G too, and the axis says so."""
+    per = df.groupby(x)["world_size"].unique()
+    if x != "seqlen" or df["world_size"].nunique() < 2 or any(len(g) != 1 for g in per):
+        return None
+    return {int(v): f"{human(int(v))}\nG={int(g[0])}" for v, g in per.items()}
+
+
 def _lines(df: pd.DataFrame, x: str, y: str, ylabel: str, what: str, meta: dict, out: Path, *,
            band: tuple[str, str] | None = None, logy: bool = False) -> Path | None:
     ok = df[df["status"] == "ok"]
     if y not in ok or ok[y].isna().all():
         return None
     fig, ax = plt.subplots(figsize=(7.8, 5.0))
-    for row, part in sorted(df.groupby("row"), key=lambda kv: (_method_order(kv[1]["method"].iloc[0]), kv[0])):
+    groups = sorted(df.groupby("row"), key=lambda kv: (_method_order(kv[1]["method"].iloc[0]), kv[0]))
+    marks = row_marks((row, part["method"].iloc[0]) for row, part in groups)
+    for row, part in groups:
         method = part["method"].iloc[0]
         good = part[(part["status"] == "ok") & part[y].notna()].sort_values(x)
         if len(good):
-            kw = _style(row, method)
+            kw = _style(row, method, marks[row])
             if band is not None and all(c in good for c in band):
                 ax.errorbar(good[x], good[y], yerr=[good[y] - good[band[0]], good[band[1]] - good[y]],
                             label=row, capsize=3, **kw)
             else:
                 ax.plot(good[x], good[y], label=row, **kw)
         FP.mark_bad(ax, part.assign(method=row), x, row)
-    FP.log2_x(ax, df[x])
+    FP.log2_x(ax, df[x], _world_sizes(df, x))
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel({"seqlen": "sequence length N (tokens)", "batch": "batch size B"}[x])
@@ -267,17 +296,23 @@ def _summary_bars(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(max(9.0, 2.2 * len(ok) + 3), 4.8))
     xs = list(range(len(ok)))
     cols = [color(m) for m in ok["method"]]
-    a1.bar(xs, ok["tok_rank"], color=cols,
+    marks = row_marks(zip(ok["row"], ok["method"]))
+    hatches = [ROW_HATCHES[marks[r] % len(ROW_HATCHES)] for r in ok["row"]]
+    a1.bar(xs, ok["tok_rank"], color=cols, hatch=hatches, edgecolor="black", linewidth=0.5,
            yerr=[ok["tok_rank"] - ok["tok_rank_lo"], ok["tok_rank_hi"] - ok["tok_rank"]], capsize=4)
     a1.set_ylabel("tokens/s per rank (median; whiskers p90/p10 step times)")
     if "mem_total_gib" in ok:
         state = ok["mem_state_bytes_per_rank"].map(lambda v: max(v) / 2 ** 30 if isinstance(v, list) and v else 0.0)
         kept = "weights + grads + optimizer state" if FP.source(ok) == "measured" else \
             "weights + optimizer state (modelled: the gradients are in the step's peak)"
-        a2.bar(xs, state, color=cols, alpha=0.5, label=kept)
-        a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, label="step peak above them", hatch="//")
+        # the parts differ by shade, since the hatch tells rows of one method apart
+        a2.bar(xs, state, color=cols, alpha=0.4, hatch=hatches, edgecolor="black", linewidth=0.5)
+        a2.bar(xs, ok["mem_total_gib"] - state, bottom=state, color=cols, hatch=hatches, edgecolor="black",
+               linewidth=0.5)
         a2.set_ylabel(f"GiB per rank ({FP.source(ok)})")
-        legend_outside(a2)
+        legend_outside(a2, [Patch(facecolor="darkgray", alpha=0.4, edgecolor="black", label=f"lighter: {kept}"),
+                            Patch(facecolor="darkgray", edgecolor="black", label="solid: step peak above them")],
+                       [f"lighter: {kept}", "solid: step peak above them"])
     for ax in (a1, a2):
         ax.set_xticks(xs)
         ax.set_xticklabels(list(ok["row"]), rotation=20, fontsize=8)

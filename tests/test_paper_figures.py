@@ -3,6 +3,8 @@ dir: settings are groups of bars in the table's order (no line joins two setting
 per paper row, rows of one method differ by hatch, and an OOM is an empty bar marked "OOM"."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import pytest
 from matplotlib.lines import Line2D
@@ -13,6 +15,7 @@ from experiments.report.figures import paper_figure
 from experiments.report.model_error import Cell
 from experiments.report.paper import OOM, Column, MethodMap, PaperTable, Row, values
 
+ROOT = Path(__file__).resolve().parent.parent
 METHODS = {"BurstAttention": MethodMap("burst"), "BurstAttention with ZeRO": MethodMap("burst", {"zero": True}),
            "BurstAttention without LAO": MethodMap("burst_nolao"), "TP-V3": MethodMap("tp_v3")}
 SETTINGS = (Column("7B, 32 GPUs, 2M tokens", {"model": "llama2_7b", "world_size": 32, "seqlen": 2 ** 21}),
@@ -86,3 +89,35 @@ def test_an_oom_is_an_empty_bar_marked_oom(fig):
     assert {round(p.get_x() + p.get_width() / 2, 6) for p in empty} == {round(t.get_position()[0], 6) for t in marks}
     assert [t.get_text() for t in ax.texts if t.get_text() not in ("OOM",)] == ["—"]   # Burst + ZeRO, 14B
     assert not [ln for ln in ax.get_lines() if isinstance(ln, Line2D) and ln.get_marker() == "v"]
+
+
+@pytest.fixture
+def model_figures(tmp_path, monkeypatch):
+    """The model-level figures of two committed modelled experiments, drawn into a tmp dir and kept open."""
+    from experiments.plots import draw_experiment
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda f=None: kept.append(f))
+    for exp in ("model_burstengine_main_7b", "model_burstengine_ablation_14b_1m"):
+        draw_experiment(ROOT / "results" / "modelled", tmp_path, exp)
+    yield kept
+    monkeypatch.undo()
+    for f in kept:
+        plt.close(f)
+
+
+def test_model_level_rows_of_one_method_differ_by_marker_and_hatch(model_figures):
+    lines = next(f for f in model_figures if "throughput per rank" in f.axes[0].get_title())
+    ax = lines.axes[0]
+    # each row drawn with its p10/p90 bars: the container holds the data line
+    by_label = {c.get_label(): c.lines[0] for c in ax.containers}
+    usp = [by_label[k] for k in by_label if "USP" in k]      # Burst-USP and LoongTrain-USP: both usp
+    assert len(usp) == 2 and usp[0].get_color() == usp[1].get_color(), sorted(by_label)
+    assert usp[0].get_marker() != usp[1].get_marker()
+    # 2M ran on 32 ranks, 4M on 64: the ticks say so, the line joins two settings that differ in G too
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["2M\nG=32", "4M\nG=64"]
+    bars = next(f for f in model_figures if f._suptitle is not None and "throughput and memory" in
+                f._suptitle.get_text())
+    patches = bars.axes[0].patches
+    same = [p for p in patches if p.get_facecolor() == patches[-1].get_facecolor()]   # the double ring's steps
+    assert len(same) >= 4 and len({p.get_hatch() or "" for p in same}) == len(same)
