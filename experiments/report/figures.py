@@ -28,6 +28,7 @@ HATCHES = ("", "//", "..", "xx", "\\\\", "oo", "++", "--")
 MODEL_ALPHA = 0.45          # the modelled bar's fill: its row's colour, lighter
 LOG_SPAN = 30               # values spanning more than this factor get a log axis (Tables 2/3: 0.1 s to 75 s)
 GROUP_WIDTH = 0.8           # of the unit between two settings' groups
+MAX_BAR = 0.12              # a few rows do not make a wall of colour: the group narrows instead
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,10 @@ def _panel(ax, t: PaperTable, cells: list[Cell], cols: list[int], styles: list[R
     values = [v for ci in cols for i, r in enumerate(t.rows)
               for v in (_number(r.values[ci]), cells[i * ncol + ci].ours) if v]
     floor = _floor(values)
-    w = GROUP_WIDTH / (2 * nrow)
+    w = min(GROUP_WIDTH / (2 * nrow), MAX_BAR)
     for g, ci in enumerate(cols):
         for i, row in enumerate(t.rows):
-            x = g - GROUP_WIDTH / 2 + (2 * i + 0.5) * w
+            x = g - nrow * w + (2 * i + 0.5) * w
             cell = cells[i * ncol + ci]
             _bar(ax, x, w, row.values[ci], "oom" if row.values[ci] == OOM else None, styles[i], floor, False)
             _bar(ax, x + w, w, cell.ours, cell.status, styles[i], floor, True)
