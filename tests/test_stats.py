@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from burst_impl.shape import AttnShape
-from experiments.harness import results as R
+from experiments.harness import record, results as R
 from experiments.harness import summary as S
 from experiments.harness.spec import Case, parse_spec
 from experiments.harness.timing import (RepeatPolicy, ci_halfwidth, median_ci, ratio_interval, summarize,
@@ -149,12 +149,13 @@ def test_resume_counts_only_this_machine_and_commit(tmp_path, monkeypatch):
     mine, other_machine, other_commit = _case(n=64), _case(n=128), _case(n=256)
     for c in (mine, other_machine, other_commit):
         R.append_record(root, _ok(c, [1.0] * 6))
-    recs = R.read_records(root / "t_stats" / R.RESULTS_FILE)
+    path = root / "t_stats" / R.RESULTS_FILE
+    recs = record.read(path)
     for r in recs:
         r["git"] = dict(here)
     recs[1]["machine"] = "box-b"
-    recs[2]["git"]["commit"] = "d" * 40
-    (root / "t_stats" / R.RESULTS_FILE).write_text("".join(__import__("json").dumps(r) + "\n" for r in recs))
+    recs[2]["git"] = {**here, "commit": "d" * 40}
+    record.write_all(path, recs)
     assert R.done_case_ids(root, "t_stats", machine="box-a", git=here) == {mine.case_id}
     assert R.done_case_ids(root, "t_stats", machine="box-a", git={**here, "dirty": True}) == set()
     assert R.done_case_ids(root, "t_stats", machine="box-b", git=here) == {other_machine.case_id}
@@ -199,7 +200,7 @@ def _fig_records(tmp_path, statuses: dict) -> "pd.DataFrame":
     for (method, n), st in statuses.items():
         c = _case(method, n)
         recs.append(_ok(c, [1.0 + 0.01 * i for i in range(6)]) if st == "ok" else R.base_record(c, st, f"{st} here"))
-    return pd.DataFrame(recs)
+    return pd.DataFrame([r.row() for r in recs]).dropna(axis=1, how="all")   # as results.load_results
 
 
 def test_skipped_and_oom_cases_are_marked_not_dropped(tmp_path):
@@ -235,7 +236,7 @@ def test_figures_name_their_origin_and_draw_no_backward_bars_for_forward_runs(tm
         r.update(comm_fwd_bytes=1 << 20, comm_fwd_formula_bytes=1 << 20, comm_bwd_bytes=None,
                  comm_bwd_formula_bytes=7 << 20, bytes_source=src)
         recs.append(r)
-    df = pd.DataFrame(recs)
+    df = pd.DataFrame([r.row() for r in recs]).dropna(axis=1, how="all")   # as results.load_results
     assert plots.comm_figure(df, {"origin": "results/reference/box-a"}, tmp_path / "c.png")
     ax = saved[-1].axes[0]
     (foot,) = [t.get_text() for t in saved[-1].texts if t.get_gid() == figure_parts.FOOTER_GID]
