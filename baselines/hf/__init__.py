@@ -18,7 +18,8 @@ Modules: ``attention`` (the AttentionInterface function of a bound method),
 (model and method rules, before any byte is sent), ``batch`` (global batch ->
 this rank's inputs), ``loss`` (global mean loss, gradient all-reduce), ``fsdp``
 (FSDP2 over the sequence group), ``models`` (small Llama/Qwen2/Mistral configs),
-``example`` (``python -m baselines.hf.example``). docs/hf.md says what is and
+``example`` (``python -m baselines.hf.example``), ``generate`` (``hf_generate``: ``generate()`` on a
+sharded KV cache). docs/hf.md says what is and
 is not supported. The baselines floor: imports ``burst_impl`` and ``baselines``,
 never ``experiments``; transformers (the ``[hf]`` extra) is imported only where
 a function needs it.
@@ -29,6 +30,7 @@ from .attention import MASK_KWARG, Binding
 from .batch import ShardedBatch, global_inputs, shard_batch
 from .checks import check_model
 from .fsdp import full_grads, shard_model
+from .generate import hf_generate, sharded_cache
 from .loss import global_loss, sync_grads, token_loss_sum
 from .register import PREFIX, default_name, register, register_all, sp_methods, use_method
 from .step import single_loss_and_grads, sp_loss_and_grads
@@ -36,5 +38,5 @@ from .step import single_loss_and_grads, sp_loss_and_grads
 __all__ = [
     "MASK_KWARG", "Binding", "ShardedBatch", "global_inputs", "shard_batch", "check_model", "full_grads", "shard_model",
     "global_loss", "sync_grads", "token_loss_sum", "PREFIX", "default_name", "register", "register_all",
-    "sp_methods", "use_method", "single_loss_and_grads", "sp_loss_and_grads",
+    "sp_methods", "use_method", "single_loss_and_grads", "sp_loss_and_grads", "hf_generate", "sharded_cache",
 ]

@@ -80,7 +80,7 @@ def _check(model, prompt, max_new_tokens, temperature, max_len, placement, seed)
         raise ValueError(f"seed={seed!r} must be an int >= 0")
 
 
-def _fingerprint(prompt) -> str:
+def fingerprint(prompt) -> str:
     """The prompt's bytes hashed, so the agreement compares every token without sending them."""
     if not isinstance(prompt, Tensor):
         return repr(type(prompt))
@@ -139,7 +139,7 @@ def _prefill_len(n_prompt: int, layout: str, size: int) -> int:
     return n_prompt - 1
 
 
-def _agreed_token(logits: Tensor, temperature: float, generator, group) -> Tensor:
+def agreed_token(logits: Tensor, temperature: float, generator, group) -> Tensor:
     """Rank 0's draw, broadcast to the group (counted as rank 0 sending it to each other rank)."""
     rank, size = comm.world(group)
     token = sample(logits, temperature, generator) if rank == 0 else torch.empty(
@@ -162,7 +162,7 @@ def generate(model, prompt: Tensor, max_new_tokens: int, *, temperature: float =
     prefill's shard layout; ``placement``: where new tokens go (``ShardedKVCache``)."""
     agree(group, lambda: _check(model, prompt, max_new_tokens, temperature, max_len, placement, seed),
           dict(op="generate", seed=seed, temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len,
-               layout=str(layout), placement=placement, prompt=_fingerprint(prompt),
+               layout=str(layout), placement=placement, prompt=fingerprint(prompt),
                shape=tuple(getattr(prompt, "shape", ()))))
     rank, size = comm.world(group)
     cfg, weight = model.cfg, model.output.weight
@@ -183,7 +183,7 @@ def generate(model, prompt: Tensor, max_new_tokens: int, *, temperature: float =
             pos = torch.arange(start, start + feed.shape[1], device=prompt.device)
             step.positions = pos.expand(batch, -1)
             last = model(feed, pos, logits_at=feed.shape[1] - 1)
-            token = _agreed_token(last, temperature, generator, group)
+            token = agreed_token(last, temperature, generator, group)
             tokens.append(token)
             logits.append(last)
             feed = token[:, None]
