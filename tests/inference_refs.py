@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from burst_impl import comm
+
 FP64_TOL = 1e-12
 
 
@@ -44,3 +46,18 @@ def err(got: torch.Tensor, want: torch.Tensor) -> float:
         return float("inf")
     scale = want[~inf].abs().max().clamp_min(1.0)
     return float(((got - want)[~inf]).abs().max() / scale) if (~inf).any() else 0.0
+
+
+def bad_input_log(calls: dict, after=None) -> list[str]:
+    """For each bad call: its ValueError's text (or "no error") and the bytes it sent (then ``after()``),
+    so a test checks that every rank refused before any byte."""
+    out = []
+    for name, call in calls.items():
+        with comm.count_bytes() as counts:
+            try:
+                call()
+                out.append(f"{name}: no error")
+            except ValueError as e:
+                out.append(f"{name}: {e}")
+        out.append(f"bytes {counts.total()}" + (f" {after()}" if after is not None else ""))
+    return out

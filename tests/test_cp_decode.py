@@ -15,7 +15,7 @@ import torch
 from burst_impl import comm, layout as layouts
 from burst_impl.inference import (ShardedKVCache, continuation_owners, continue_bytes, decode, decode_bytes,
                                   decode_mask, partial_attention, prefill, prefill_bytes, prefill_continue)
-from tests.inference_refs import FP64_TOL, attend, err, sequence
+from tests.inference_refs import FP64_TOL, attend, bad_input_log, err, sequence
 
 D = 4
 PROMPTS = ((11, "zigzag", None), (6, "contiguous", 2))   # (N, layout, window) of the two prompts, uneven N
@@ -145,15 +145,7 @@ def _bad_inputs() -> list[str]:
                                  else cache, 0),
         "continue": lambda: prefill_continue(*(t[6:8 if rank == 1 else 7].unsqueeze(0) for t in (q, k, v)), cache, 0),
     }
-    out = []
-    for name, call in calls.items():
-        with comm.count_bytes() as counts:
-            try:
-                call()
-                out.append(f"{name}: no error")
-            except ValueError as e:
-                out.append(f"{name}: {e}")
-        out.append(f"bytes {counts.total()} lengths {cache.lengths(0)}")
+    out = bad_input_log(calls, after=lambda: f"lengths {cache.lengths(0)}")
     try:
         cache.check_layers(3)
     except ValueError as e:

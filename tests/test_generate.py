@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from burst_impl import comm
+from tests.inference_refs import bad_input_log
 from burst_impl.inference.generate import generate, sample
 from burst_impl.model import build_model, get_config
 
@@ -91,16 +92,7 @@ def _bad_inputs() -> list[str]:
         "prompt": lambda: generate(model, prompt if rank else prompt + 1, 2),
         "empty": lambda: generate(model, prompt[:, :0], 2),
     }
-    out = []
-    for name, call in calls.items():
-        with comm.count_bytes() as counts:
-            try:
-                call()
-                out.append(f"{name}: no error")
-            except ValueError as e:
-                out.append(f"{name}: {e}")
-        out.append(f"bytes {counts.total()}")
-    return out
+    return bad_input_log(calls)
 
 
 def test_bad_input_is_a_value_error_on_every_rank_before_any_byte(pools):

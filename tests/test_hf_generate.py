@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 from baselines.hf.generate import one_draw, hf_generate
 from baselines.hf.models import build
 from burst_impl import comm
+from tests.inference_refs import bad_input_log
 
 NEW = 64
 TOL = 1e-12
@@ -86,16 +87,7 @@ def _bad_inputs() -> list[str]:
         "max_len": lambda: hf_generate(model, ids, 8, max_len=16),
         "seed": lambda: hf_generate(model, ids, 8, temperature=1.0, seed=int(rank == 1)),
     }
-    out = []
-    for name, call in calls.items():
-        with comm.count_bytes() as counts:
-            try:
-                call()
-                out.append(f"{name}: no error")
-            except ValueError as e:
-                out.append(f"{name}: {e}")
-        out.append(f"bytes {counts.total()}")
-    return out
+    return bad_input_log(calls)
 
 
 def test_hf_bad_input_is_a_value_error_on_every_rank_before_any_byte(pools):
