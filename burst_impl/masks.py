@@ -19,13 +19,14 @@ sequence attend. Every mask has
 
 Masks: ``Full``, ``Causal``, ``SlidingWindow(left, right)`` (key k attends
 from query q iff q - left <= k <= q + right), ``Documents(cu_seqlens)``
-(packed variable-length sequences: causal within each document, nothing
-across documents) and ``BlockSparse(block_size, blocks)`` (a boolean
+(packed variable-length sequences: causal within each document, or with
+``causal=False`` the whole document, nothing across documents) and ``BlockSparse(block_size, blocks)`` (a boolean
 (N/bs, N/bs) mask over global token blocks, optionally intersected with
 causal).
 
 Spec strings (the ``mask`` sweep axis; ``parse(spec, N)``):
-``"full"``, ``"causal"``, ``"window:L:R"``, ``"docs:MEAN[:SEED]"`` (document
+``"full"``, ``"causal"``, ``"window:L:R"``, ``"docs:MEAN[:SEED]"`` (same-document
+attention, intersected with causal by the ``causal`` axis like the window; document
 lengths drawn from a seeded long-tailed log-normal distribution of mean
 MEAN tokens, the last one cut at N), ``"docs:NAME[:SEED]"`` (lengths from the
 published distribution NAME of ``burst_impl.doc_lengths``, none above N/4),
@@ -82,7 +83,8 @@ class Piece:
     ``kind``: "full"; "causal" (square, key index <= query index); "band"
     (``lo <= j - i <= hi`` in piece indices, None = unbounded); "varlen"
     (square, causal within each document, ``cu`` = boundaries in piece
-    indices from 0 to the side); "dense" (``rows_fn(a, b)`` gives the bool
+    indices from 0 to the side); "varlen_full" (the same, every token of a
+    document attending to all of it); "dense" (``rows_fn(a, b)`` gives the bool
     mask of piece rows a:b over all piece columns). ``entries``: live pairs.
     """
 
@@ -315,18 +317,24 @@ class SlidingWindow(_Band):
 
 @dataclass(frozen=True)
 class Documents(Mask):
-    """Packed documents: token t of document [cu[d], cu[d+1]) attends to tokens cu[d]..t."""
+    """Packed documents: token t of document [cu[d], cu[d+1]) attends to tokens cu[d]..t (``causal``, the
+    default: varlen-causal), or to every token of its document (``causal=False``: varlen-full, the
+    bidirectional documents of MagiAttention's "full document" mask). A ``"docs:..."`` spec string is the
+    second, so that the ``causal`` axis intersects it like any other mask (``with_causal``)."""
 
     cu_seqlens: tuple[int, ...]
     source: str = field(default="", compare=False)   # the spec string it was drawn from, if any
+    causal: bool = True
     kind = "docs"
 
     @functools.cached_property
     def key(self):   # cached: every ring step's plan lookup asks for it, and it hashes every boundary
         if self.source:
-            return self.source
-        digest = hashlib.sha1(repr(self.cu_seqlens).encode()).hexdigest()[:10]
-        return f"docs:{len(self.cu_seqlens) - 1}docs:{digest}"
+            base = self.source
+        else:
+            digest = hashlib.sha1(repr(self.cu_seqlens).encode()).hexdigest()[:10]
+            base = f"docs:{len(self.cu_seqlens) - 1}docs:{digest}"
+        return base if self.causal else base + ":full"
 
     def validate(self, seqlen):
         cu = self.cu_seqlens
@@ -348,7 +356,8 @@ class Documents(Mask):
 
     def allowed(self, q_pos, k_pos):
         q_pos, k_pos = q_pos.reshape(-1, 1), k_pos.reshape(1, -1)
-        return (self._doc(q_pos) == self._doc(k_pos)) & (k_pos <= q_pos)
+        same = self._doc(q_pos) == self._doc(k_pos)
+        return same & (k_pos <= q_pos) if self.causal else same
 
     def pieces(self, qr, kr):
         if not (qr.contiguous and kr.contiguous):
@@ -364,27 +373,33 @@ class Documents(Mask):
                 return dense_pieces(self, qr, kr)
             bounds = [qa] + [cu[d] for d in range(d0 + 1, d1 + 1)] + [qb]
             rel = tuple(b - qa for b in bounds)
-            entries = sum((b - a) * (b - a + 1) // 2 for a, b in zip(rel, rel[1:]))
-            return [Piece(0, qr.count, 0, kr.count, "varlen", entries, cu=rel)]
+            if self.causal:
+                entries = sum((b - a) * (b - a + 1) // 2 for a, b in zip(rel, rel[1:]))
+                return [Piece(0, qr.count, 0, kr.count, "varlen", entries, cu=rel)]
+            entries = sum((b - a) * (b - a) for a, b in zip(rel, rel[1:]))
+            return [Piece(0, qr.count, 0, kr.count, "varlen_full", entries, cu=rel)]
         out = []
         for d in range(d0, d1 + 1):
             q0, q1 = max(qa, cu[d]), min(qb, cu[d + 1])
             k0, k1 = max(ka, cu[d]), min(kb, cu[d + 1])
             if q0 < q1 and k0 < k1:
-                # causal within the document: k0 + j <= q0 + i, i.e. j - i <= q0 - k0
-                out += [p.shifted(q0 - qa, k0 - ka) for p in band_pieces(q1 - q0, k1 - k0, None, q0 - k0)]
+                # causal within the document: k0 + j <= q0 + i, i.e. j - i <= q0 - k0; else the whole block
+                hi = q0 - k0 if self.causal else None
+                out += [p.shifted(q0 - qa, k0 - ka) for p in band_pieces(q1 - q0, k1 - k0, None, hi)]
         return out
 
     def row_counts(self, seqlen):
         i = torch.arange(seqlen)
-        return i - torch.tensor(self.cu_seqlens)[self._doc(i)] + 1
+        cu = torch.tensor(self.cu_seqlens)
+        return (i - cu[self._doc(i)] + 1) if self.causal else (cu[self._doc(i) + 1] - cu[self._doc(i)])
 
     def col_counts(self, seqlen):
         j = torch.arange(seqlen)
-        return torch.tensor(self.cu_seqlens)[self._doc(j) + 1] - j
+        cu = torch.tensor(self.cu_seqlens)
+        return (cu[self._doc(j) + 1] - j) if self.causal else (cu[self._doc(j) + 1] - cu[self._doc(j)])
 
     def with_causal(self):
-        return self
+        return self if self.causal else Documents(self.cu_seqlens, self.source, True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -497,9 +512,11 @@ def sliding_window(left: int | None, right: int | None = 0) -> SlidingWindow:
     return SlidingWindow(left, right)
 
 
-def documents(cu_seqlens) -> Documents:
-    """Documents from boundaries ``cu_seqlens`` (a list, tuple or 1-D integer tensor)."""
-    return Documents(tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens))
+def documents(cu_seqlens, causal: bool = True) -> Documents:
+    """Documents from boundaries ``cu_seqlens`` (a list, tuple or 1-D integer tensor); causal within each
+    document, or (``causal=False``) every token of a document attending to all of it."""
+    return Documents(tuple(cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens),
+                     causal=causal)
 
 
 def block_sparse(block_size: int, blocks: Tensor, causal: bool = False) -> BlockSparse:
@@ -587,7 +604,7 @@ def _parse(spec: str, seqlen: int | None) -> Mask:
         if seqlen is None:
             return Documents((0, 1))
         lengths = long_tailed_lengths(seqlen, mean, seed[0] if seed else 0)
-        return Documents(tuple([0] + torch.tensor(lengths).cumsum(0).tolist()), source=spec)
+        return Documents(tuple([0] + torch.tensor(lengths).cumsum(0).tolist()), source=spec, causal=False)
     if kind == "bsparse":
         if len(args) not in (2, 3):
             raise ValueError(f"mask={spec!r}: block-sparse is 'bsparse:BLOCK:DENSITY[:SEED]'")
@@ -617,7 +634,7 @@ def _published_docs(spec: str, name: str, seed_arg: list, seqlen: int | None) ->
     if seqlen is None:
         return Documents((0, 1))
     lengths = doc_lengths.sample_doc_lengths(seqlen, name, seed=seed)
-    return Documents(tuple(itertools.accumulate(lengths, initial=0)), source=spec)
+    return Documents(tuple(itertools.accumulate(lengths, initial=0)), source=spec, causal=False)
 
 
 def resolve(causal: bool, mask: "str | Mask | None", seqlen: int) -> Mask:

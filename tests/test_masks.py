@@ -35,7 +35,8 @@ def mask_zoo(n: int) -> dict[str, M.Mask]:
         "window_right": M.SlidingWindow(0, 4),                   # anti-causal band
         "docs_edge": M.Documents((0, 1, 2, 5, 6, n - 1, n)),     # length-1 documents, one spanning all ranks
         "docs_many": M.Documents(many),
-        "docs_seeded": M.parse("docs:7:3", n),
+        "docs_seeded": M.parse("docs:7:3", n),                  # a spec string alone: whole documents (varlen-full)
+        "docs_full_many": M.Documents(many, causal=False),       # varlen_full pieces
         "bsparse": M.BlockSparse(4, blocks),
         "bsparse_causal": M.BlockSparse(4, blocks, causal=True),
         "bsparse_unaligned": M.BlockSparse(3, torch.rand(n // 3, n // 3, generator=g) < 0.5, causal=True),
@@ -115,7 +116,8 @@ def test_fully_masked_pairs_are_skipped():
 
 
 @pytest.mark.parametrize("backend", ["cpu_flash", "reference"])
-@pytest.mark.parametrize("kind", ["band", "band_right", "varlen", "dense", "dense_empty_rows", "norestrict"])
+@pytest.mark.parametrize("kind", ["band", "band_right", "varlen", "varlen_full", "dense", "dense_empty_rows",
+                                  "norestrict"])
 def test_tile_kernels_match_fp64(backend, kind):
     """Every TileMask kind, GQA, odd sizes, through the fused CPU kernel's segments and the
     reference: out, lse, dq, dk, dv vs fp64 math on the dense mask."""
@@ -126,6 +128,7 @@ def test_tile_kernels_match_fp64(backend, kind):
     tm = {"band": TileMask("band", sq, sk, lo=-40, hi=3),
           "band_right": TileMask("band", sq, sk, lo=2, hi=None),
           "varlen": TileMask("varlen", sq, sq, cu=(0, 1, 50, 51, 140, sq)),
+          "varlen_full": TileMask("varlen_full", sq, sq, cu=(0, 1, 50, 51, 140, sq)),
           "dense": TileMask("dense", sq, sk, rows_fn=lambda a, b: (torch.rand(sq, sk, generator=torch.Generator()
                                                                             .manual_seed(3)) < 0.03)[a:b]),
           "dense_empty_rows": TileMask("dense", sq, sk, rows_fn=lambda a, b: allowed[a:b]),
@@ -192,6 +195,11 @@ def test_with_causal_and_resolve():
     assert b.causal and b == M.resolve(True, "bsparse:8:0.5:1", n)
     docs = M.resolve(True, "docs:5:2", n)
     assert docs.cu_seqlens[0] == 0 and docs.cu_seqlens[-1] == n
+    # varlen-full / varlen-causal: the causal axis intersects the same-document mask, the key says which
+    full_docs = M.resolve(False, "docs:5:2", n)
+    assert docs.causal and not full_docs.causal and full_docs.cu_seqlens == docs.cu_seqlens
+    assert docs.key == "docs:5:2" and full_docs.key == "docs:5:2:full" and full_docs.with_causal() == docs
+    assert full_docs.area(n) == sum((b - a) ** 2 for a, b in zip(docs.cu_seqlens, docs.cu_seqlens[1:]))
     for spec in ("full", "causal", "window:3:0", "docs:5:2", "bsparse:4:0.3:1"):
         for causal in (False, True):
             m = M.resolve(causal, spec, n)

@@ -66,6 +66,7 @@ def mask_cases(n: int) -> dict[str, tuple[bool, object]]:
         "window_bidir": (False, "window:5:7"),
         "docs_edge": (True, masks.Documents((0, 1, 2, 5, 6, n - 1, n))),   # length-1 docs; one spans all ranks
         "docs_seeded": (True, "docs:9:1"),
+        "docs_full": (False, "docs:9:1"),                    # varlen-full: whole documents, nothing across
         "bsparse_empty_rows": (True, masks.BlockSparse(4, empty_rows)),
         "bsparse_bidir": (False, "bsparse:4:0.3:2"),
     }

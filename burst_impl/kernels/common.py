@@ -57,6 +57,8 @@ class TileMask:
     * ``"band"``: ``lo <= j - i <= hi`` (None: unbounded), e.g. a sliding window;
     * ``"varlen"``: square, documents with boundaries ``cu`` (0 = cu[0] < ... < cu[-1] = Sq),
       causal within each document (flash-attn's varlen entry point);
+    * ``"varlen_full"``: the same documents, each query attending to its whole document (the
+      varlen entry point with ``causal=False``);
     * ``"dense"``: ``rows_fn(a, b)`` -> the (b - a, Sk) bool mask of rows a:b.
     ``restrict=False`` asks the exact path to compute every row against every column (the
     no-skipping baseline of the benchmark). ``cache`` holds what a backend derives once per tile
@@ -88,10 +90,11 @@ class TileMask:
             if self.hi is not None:
                 ok &= (j - i) <= self.hi
             return ok
-        if self.kind == "varlen":
+        if self.kind in ("varlen", "varlen_full"):
             cu = torch.tensor(self.cu)
             doc = lambda t: torch.bucketize(t, cu, right=True)  # noqa: E731 - a one-line helper of this branch
-            return (doc(i) == doc(j)) & (j <= i)
+            same = doc(i) == doc(j)
+            return same & (j <= i) if self.kind == "varlen" else same
         raise ValueError(f"TileMask kind={self.kind!r} is unknown")
 
     def dense(self) -> Tensor:

@@ -131,6 +131,10 @@ def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] =
     return dq, dk, dv
 
 
+# tile kinds of flash-attn's varlen entry point: causal within each document, or whole documents
+VARLEN = ("varlen", "varlen_full")
+
+
 def _varlen_args(tm, b: int, s: int, device):
     """Every batch row packed after the previous one, with the tile's document boundaries: built once
     per tile, batch and device and kept on the device (``tm.cache``), so a timed tile copies nothing
@@ -151,14 +155,14 @@ def masked_forward(q, k, v, tm, scale):
     window = _window_of(tm)
     if window is not None:
         return forward(q, k, v, False, scale, window)
-    if tm.kind != "varlen":
+    if tm.kind not in VARLEN:
         return masked.forward(q, k, v, tm, scale, fused=False)
     fai = _fai()
     b, s, z, d = q.shape
     cu, longest = _varlen_args(tm, b, s, q.device)
     res = fai._flash_attn_varlen_forward(
         q.reshape(b * s, z, d), k.reshape(b * s, k.shape[2], d), v.reshape(b * s, k.shape[2], d), cu, cu,
-        longest, longest, dropout_p=0.0, softmax_scale=scale, causal=True, alibi_slopes=None,
+        longest, longest, dropout_p=0.0, softmax_scale=scale, causal=tm.kind == "varlen", alibi_slopes=None,
         return_softmax=False, **_window_kwargs(fai._flash_attn_varlen_forward))
     out, lse = _out_lse(res)
     lse = lse.reshape(z, b, s).permute(1, 0, 2)          # (Z, B*S) -> (B, Z, S)
@@ -169,7 +173,7 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
     window = _window_of(tm)
     if window is not None:
         return backward(dout, q, k, v, lse, delta, False, scale, window)
-    if tm.kind != "varlen":
+    if tm.kind not in VARLEN:
         return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
     fai = _fai()
     b, s, z, d = q.shape
@@ -180,7 +184,7 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
     lse_v = lse.permute(1, 0, 2).reshape(z, b * s).contiguous()   # flash-attn reads (Z, total) contiguous
     fai._flash_attn_varlen_backward(
         flat[0], flat[1], flat[2], flat[3], flat[4], lse_v, dq, dk, dv, cu, cu, longest, longest,
-        dropout_p=0.0, softmax_scale=scale, causal=True, alibi_slopes=None, deterministic=False,
+        dropout_p=0.0, softmax_scale=scale, causal=tm.kind == "varlen", alibi_slopes=None, deterministic=False,
         rng_state=None, **_window_kwargs(fai._flash_attn_varlen_backward))
     return dq.reshape(b, s, z, d), dk.reshape(b, s, zkv, d), dv.reshape(b, s, zkv, d)
 
