@@ -9,20 +9,25 @@
   adds; HBM-bound). Sequence-parallel methods run it on their N/G tokens with full weights and no
   communication; tensor parallelism runs it on all N tokens with F/G columns and pays the MLP's
   own collectives (V1: all-reduce of the (B, N, H) output forward and of dX backward; V3:
-  all-gather before, reduce-scatter after), whose bytes are the registry's formulas for the
-  attention layer's collectives (the same (B, N, H) tensor): they are ``take``n from
-  ``Method.bytes`` like every other transfer, so they equal it by construction;
+  all-gather before, reduce-scatter after; V3's norms and residual adds on its N/G tokens), whose
+  bytes are the registry's formulas for the attention layer's collectives (the same (B, N, H)
+  tensor): they are ``take``n from ``Method.bytes`` like every other transfer, so they equal it
+  by construction;
 * LM head: training, GEMMs of (tokens x H) @ (H x V) per rank (sequence parallel: N/G tokens; TP:
   vocab-parallel, N tokens x V/G): ``loss="unfused"`` 3 (forward, d hidden, d W_head);
   ``loss="fused"`` 3 as well, from ``burst_impl.loss``'s training path: each chunk of tokens'
   (rows x vocab) logits tile is computed once and turned into d hidden and d W_head in the forward,
   the backward only scales them; ``loss="fused_recompute"`` 4 (its lse-only forward and its
   backward's recomputation of every tile before the d hidden and d W_head GEMMs). The tiles'
-  elementwise work (exp, max, sums) is not timed, in any mode. Prefill: the last token only;
+  elementwise work (exp, max, sums) is not timed, in any mode. Prefill: the last token only, or with
+  ``head="local"`` every token the rank holds (the BurstAttention authors' timing; TP-V1: all N);
 * training, sequence-parallel methods: a ring all-reduce of the bf16 weight gradients over the G
   ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only what outlasts
   the backward is exposed. The same under ``weights="fsdp2"``: its all-gathers and reduce-scatters
   are not timed (sharding changes the memory, not the time, here). TP holds 1/G of the weights: none.
+* a USP's cache (``burst_usp`` under "seq"/"whole", ``schedules.ulysses.usp_cache_bytes``): the
+  all-to-alls its backward from (O, lse) sends again (q, k, v, O and lse to head shards) and the lse's
+  own, blocking, in the Ulysses groups, with the registry's bytes (``parts["cache_a2a"]``).
 * ``checkpoint`` (``burst_impl/model/checkpoint.py``'s modes; methods other than the BurstAttention
   operator run "seq" as "full", ``checkpoint.method_mode``): "none" recomputes nothing; "full" every
   layer's forward once more during the backward (attention layer + MLP block); "seq" the same
@@ -74,10 +79,24 @@ from .model import _cost_model, predict_case
 from .placement import Placement
 from .schedules import builder
 from .schedules.common import Ctx, ring_collective
+from .schedules.ulysses import usp_cache_all_to_alls, usp_cache_bytes
 from .simulator import Schedule
 
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
 HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
+# Prefill's LM head: on the last token ("last", a server's first token) or on every token a rank holds at the
+# end ("local": the BurstAttention authors' timed forward, docs/hardware_burstattention.md "What the authors'
+# runs used": their head is one replicated (V, H) weight, so TP-V1, whose ranks all hold every token, runs all N)
+PREFILL_HEADS = ("last", "local")
+
+
+def prefill_head_rows(method: str, shape: AttnShape, head: str) -> int:
+    """Token rows of the prefill LM head's (rows x V) @ (V x H) GEMM on one rank (``PREFILL_HEADS``)."""
+    if head not in PREFILL_HEADS:
+        raise ValueError(f"head={head!r}: the prefill LM head runs on {PREFILL_HEADS}")
+    if head == "last":
+        return shape.batch
+    return shape.batch * (shape.seqlen if method == "tp_v1" else shape.seqlen // shape.world_size)
 # Paper spec -> the model it is a layer of (docs/papers.md §3); the shapes are checked against it.
 SPEC_MODELS = {
     "table2_prefill_7b_8gpu": "llama2_7b", "table3_prefill_13b_8gpu": "llama2_13b",
@@ -85,6 +104,9 @@ SPEC_MODELS = {
     "fig4a_scaling_13b_64k": "llama2_13b", "fig4b_batch_7b_4k": "llama2_7b",
     "burstengine_double_ring_32gpu": "llama2_7b",
 }
+# Paper spec -> its prefill LM head as the paper timed it (PREFILL_HEADS; absent: "last"): BurstAttention's
+# Tables 2-3 time the whole forward with the head on every local token (docs/hardware_burstattention.md).
+SPEC_PREFILL_HEAD = {"table2_prefill_7b_8gpu": "local", "table3_prefill_13b_8gpu": "local"}
 ASSUMPTIONS = (
     "model step = layers x (attention layer schedule + MLP block schedule) + LM head + exposed gradient sync",
     "MLP: SwiGLU GEMMs at the profile's GEMM efficiency, norms/SwiGLU/residuals HBM-bound; TP's MLP collectives "
@@ -95,10 +117,13 @@ ASSUMPTIONS = (
     "forward at N/2 instead of N (the cached second halves leave the first global half attending to itself)",
     "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss and with the fused one "
     "(gradients computed in the forward), 4 with fused_recompute (its backward recomputes every logits tile); "
-    "the tiles' elementwise work not timed",
+    "the tiles' elementwise work not timed; prefill: the last token, or every token a rank holds where the paper "
+    "timed it so (SPEC_PREFILL_HEAD: BurstAttention Tables 2-3; TP-V1 all N, its head weight replicated)",
     "memory per rank: training = burst_impl.model.memory.step_memory (weights/optimizer/gradients by sharding, "
     "activations by checkpoint mode, logits by loss mode) + the attention layer's transient buffers; prefill = "
     "weights + the attention layer's modelled peak + one layer's MLP activations; OOM when over the HBM",
+    "burst_usp under checkpoint seq/whole: the cache's all-to-alls (q, k, v, O, lse to head shards again in the "
+    "backward, the lse's own in the forward) as blocking all-to-alls with the registry's bytes",
     "not modelled: embedding, optimizer step, KV cache in prefill, CUDA context, allocator fragmentation, "
     "communication-library buffers",
 )
@@ -120,6 +145,7 @@ class ModelPrediction:
     reason: str
     attention: object              # the layer-level Prediction
     memory: dict = field(default_factory=dict)   # bytes per rank: model_memory()
+    cache_bytes: dict = field(default_factory=dict)   # {(phase, kind): bytes} ONE layer's cache all-to-alls send
 
 
 def check_shape(cfg: ModelConfig, shape: AttnShape) -> None:
@@ -140,8 +166,10 @@ def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostMode
     ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level="layer", table=dict(table))
     t_gate_up, f_gate_up = cost.gemm(tokens, 2 * f, h)
     t_down, f_down = cost.gemm(tokens, h, f)
-    # two RMSNorms (read + write (T, H)), SwiGLU (read 2 (T, F), write 1), two residual adds (read 2, write 1)
-    elementwise = cost.hbm((2 * 2 * tokens * h + 3 * tokens * f + 2 * 3 * tokens * h) * e)
+    # two RMSNorms (read + write (T, H)), SwiGLU (read 2 (T, F), write 1), two residual adds (read 2, write 1);
+    # TP-V3 runs its norms and residuals on its N/G tokens (sequence parallel), only the SwiGLU on all N
+    seq = tokens // G if method == "tp_v3" else tokens
+    elementwise = cost.hbm((2 * 2 * seq * h + 3 * tokens * f + 2 * 3 * seq * h) * e)
     group = list(range(G))
     ready: dict = {g: None for g in group}
 
@@ -172,14 +200,30 @@ def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostMode
     return ctx.sch, sent, {k: v for k, v in registry.items() if k[0] in ctx.phases}
 
 
+def cache_schedule(method: str, shape: AttnShape, checkpoint: str, cost: CostModel, place: Placement,
+                   options: dict | None) -> Schedule:
+    """One layer's all-to-alls of a USP's cache under ``checkpoint`` (``usp_cache_bytes``; an empty schedule
+    for every other method and mode), their bytes taken from the formula like every transfer."""
+    table = usp_cache_bytes(method, shape, checkpoint, options)
+    ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode="fwd_bwd", level="layer", table=dict(table),
+              options=dict(options or {}))
+    if table:
+        usp_cache_all_to_alls(ctx, method, checkpoint)
+        ctx.check_consumed(method)
+    return ctx.sch
+
+
 _SYNC: dict = {}
 
 
 def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: int) -> float:
     """Ring all-reduce of ``params`` gradients (input dtype) over the G ranks, as the simulator runs it
-    (memoised: it depends on the profile, G and the size only, not on the sequence)."""
+    (memoised for a profile's own cost model: it depends on the profile, G and the size only, not on the
+    sequence; another cost model, ``emulated.costs.EmulatedCosts``, is asked afresh)."""
     G = shape.world_size
     key = (repr(cost.hw), G, params, shape.elem_size)
+    if type(cost) is not CostModel:
+        _SYNC.pop(key, None)
     if key not in _SYNC:
         grads = {("backward", "grads"): 2 * (G - 1) * params * shape.elem_size // G}
         ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode="backward", level="layer", table=grads)
@@ -224,18 +268,23 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
 
 def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
                   checkpoint: str = "none", options: dict | None = None, weights: str | None = None,
-                  loss: str = "unfused") -> ModelPrediction:
+                  loss: str = "unfused", costs=None, head: str = "last") -> ModelPrediction:
     """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model.
 
     ``weights``: "replicated" (the BurstAttention paper's runs), "fsdp2" (ZeRO-3 over the G ranks,
     BurstEngine's runs) or "tp" (tensor parallelism: 1/G of the weights); None is "tp" for TP
     methods, else "replicated". ``loss``: the LM head's loss, "unfused", "fused" (training: the same
     head GEMMs, no stored logits) or "fused_recompute" (one more head GEMM). ``checkpoint``: "none",
-    "full", "seq" or "whole" (training; a method that cannot cache runs "seq"/"whole" as "full")."""
+    "full", "seq" or "whole" (training; a method that cannot cache runs "seq"/"whole" as "full").
+    ``costs(hw, dtype) -> CostModel`` replaces the profile's cost model everywhere in the step
+    (``emulated.costs.EmulatedCosts``: the emulated cluster's validation, ``emulated/validate.py``).
+    ``head``: prefill's LM head on the "last" token or on every "local" one (``PREFILL_HEADS``)."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
         raise ValueError(f"loss={loss!r}: the LM head's time is modelled for {tuple(HEAD_GEMMS)}")
+    if head not in PREFILL_HEADS:
+        raise ValueError(f"head={head!r}: the prefill LM head runs on {PREFILL_HEADS}")
     tp = get(builder(method)[0]).tp_version is not None
     weights = ("tp" if tp else "replicated") if weights is None else weights
     if weights not in WEIGHTS or (weights == "tp") != tp:
@@ -243,9 +292,10 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
                          "weights='tp', the others 'replicated' or 'fsdp2'")
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     check_shape(cfg, shape)
-    attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options)
+    attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options, costs=costs)
     hw = attn.hardware
-    cost = _cost_model(hw, shape.dtype)     # the profile's one cost model, as the layer's prediction used
+    # the profile's one cost model, as the layer's prediction used (or the caller's)
+    cost = costs(hw, shape.dtype) if costs is not None else _cost_model(hw, shape.dtype)
     place = Placement.of(hw, shape.world_size)
     base = attn.base_method
     mlp, mlp_sent, mlp_registry = mlp_schedule(base, cfg, shape, cost, place, mode)
@@ -253,30 +303,36 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     train = mode == "fwd_bwd"
     if train:
         rows, cols = (b * shape.seqlen, cfg.vocab_size // G) if tp else (b * shape.seqlen // G, cfg.vocab_size)
-        head = HEAD_GEMMS[loss] * cost.gemm(rows, cols, cfg.hidden)[0]
+        head = HEAD_GEMMS[loss] * cost.op_seconds(cost.gemm(rows, cols, cfg.hidden)[0])
     else:
-        head = cost.gemm(b, cfg.vocab_size, cfg.hidden)[0]
+        head = cost.op_seconds(cost.gemm(prefill_head_rows(builder(method)[0], shape, head), cfg.vocab_size,
+                                         cfg.hidden)[0])
     checkpoint = method_mode(get(base), check_mode(checkpoint)) if train else "none"
     recomp = 0.0
     if checkpoint != "none":
-        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options).time_s
+        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options,
+                           costs=costs).time_s
         if checkpoint in ("seq", "whole"):
             # seq: the attention forward at N/2 replaces the one at N; whole: none is recomputed (module docstring)
-            op_fwd = predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options).time_s
+            op_fwd = predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options,
+                                  costs=costs).time_s
             fwd -= op_fwd
             if checkpoint == "seq":
                 half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
-                fwd += predict_case(method, half, mode="forward", level="op", hardware=hw, options=options).time_s
+                fwd += predict_case(method, half, mode="forward", level="op", hardware=hw, options=options,
+                                    costs=costs).time_s
         recomp = L * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
     sync = 0.0
     if train and not tp and G > 1:
         # the backward is ~2 of the 3 forward-equivalents of the layers' time
         backward = L * (attn.time_s + mlp.makespan) * 2 / 3
         sync = max(0.0, grad_sync_time(cost, place, shape, num_params(cfg)) - backward)
+    cache = cache_schedule(base, shape, checkpoint, cost, place, options)
     parts = {"attention": L * attn.time_s, "mlp": L * mlp.makespan, "head": head, "grad_sync_exposed": sync,
-             "recompute": recomp}
+             "recompute": recomp, "cache_a2a": L * cache.makespan}
     total = sum(parts.values())
-    crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]) + sync
+    crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]
+                + cache.breakdown()["critical_comm_s"]) + sync
     flops = model_flops(cfg, b, shape.seqlen, mode="train" if train else "prefill", causal=shape.causal)["total"]
     mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, checkpoint=checkpoint, loss=loss)
     status, reason = attn.status, attn.reason
@@ -288,7 +344,8 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         status, reason = "oom", (f"{reason}; {what}" if reason else what)
     return ModelPrediction(method=method, config=cfg, shape=shape, mode=mode, time_s=total, parts=parts, flops=flops,
                            critical_comm_s=crit, mlp_bytes=mlp_sent, mlp_registry_bytes=mlp_registry,
-                           status=status, reason=reason, attention=attn, memory=mem)
+                           status=status, reason=reason, attention=attn, memory=mem,
+                           cache_bytes=cache.bytes_sent().get(0, {}))
 
 
 def model_record(layer_record: Record, mp: ModelPrediction, experiment: str) -> Record:
@@ -324,12 +381,14 @@ def model_record(layer_record: Record, mp: ModelPrediction, experiment: str) -> 
         "tokens_per_s": s.batch * s.seqlen / t if t else None,
     })
     for phase, key in (("forward", "comm_fwd"), ("backward", "comm_bwd")):
-        add = sum(v for (p, _), v in mp.mlp_bytes.items() if p == phase)
-        add_f = sum(v for (p, _), v in mp.mlp_registry_bytes.items() if p == phase)
+        cache = sum(v for (p, _), v in mp.cache_bytes.items() if p == phase)    # placed = formula by construction
+        add = sum(v for (p, _), v in mp.mlp_bytes.items() if p == phase) + cache
+        add_f = sum(v for (p, _), v in mp.mlp_registry_bytes.items() if p == phase) + cache
         if rec.get(f"{key}_bytes") is not None:
             rec[f"{key}_bytes"] += add
         rec[f"{key}_formula_bytes"] = (rec.get(f"{key}_formula_bytes") or 0) + add_f
-    rec["comm_measured_over"] = "modelled schedule, one layer (attention layer + MLP block)"
+    rec["comm_measured_over"] = ("modelled schedule, one layer (attention layer + MLP block"
+                                 + (" + the cache's all-to-alls)" if mp.cache_bytes else ")"))
     rec["prediction"] = {**rec["prediction"], "level": "model", "parts_s": mp.parts, "memory": m,
                          "layer_memory": rec["prediction"]["memory"], "assumptions":
                          list(rec["prediction"]["assumptions"]) + list(ASSUMPTIONS),

@@ -19,6 +19,7 @@ from burst_impl.flops import mask_area
 
 from .common import Ctx, all_to_all, sequence_parallel
 from .ring_family import ring_backward, ring_forward
+from baselines.methods.ulysses import a2a_bytes
 from baselines.registry import get
 
 
@@ -123,3 +124,48 @@ def _usp_degree(method, s) -> int:
         if s.world_size % u == 0 and full * (u - 1) // u == q:
             return u
     raise ValueError(f"cannot recover usp's ulysses_degree from its registry bytes a2a_q={q} for {s}")
+
+
+# ---------------------------------------------------------------- burst_usp's cache (checkpoint seq / whole)
+
+CACHED_AGAIN = ("q", "k", "v", "out")      # sent to head shards again by the backward from the cache
+
+
+def usp_cache_bytes(method: str, s, checkpoint: str, options: dict | None = None) -> dict[tuple[str, str], int]:
+    """``{(phase, kind): bytes}`` one rank sends per layer in the all-to-alls a USP's cache hook adds to
+    a training step under ``checkpoint`` "seq"/"whole" (``baselines/methods/burst_usp.py``, ``UspCache``),
+    beyond what the step without the cache sends, each from the registry's formulas:
+
+    * forward: ``a2a_lse``, the ring's lse back to sequence shards (one fp32 per row and query head: the
+      registry's all-to-all formula on a (B, S, Z, 1) float32 tensor). Under "seq" the recompute of the
+      first halves sends it again at N/2 (its q, k, v, out all-to-alls are the N/2 forward's own);
+    * backward: q, k, v and O to head shards again (the registry's forward ``a2a_q/k/v/out``: the same
+      tensors and split) and the lse (``a2a_lse`` at N), before the ring's backward from (O, lse).
+
+    Empty for a method without a cache hook or a checkpoint mode that does not cache."""
+    m = get(method)
+    if m.cached_attention is None or checkpoint not in ("seq", "whole"):
+        return {}
+    table = m.bytes(s, **(options or {}))
+    u = (options or {}).get("ulysses_degree") or _usp_degree(m, s)
+
+    def lse(shape) -> int:
+        return a2a_bytes(shape.replace(head_dim=1, dtype="float32"), u, prefix="a2a_").get(("forward", "a2a_q"), 0)
+
+    out = {("backward", f"a2a_{k}"): table.get(("forward", f"a2a_{k}"), 0) for k in CACHED_AGAIN}
+    out[("backward", "a2a_lse")] = lse(s)
+    out[("forward", "a2a_lse")] = lse(s) + (lse(s.replace(seqlen=s.seqlen // 2)) if checkpoint == "seq" else 0)
+    return {k: v for k, v in out.items() if v}
+
+
+def usp_cache_all_to_alls(ctx: Ctx, method: str, checkpoint: str) -> dict:
+    """The all-to-alls of ``usp_cache_bytes`` in ``ctx``'s phases, in the Ulysses groups, blocking (each
+    waits for the one before, as ``_to_heads``/``_to_seq`` do); ``ctx.table`` holds their bytes."""
+    s = ctx.shape
+    u = ctx.options.get("ulysses_degree") or _usp_degree(get(method), s)
+    groups = [[i * u + j for j in range(u)] for i in range(s.world_size // u)]
+    ready: dict = {g: None for g in ctx.ranks}
+    for phase, kinds in (("forward", ("lse",)), ("backward", CACHED_AGAIN + ("lse",))):
+        if phase in ctx.phases:
+            ready = _a2a_phase(ctx, groups, ready, phase=phase, kinds=kinds, prefix="a2a_")
+    return ready
