@@ -29,10 +29,11 @@ from baselines import AttnShape, get
 from burst_impl.model.checkpoint import method_mode
 
 from ..profiles.hardware import load_hardware
+from ..harness import record
 from ..harness.model_record import OFFLOAD
 from ..harness.spec import Case, Spec, load_spec, resolve_spec_path
 from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
-from .predict import VARIANTS_FILE, _record, _write_jsonl, experiment_name, spec_hardware
+from .predict import VARIANTS_FILE, _record, experiment_name, spec_hardware
 from .schedules import VARIANTS
 from .. import plots
 from .tables import write_model_table
@@ -60,9 +61,9 @@ def _records(exp: str, items, hw) -> list[dict]:
 def _write(exp: str, records: list[dict], meta: dict, results_root: Path, plots_root: Path, draw: bool,
            hw, variants: list[dict] = ()) -> list[Path]:
     out = results_root / exp
-    _write_jsonl(out / "results.jsonl", records)
+    record.write_all(out / "results.jsonl", records)
     if variants:                      # model-only variants: the tables, not the figures (as at attention level)
-        _write_jsonl(out / VARIANTS_FILE, list(variants))
+        record.write_all(out / VARIANTS_FILE, list(variants))
     (out / "spec.resolved.yaml").write_text(yaml.safe_dump({**meta, "name": exp, "source": "modelled",
                                                             "level": "model", "hardware_profile": hw.name},
                                                            sort_keys=False))

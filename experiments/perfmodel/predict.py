@@ -156,10 +156,6 @@ def predict_spec(spec: Spec, hardware: str | None = None, *, variants: bool = Tr
     return exp, records, extra
 
 
-def _write_jsonl(path: Path, records: list[R.Record]) -> None:
-    record.write_all(path, records)
-
-
 def write_experiment(spec: Spec, *, hardware: str | None = None, results_root: Path | str = RESULTS_ROOT,
                      plots_root: Path | str = PLOTS_ROOT, draw: bool = True, variants: bool = True) -> list[Path]:
     """Records, resolved spec, figures and tables of one spec; returns the files written."""
@@ -167,10 +163,10 @@ def write_experiment(spec: Spec, *, hardware: str | None = None, results_root: P
     hw = spec_hardware(spec, hardware)
     exp, records, extra = predict_spec(spec, hardware, variants=variants)
     out = results_root / exp
-    _write_jsonl(out / R.RESULTS_FILE, records)
+    record.write_all(out / R.RESULTS_FILE, records)
     files = [out / R.RESULTS_FILE]
     if extra:
-        _write_jsonl(out / VARIANTS_FILE, extra)
+        record.write_all(out / VARIANTS_FILE, extra)
         files.append(out / VARIANTS_FILE)
     resolved = {**spec.resolved(), "name": exp, "source": "modelled", "hardware_profile": hw.name}
     (out / "spec.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
