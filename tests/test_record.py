@@ -75,6 +75,21 @@ def test_writer_refuses_an_incomplete_record(tmp_path):
         record.write(tmp_path / "r.jsonl", rec)
 
 
+def test_each_key_the_writer_requires_is_refused_by_name_and_in_the_schema_list(tmp_path):
+    """``results.REQUIRED_KEYS`` (what the schema tests look for in every row) is derived from the writer's
+    ``record.REQUIRED``: a key the writer insists on is one the schema tests check."""
+    from experiments.harness import results as R
+
+    full = dict(experiment="e", case_id="c", method="m", level="op", mode="forward", config={"seqlen": 8},
+                timestamp="t", git={"commit": "x"}, versions={}, hardware={}, machine="here")
+    assert set(full) == set(record.REQUIRED) and set(record.REQUIRED) <= set(R.REQUIRED_KEYS)
+    for k in record.REQUIRED:
+        rec = Record(status="ok")
+        rec.update({n: v for n, v in full.items() if n != k})
+        with pytest.raises(ValueError, match=f"lacks \\['{k}'\\]"):
+            record.write(tmp_path / "r.jsonl", rec)
+
+
 def test_migration_keeps_every_value_readers_saw():
     """Every key of the old view has its value in the new row, and the row adds nothing but empty fields,
     except: an explicit None at the top of an old record (a modelled prefill's checkpoint and loss) now

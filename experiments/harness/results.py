@@ -35,12 +35,13 @@ from .spec import Case
 DONE_STATUSES = ("ok", "oom", "failed")
 RESULTS_FILE = "results.jsonl"
 
-# Keys every record's row has (tests check the schema against this list): the case's axes come from its config.
+# Keys every record's row has (tests check the schema against this list): what the writer requires of every
+# record (``record.REQUIRED``), the row's envelope, the case's axes (from its config), ``kernel`` (the local
+# attention kernel that ran, resolved by the worker on its device; in records written without running, the
+# one asked for, or "auto") and the samples.
 CASE_KEYS = ("method", "level", "mode", *AXES, "warmup", "repeats", "seed")
-# ``kernel``: the local attention kernel that ran (the worker resolves it on its device); in records
-# written without running (skipped, or failed before the worker) the one asked for, or "auto".
-REQUIRED_KEYS = ("schema", "experiment", "case_id", "status", "reason", "timestamp", *CASE_KEYS, "kernel",
-                 "time_samples_s", "config", "git", "versions", "hardware", "machine")
+REQUIRED_KEYS = tuple(dict.fromkeys(("schema", "status", "reason", *record.REQUIRED, *CASE_KEYS, "kernel",
+                                     "time_samples_s")))
 # The machine records are written for (the results root's name); the driver sets it for every rank and job.
 MACHINE_ENV = "EXPERIMENTS_MACHINE"
 RESULTS_BASE = env.REPO / "results"
