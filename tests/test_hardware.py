@@ -37,7 +37,7 @@ def test_interpolation_is_log_linear():
 
 
 def test_cluster_profiles_name_their_hardware():
-    for name in ("a100_8", "a100_32", "a800_32"):
+    for name in ("a100_8", "a100_8_p2p_off", "a100_32", "a800_32"):
         prof = load_profile(name)
         hw = load_hardware(prof.hardware)
         assert (hw.nodes, hw.devices_per_node) == (prof.nodes, prof.gpus_per_node)
@@ -53,6 +53,13 @@ def test_cluster_profiles_name_their_hardware():
     (lambda d: d["accelerator"].update(gemm_efficiency=1.2), "accelerator.gemm_efficiency"),
     (lambda d: d["accelerator"].update(attn_efficiency_forward=[[512, 0.0]]), "accelerator.attn_efficiency_forward"),
     (lambda d: d.update(gpus=8), "gpus"),
+    (lambda d: d["intra"].update(transport="carrier-pigeon"), "intra.transport"),
+    (lambda d: d["inter"].update(transport="shm"), "inter.transport"),          # SHM is an intra-node transport
+    (lambda d: d["intra"].update(step_latency_us=99), "intra.step_latency_us"),  # above latency_us
+    (lambda d: d["accelerator"].update(attn_grid={"sms": 0, "tile_rows": 128}), "accelerator.attn_grid.sms"),
+    (lambda d: d["accelerator"].update(attn_grid={"sms": 108}), "accelerator.attn_grid.tile_rows"),
+    (lambda d: d["accelerator"].update(attn_grid={"sms": 108, "tile_rows": 128, "warps": 8}),
+     "accelerator.attn_grid.warps"),
 ])
 def test_bad_profiles_name_the_key(edit, key):
     raw = yaml.safe_load((HARDWARE_DIR / "a100_pcie_roce_4x8.yaml").read_text())
@@ -120,3 +127,23 @@ def test_nics_derived_from_shared_by_when_absent():
     raw = copy.deepcopy(yaml.safe_load((HARDWARE_DIR / "a800_ib_4x8.yaml").read_text()))
     raw.pop("nics_per_node")
     assert parse_hardware(raw, "x.yaml").nics_per_node == 4
+
+
+# ---------------------------------------------------------------- the sourced PCIe server (issue 35)
+
+
+def test_the_tables_server_as_the_authors_ran_it():
+    """BurstAttention's Tables 2-3 ran with NCCL_P2P_DISABLE=1: their cluster sets it and its profile's intra
+    rate is the host-staged one (10 GB/s per direction), not a100_pcie_8's P2P-like 24."""
+    prof = load_profile("a100_8_p2p_off")
+    hw = load_hardware(prof.hardware)
+    assert prof.env["NCCL_P2P_DISABLE"] == "1" and hw.intra.transport == "shm"
+    assert hw.intra.bytes_per_s == pytest.approx(10e9) and load_hardware("a100_pcie_8").intra.transport is None
+    assert hw.accelerator.attn_grid.sms == 108 and hw.intra.step_latency_us == 5.7
+
+
+@pytest.mark.parametrize("blocks,w", [(128, 128 / 216), (108, 1.0), (216, 1.0), (1024, 1024 / 1080), (1, 1 / 108)])
+def test_wave_efficiency_is_the_busy_share_of_the_slots(blocks, w):
+    acc = load_hardware("a100_pcie_8_sourced").accelerator        # 108 SMs x 1 block
+    assert acc.wave_efficiency(blocks) == pytest.approx(w)
+    assert load_hardware("a100_pcie_8").accelerator.wave_efficiency(blocks) == 1.0   # no grid: no factor

@@ -33,6 +33,20 @@ by the flows that cross on it at once: a lone flow gets the whole NIC
 (``nic_bytes_per_s``), k concurrent flows 1/k each (``inter_flow_bytes_per_s``),
 so ``bytes_per_s`` above is the case k = ranks_per_nic. On PCIe nodes a GPU
 reaches its NIC through its own PCIe link, so no flow exceeds the intra rate.
+
+Optional, for profiles that source them (absent: the model ignores them, so older profiles keep
+their meaning):
+
+* ``intra.transport``: how NCCL moves a node's bytes, ``p2p`` (CUDA peer access over NVLink or
+  PCIe) or ``shm`` (staged through host memory, NCCL_P2P_DISABLE=1); the rate above is then that
+  transport's, so this names what ``efficiency`` measures, and ``shm`` is refused on anything but
+  ``pcie``/``nvlink``.
+* ``step_latency_us``: the latency of each ring step after a collective's first (NCCL's tuning
+  model: a collective costs a base latency once plus a per-hop latency per step, so ``latency_us``
+  is base + hop and this is the hop alone).
+* ``accelerator.attn_grid``: the flash kernel's launch grid (SMs, query rows per thread block,
+  blocks resident per SM), for the tail of a kernel with few thread blocks (wave quantisation,
+  ``Accelerator.wave_efficiency``).
 """
 from __future__ import annotations
 
@@ -45,6 +59,7 @@ import yaml
 
 HARDWARE_DIR = Path(__file__).resolve().parents[1] / "hardware"
 LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet", "veth")
+TRANSPORTS = ("p2p", "shm")          # intra-node NCCL transports a profile may name (``Link.transport``)
 
 
 def _interp(pts: tuple[tuple[int, float], ...], tokens: float) -> float:
@@ -58,6 +73,16 @@ def _interp(pts: tuple[tuple[int, float], ...], tokens: float) -> float:
     (t0, e0), (t1, e1) = pts[i - 1], pts[i]
     w = (math.log2(tokens) - math.log2(t0)) / (math.log2(t1) - math.log2(t0))
     return e0 + w * (e1 - e0)
+
+
+@dataclass(frozen=True)
+class KernelGrid:
+    """How a flash kernel's thread blocks fill the GPU: ``blocks = B x heads x ceil(rows / tile_rows)``
+    over ``sms x blocks_per_sm`` slots at once."""
+    sms: int                  # streaming multiprocessors
+    tile_rows: int            # query rows per thread block (the kernel's BLOCK_M)
+    blocks_per_sm: int = 1    # thread blocks resident on one SM at once
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +100,17 @@ class Accelerator:
     attn_efficiency_forward: tuple[tuple[int, float], ...] | None = None
     # Optional: fraction of peak a large dense GEMM reaches (projections of the attention block).
     gemm_efficiency: float | None = None
+    # Optional: the flash kernel's launch grid; with it a kernel of few thread blocks pays its last
+    # wave's idle SMs (``wave_efficiency``); without it, none.
+    attn_grid: KernelGrid | None = None
+
+    def wave_efficiency(self, blocks: int) -> float:
+        """The busy fraction of the SM-slots a kernel of ``blocks`` equal thread blocks occupies:
+        w = (blocks / slots) / ceil(blocks / slots), slots = sms x blocks_per_sm (1 without a grid)."""
+        if self.attn_grid is None or blocks <= 0:
+            return 1.0
+        waves = blocks / (self.attn_grid.sms * self.attn_grid.blocks_per_sm)
+        return waves / math.ceil(waves)
 
     def efficiency(self, tokens: int) -> float:
         return _interp(self.attn_efficiency, tokens)
@@ -95,6 +131,8 @@ class Link:
     shared_by: int = 1       # ranks sharing one link when all send at once
     efficiency: float = 1.0  # achieved / nominal
     source: str = ""
+    transport: str | None = None          # intra-node NCCL transport the rate is for (TRANSPORTS); None: unstated
+    step_latency_us: float | None = None  # a collective's later ring steps (None: latency_us for every step)
 
     @property
     def bytes_per_s(self) -> float:
@@ -207,7 +245,31 @@ def _link(path, where: str, raw) -> Link:
     eff = d.get("efficiency", 1.0)
     if not isinstance(eff, (int, float)) or not 0 < eff <= 1:
         raise _err(path, f"{where}.efficiency", f"{eff!r} must be in (0, 1]")
+    if d.get("step_latency_us") is not None:
+        step = _positive(path, f"{where}.step_latency_us", d["step_latency_us"], allow_zero=True)
+        if step > d["latency_us"]:
+            raise _err(path, f"{where}.step_latency_us", f"{step!r} must not exceed latency_us={d['latency_us']!r} "
+                                                         "(a collective's first step pays its base latency too)")
+    t = d.get("transport")
+    if t is not None:
+        if t not in TRANSPORTS:
+            raise _err(path, f"{where}.transport", f"{t!r} must be one of {TRANSPORTS}")
+        if where != "intra" or d["kind"] not in ("pcie", "nvlink"):
+            raise _err(path, f"{where}.transport", f"{t!r} names an intra-node NCCL transport: only intra links of "
+                                                   f"kind pcie or nvlink have one (this is {where}, {d['kind']!r})")
     return Link(**d)
+
+
+def _grid(path, raw) -> KernelGrid:
+    d = _keys(path, "accelerator.attn_grid", raw, KernelGrid)
+    for key in ("sms", "tile_rows"):
+        if key not in d:
+            raise _err(path, f"accelerator.attn_grid.{key}", "is required")
+    for key in ("sms", "tile_rows", "blocks_per_sm"):
+        v = d.get(key, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise _err(path, f"accelerator.attn_grid.{key}", f"{v!r} must be an integer >= 1")
+    return KernelGrid(**d)
 
 
 def _efficiency_table(path, key: str, pts) -> tuple[tuple[int, float], ...]:
@@ -239,6 +301,8 @@ def _accelerator(path, raw) -> Accelerator:
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
             raise _err(path, "accelerator.gemm_efficiency", f"{g!r} must be in (0, 1]")
         d["gemm_efficiency"] = float(g)
+    if d.get("attn_grid") is not None:
+        d["attn_grid"] = _grid(path, d["attn_grid"])
     d["peak_tflops"] = {str(k): float(v) for k, v in d["peak_tflops"].items()}
     return Accelerator(**d)
 
