@@ -35,6 +35,10 @@ class SeqShard:
     v: Tensor
     pos: Tensor
     shard_lens: list[int]
+    # preallocated rows (``ShardedKVCache.reserve``): k, v, pos are then views of their first n_local rows,
+    # and an append copies into the rows after them instead of concatenating (a server's paged or
+    # preallocated cache; without it every append copies the whole shard)
+    spare: tuple[Tensor, Tensor, Tensor] | None = field(default=None, repr=False)
 
     @property
     def length(self) -> int:
@@ -156,8 +160,40 @@ class ShardedKVCache:
         return place(self.placement, s.shard_lens, s.length, count)
 
     def nbytes(self) -> int:
-        """Bytes of K and V this rank holds (positions left out: the model's KV capacity)."""
+        """Bytes of K and V this rank holds (positions left out: the model's KV capacity; rows reserved but
+        not yet written are not counted)."""
         return sum(comm.nbytes(s.k) + comm.nbytes(s.v) for layer in self.layers for s in layer)
+
+    # ------------------------------------------------------------ a benchmark's hooks
+
+    def reserve(self, tokens: int) -> None:
+        """Preallocate room for ``tokens`` more rows in every shard, so that the next appends write in place
+        (a benchmark's decode step then costs what a server's does, not a copy of the whole shard)."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"tokens={tokens!r} must be a non-negative int (rows to reserve per shard)")
+        for layer in self.layers:
+            for s in layer:
+                n = s.k.shape[0]
+                bufs = (s.k.new_empty((n + tokens, *s.k.shape[1:])), s.v.new_empty((n + tokens, *s.v.shape[1:])),
+                        s.pos.new_empty((n + tokens,)))
+                for buf, t in zip(bufs, (s.k, s.v, s.pos)):
+                    buf[:n] = t
+                s.spare = bufs
+                s.k, s.v, s.pos = (buf[:n] for buf in bufs)
+
+    def snapshot(self) -> list[list[tuple[int, list[int]]]]:
+        """Every shard's (rows, shard_lens) now, for ``rewind``."""
+        return [[(s.k.shape[0], list(s.shard_lens)) for s in layer] for layer in self.layers]
+
+    def rewind(self, state: list[list[tuple[int, list[int]]]]) -> None:
+        """Forget the tokens appended since ``snapshot`` gave ``state`` (appends only add rows after the
+        existing ones, so the first rows are the snapshot's): a benchmark times every decode step at the
+        same context length."""
+        for layer, marks in zip(self.layers, state):
+            for s, (n, lens) in zip(layer, marks):
+                if n > s.k.shape[0]:
+                    raise ValueError(f"rewind to {n} rows: the shard holds only {s.k.shape[0]} (not a snapshot of it)")
+                s.k, s.v, s.pos, s.shard_lens = s.k[:n], s.v[:n], s.pos[:n], list(lens)
 
     # ------------------------------------------------------------ writing (the operators call these)
 
@@ -165,9 +201,17 @@ class ShardedKVCache:
         """Append this rank's rows ``k``/``v`` (n, Zkv, d) at global positions ``pos`` (n,), after which
         the ranks hold ``shard_lens`` tokens of the sequence."""
         s = self.shard(layer, seq)
-        s.k = torch.cat([s.k, k.to(self.dtype)])
-        s.v = torch.cat([s.v, v.to(self.dtype)])
-        s.pos = torch.cat([s.pos, pos.to(device=self.device, dtype=torch.int64)])
+        n0, n = s.k.shape[0], k.shape[0]
+        pos = pos.to(device=self.device, dtype=torch.int64)
+        if s.spare is not None and n0 + n <= s.spare[0].shape[0] and s.k.data_ptr() == s.spare[0].data_ptr():
+            for buf, t in zip(s.spare, (k.to(self.dtype), v.to(self.dtype), pos)):
+                buf[n0:n0 + n] = t
+            s.k, s.v, s.pos = (buf[:n0 + n] for buf in s.spare)
+        else:
+            s.k = torch.cat([s.k, k.to(self.dtype)])
+            s.v = torch.cat([s.v, v.to(self.dtype)])
+            s.pos = torch.cat([s.pos, pos])
+            s.spare = None
         s.shard_lens = list(shard_lens)
         assert s.k.shape[0] == s.pos.numel() == s.shard_lens[self.rank], "cache rows and positions out of step"
 
