@@ -60,7 +60,9 @@ def _cost(c: Case) -> float:
     # train/prefill: model level (the attention term of every layer; the matmuls are cheap beside it on CPU)
     # perplexity (model level): train_steps training steps, not a timed mode
     mode = (MODE_FACTOR["fwd_bwd"] * c.train_steps if c.mode == "perplexity"
-            else MODE_FACTOR[MODEL_MODE.get(c.mode, c.mode)])
+            else MODE_FACTOR.get(MODEL_MODE.get(c.mode, c.mode), 1.0))
+    if c.level == "inference" and c.mode != "ttft":   # decode (and a cache fill) touch the cache once: linear in N
+        work /= c.seqlen
     if c.level == "model":
         work *= get_config(c.model).n_layers
     reps = (c.repeats + c.repeat_cap) / 2   # adaptive: somewhere between the minimum and the cap

@@ -45,6 +45,10 @@ class Case:
     max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
     ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
     interleave: bool = True          # time with the other methods of the same shape, in rounds
+    # level "inference" only (inference_cases.py): the context-parallel merge, tokens per decode step, placement
+    merge: str | None = None
+    new_tokens: int = 1
+    placement: str = "round_robin"
 
     @property
     def repeat_cap(self) -> int:
@@ -74,6 +78,9 @@ class Case:
             else:                               # a spec-wide setup other than the default
                 base += (f".{self.loss}" if self.loss != "unfused" else "") + (
                     f".ck_{self.checkpoint}" if self.checkpoint != "none" else "")
+        if self.level == "inference" and self.mode == "decode":   # the row's merge, and q and placement if not 1 / rr
+            base += "".join((f".{self.merge}" if self.merge else "", f".q{self.new_tokens}" * (self.new_tokens != 1),
+                             f".{self.placement}" * (self.placement != "round_robin")))
         return f"{base}.{self.kernel}" if self.kernel else base
 
     def to_dict(self) -> dict:

@@ -31,6 +31,8 @@ from .spec import Case
 from .steps import Step, build_step, kernel_used
 from .timing import RepeatPolicy, barrier, summarize, time_interleaved
 from .model_record import model_fields
+from .inference_cases import UNTIMED
+from .inference_steps import inference_fields, kv_capacity_record
 
 # Share of a group's wall-clock budget (sum of its cases' timeouts.case_s) that timing rounds may use:
 # the rest covers building the steps, the memory and byte steps (CPU memory profiling is slow) and noise.
@@ -39,7 +41,8 @@ TIMING_SHARE = 0.5
 
 def _measured_over(case: Case) -> str:
     return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
-            "train": "train step (forward + backward + gradient sync + optimizer)"}.get(case.mode, "forward + backward")
+            "train": "train step (forward + backward + gradient sync + optimizer)",
+            "decode": "one decode step of the layer (no grad)", "ttft": "the prompt's prefill of the layer (no grad)"}.get(case.mode, "forward + backward")
 
 
 @dataclass
@@ -89,6 +92,14 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
             rec["duration_s"] = time.perf_counter() - t_start
         return None if rank != 0 else [rec]
     group = dist.group.WORLD if dist.is_initialized() else None
+    if cases[0].mode in UNTIMED:         # inference's KV capacity: the filled cache's bytes, nothing timed
+        recs = []
+        for case in cases:
+            current.case = case
+            inject(case, rank)
+            recs.append(kv_capacity_record(case, rank=rank, world=world, device=device, group=group, gather=_gather,
+                                           base_record=R.base_record))
+        return None if rank != 0 else recs
     steps: list[Step] = []
     for case in cases:
         current.case = case
@@ -156,6 +167,8 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
         "wait_s": float(sum(counts.wait_s.values())) if counts is not None else None,
         # model level: weights + gradients + optimizer state this rank keeps between steps
         "state_bytes": step.context.state_bytes() if hasattr(step.context, "state_bytes") else None,
+        # inference: the K/V bytes this rank's cache holds after the step
+        "kv_bytes": step.context.kv_bytes() if hasattr(step.context, "kv_bytes") else None,
     }
     per_rank = _gather(local, world)
     if rank != 0:
@@ -177,6 +190,8 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
     rec["time_samples_s"] = samples
     if case.level == "model":
         rec.update(model_fields(case, step.context, med, per_rank, device))
+    elif case.level == "inference":
+        rec.update(inference_fields(case, med, per_rank))
     else:
         flops, scope = case_flops(case.level, shape, case.mode)
         rec.update({
@@ -198,7 +213,7 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
             "mem_measured_over": _measured_over(case),
         })
-    if case.level == "model":
+    if case.level in ("model", "inference"):
         return rec
     # Work balance of the layout under the mask (burst_impl.balance): live score entries of each
     # rank's rows and columns, and max/mean; what a ring method's slowest rank has to compute.

@@ -29,6 +29,7 @@ from burst_impl.kernels import check_backend
 from ..profiles.cluster import Profile
 from . import axes
 from .model_cases import ModelSetup, ModelVariant, check_attention_mode, check_model_case
+from .inference_cases import INFERENCE_MODES, check_inference_case, expand_rows, inference_fields
 from .case import AUTO_KERNEL, Case
 from .schema import FileErr
 
@@ -82,11 +83,14 @@ def _excluded(spec: Spec, values: dict) -> bool:
     return any(all(values.get(k) == v for k, v in e.items()) for e in spec.exclude)
 
 
-def _rows(spec: Spec, model: ModelSetup | None) -> list[tuple[str, ModelVariant | None]]:
-    """(method, variant) per row: the model's variants, else the methods with the spec-wide setup."""
+def _rows(spec: Spec, model: ModelSetup | None, mode: str) -> list[tuple[str, ModelVariant | None, dict]]:
+    """(method, variant, the row's own Case fields) per row: the model's variants, an inference spec's methods
+    (the context-parallel one once per merge in decode), else the methods with the spec-wide setup."""
+    if spec.measure.level == "inference":
+        return [(m, None, inference_fields(spec, mode, merge)) for m, merge in expand_rows(spec, mode)]
     if model is not None and model.variants:
-        return [(v.method, v) for v in model.variants]
-    return [(m, None) for m in spec.methods]
+        return [(v.method, v, {}) for v in model.variants]
+    return [(m, None, {}) for m in spec.methods]
 
 
 def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -> dict:
@@ -103,12 +107,12 @@ def expand(spec: Spec) -> list[Case]:
     model = spec.model if spec.measure.level == "model" else None
     for shape in axes.shapes(spec.sweep):
         for mode in spec.measure.modes:
-            for method, variant in _rows(spec, model):
+            for method, variant, row in _rows(spec, model, mode):
                 for kernel_name in spec.kernels or (None,):
                     kernel = None if kernel_name == AUTO_KERNEL else kernel_name
                     for zero in model.zero if model is not None else (False,):
                         values = dict(dataclasses.asdict(shape), mode=mode, method=method, kernel=kernel_name,
-                                      zero=zero, variant=variant.name if variant else None)
+                                      zero=zero, variant=variant.name if variant else None, merge=row.get("merge"))
                         if _excluded(spec, values):
                             continue
                         extra = _model_fields(model, zero, variant) if model else {}
@@ -117,7 +121,7 @@ def expand(spec: Spec) -> list[Case]:
                                         measure_memory=spec.measure.memory, measure_comm=spec.measure.comm,
                                         case_timeout_s=spec.timeouts.case_s, pg_timeout_s=spec.timeouts.pg_s,
                                         kernel=kernel, max_repeats=spec.max_repeats, ci_target=spec.ci_target,
-                                        interleave=spec.interleave, **extra))
+                                        interleave=spec.interleave, **extra, **row))
     return out
 
 
@@ -183,6 +187,8 @@ def _validate_case(spec: Spec, prof: Profile, case: Case, err: FileErr) -> None:
                                    "it needs measure.level: layer")
     if case.level == "model":
         check_model_case(case, err)
+    elif case.level == "inference" or case.mode in INFERENCE_MODES:
+        check_inference_case(case, spec, err)
     else:
         check_attention_mode(case, err)
     try:

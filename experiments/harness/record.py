@@ -123,6 +123,11 @@ class Memory:
     model_bytes: int | None = None
     model_of: str | None = None
     model_error: str | None = None
+    # inference (experiments/harness/inference_steps.py): K/V bytes each rank's cache holds, counted, and the
+    # largest rank's formula; how many tokens of context fit at the hardware's usable memory (modelled)
+    kv_bytes_per_rank: list | None = None
+    kv_formula_bytes: int | None = None
+    kv_capacity_tokens: int | None = None
 
 
 @dataclass

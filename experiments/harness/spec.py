@@ -84,11 +84,13 @@ from .env import repo_relative
 from .overrides import read_mapping, resolve_base
 from .plan import RunPlan, plan_of
 from .model_cases import MODEL_MODES, ModelSetup, check_setup, fill_sweep
+from .inference_cases import INFERENCE_MODES, InferenceSetup, inference_sweep
 from .schema import FileErr, check_keys, check_type, fields_from, from_mapping, plain
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[1]
-# op: the operator on local shards; layer: the attention layer; model: a whole decoder (model_cases.py)
-LEVELS = ("op", "layer", "model")
+# op: the operator on local shards; layer: the attention layer; model: a whole decoder (model_cases.py);
+# inference: an attention layer's prefill and decode on a KV cache (inference_cases.py)
+LEVELS = ("op", "layer", "model", "inference")
 # Names the spec format no longer has: a file that uses one fails, naming the current one.
 _RENAMED_LEVELS = {"block": "layer"}
 _RENAMED_KEYS = {"target": "cluster"}
@@ -111,7 +113,8 @@ def _positive_seconds(v):
 @dataclass(frozen=True)
 class Measure:
     # forward/backward/fwd_bwd at levels op and layer; train/prefill at level model
-    modes: tuple[str, ...] = field(default=("fwd_bwd",), metadata={"check": _one_of(MODES + MODEL_MODES)})
+    modes: tuple[str, ...] = field(default=("fwd_bwd",),
+                                   metadata={"check": _one_of(MODES + MODEL_MODES + INFERENCE_MODES)})
     # op: the attention operator on local shards; layer: the attention layer (projections too);
     # model: a whole decoder trained or prefilled (experiments.harness.model_cases)
     level: str = field(default="op", metadata={"check": _one_of(LEVELS)})
@@ -175,6 +178,7 @@ class Spec:
     seed: int = field(default=0, metadata={"check": _at_least(0)})
     timeouts: Timeouts = field(default_factory=Timeouts)
     model: ModelSetup | None = None   # required at measure.level: model, refused otherwise
+    inference: InferenceSetup | None = None   # required at measure.level: inference, refused otherwise
 
     @functools.cached_property
     def profile(self) -> Profile:
@@ -264,6 +268,10 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
         methods = check_setup(kw["model"], methods, kw.get("measure", Measure()).modes, err)
     elif kw.get("model") is not None:
         raise err("model", f"is only for measure.level: model, not {level!r}")
+    if level == "inference":
+        kw["sweep"] = inference_sweep(kw.get("inference"), kw["sweep"], raw["sweep"], err)
+    elif kw.get("inference") is not None:
+        raise err("inference", f"is only for measure.level: inference, not {level!r}")
     if methods is None:
         raise err("methods", "is required")
     kw["methods"] = methods
@@ -274,7 +282,7 @@ def parse_spec(raw: Any, path: Path | str = "<memory>", *, cluster: str | None =
     for e in kw.get("exclude", ()):
         if not isinstance(e, dict):
             raise err("exclude", "must be a list of mappings (axis or 'method'/'mode'/'kernel' -> value)")
-        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero", "variant"}, err, "exclude.")
+        check_keys(e, set(axes.AXES) | {"method", "mode", "kernel", "zero", "variant", "merge"}, err, "exclude.")
     spec = Spec(path=str(path), **kw)
     _ = spec.plan     # expands and validates the cases: a bad combination fails on load
     return spec

@@ -21,6 +21,7 @@ from baselines.registry import METHODS
 from burst_impl.kernels import resolve_backend
 
 from .model_steps import build_model_step
+from .inference_steps import build_inference_step
 from .spec import Case
 from .timed_step import Step
 
@@ -137,6 +138,8 @@ def build_layer_step(case: Case, method: Method, *, rank: int, group, device: to
 def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
     if case.level == "model":
         return build_model_step(case, rank=rank, group=group, device=device)
+    if case.level == "inference":
+        return build_inference_step(case, rank=rank, group=group, device=device)
     method = METHODS[case.method]
     if case.level == "layer":
         return build_layer_step(case, method, rank=rank, group=group, device=device)
