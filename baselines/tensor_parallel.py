@@ -100,7 +100,7 @@ class TPAttention(nn.Module):
             setattr(self, name, _sliced(getattr(attn, name), dim, idx))
         self.head_dim, self.theta, self.plan, self.version = d, cfg.rope_theta, plan, version
         self.comm = _Comm(plan, version, "attn")
-        self.core = LocalAttention(fused=fused, backend=backend)
+        self.core = LocalAttention(fused=fused, backend=backend, mask=cfg.mask)   # all N in position order
 
     def forward(self, x: Tensor, rope) -> Tensor:
         G, layout = self.plan.world_size, self.plan.layout

@@ -19,28 +19,41 @@ from burst_impl.plan import local_plan
 Tensor = torch.Tensor
 
 
+def local_forward(q: Tensor, k: Tensor, v: Tensor, mask: masks.Mask, scale: float,
+                  backend: str | None = None) -> tuple[Tensor, Tensor]:
+    """(out (B,S,Z,d) in q's dtype, lse (B,Z,S) statistics dtype) of ``mask`` over the S positions, no
+    autograd: the tiles of ``local_plan``. Callers that keep (out, lse) themselves (sequence-level
+    checkpointing, ``burst_impl.model.checkpoint``) pair it with ``local_backward``."""
+    state = RowState(q)
+    forward_tiles(state, local_plan(mask, q.shape[1]), q, k, v, scale, backend)
+    out, lse = state.result()
+    return out.to(q.dtype), lse
+
+
+def local_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, mask: masks.Mask,
+                   scale: float, backend: str | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) in the inputs' dtypes of ``local_forward``'s attention, from its (out, lse)."""
+    acc = stats_dtype(q.dtype)
+    dout = dout.contiguous()
+    grads = [GradAcc(t, acc, torch.zeros_like(t, dtype=acc)) for t in (q, k, v)]
+    backward_tiles(local_plan(mask, q.shape[1]), dout, q, k, v, lse, compute_delta(dout, out), scale, backend,
+                   *grads)
+    dq, dk, dv = (g.t for g in grads)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class _LocalAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, scale, backend):
-        plan = local_plan(mask, q.shape[1])
-        state = RowState(q)
-        forward_tiles(state, plan, q, k, v, scale, backend)
-        out, lse = state.result()                               # (B,S,Z,d), (B,Z,S) statistics dtype
-        out = out.to(q.dtype)
+        out, lse = local_forward(q, k, v, mask, scale, backend)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.cfg = (plan, scale, backend)
+        ctx.cfg = (mask, scale, backend)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        plan, scale, backend = ctx.cfg
-        acc = stats_dtype(q.dtype)
-        dout = dout.contiguous()
-        grads = [GradAcc(t, acc, torch.zeros_like(t, dtype=acc)) for t in (q, k, v)]
-        backward_tiles(plan, dout, q, k, v, lse, compute_delta(dout, out), scale, backend, *grads)
-        dq, dk, dv = (g.t for g in grads)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return (*local_backward(dout, q, k, v, out, lse, *ctx.cfg), None, None, None)
 
 
 def local_attn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, softmax_scale: float | None = None,

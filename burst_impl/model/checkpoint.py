@@ -27,6 +27,12 @@ up to all N keys) is the one cached. With the contiguous layout at G > 1 the
 first local halves are not a prefix of the sequence, so ``seq`` is refused
 (ValueError); at G = 1 every layout is contiguous and the rule holds.
 
+Masks (``ModelConfig.mask``): ``full``, ``whole`` and ``none`` take any mask (the cache
+holds the masked attention's O and lse). ``seq`` needs the first global half to attend
+only to itself under the same mask spec at N/2: true for the causal mask and for a
+causal sliding window (live pairs depend only on k - q), not for documents or a
+block-sparse mask, whose spec strings draw a different mask at N/2 (ValueError).
+
 Which attention runs this way. The cache needs an attention backward that
 starts from (q, k, v, O, lse): the BurstAttention operator's ring backwards
 (the methods whose ``Method.operator_backward`` names the scheme they bind:
@@ -50,9 +56,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from burst_impl import burst_attn_func
+from burst_impl import burst_attn_func, masks
 from burst_impl.attention import burst_attn_backward
-from burst_impl.kernels import attn_backward, attn_forward, compute_delta, default_scale
+from burst_impl.kernels import default_scale
+from burst_impl.local import local_backward, local_forward
 from burst_impl.method import Method
 
 from .config import check_mode
@@ -84,45 +91,48 @@ class AttnSpec:
     overlap: bool = True
     grad_comm_dtype: torch.dtype | None = None
     softmax_scale: float | None = None
+    mask: str = ""                    # ModelConfig.mask (a burst_impl.masks spec; "" = causal/full alone)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, layout: str) -> tuple[Tensor, Tensor]:
         """(out (B, S, Z, d) in q's dtype, lse (B, Z, S) in the statistics dtype); no autograd."""
         if self.kind == "local":
             scale = default_scale(q.shape[-1], self.softmax_scale)
-            out, lse = attn_forward(q, k, v, causal=self.causal, scale=scale, backend=self.backend)
-            return out.to(q.dtype), lse
+            return local_forward(q, k, v, masks.resolve(self.causal, self.mask, q.shape[1]), scale, self.backend)
         # The operator itself (called from a autograd.Function's forward, so it records no graph).
-        return burst_attn_func(q, k, v, causal=self.causal, softmax_scale=self.softmax_scale, group=self.group,
-                               layout=layout, backward=self.scheme, backend=self.backend,
+        return burst_attn_func(q, k, v, causal=self.causal, mask=self.mask or None, softmax_scale=self.softmax_scale,
+                               group=self.group, layout=layout, backward=self.scheme, backend=self.backend,
                                grad_comm_dtype=self.grad_comm_dtype, return_lse=True, topology=self.topology,
                                node_size=self.node_size, overlap=self.overlap)
 
     def backward(self, dout, q, k, v, out, lse) -> tuple[Tensor, Tensor, Tensor]:
         scale = default_scale(q.shape[-1], self.softmax_scale)
         if self.kind == "local":
-            delta = compute_delta(dout, out)
-            return attn_backward(dout, q, k, v, lse, delta, causal=self.causal, scale=scale, backend=self.backend)
-        return burst_attn_backward(dout, q, k, v, out, lse, causal=self.causal, softmax_scale=self.softmax_scale,
-                                   group=self.group, layout=self.layout, backward=self.scheme, backend=self.backend,
-                                   grad_comm_dtype=self.grad_comm_dtype, topology=self.topology,
-                                   node_size=self.node_size, overlap=self.overlap)
+            the_mask = masks.resolve(self.causal, self.mask, q.shape[1])
+            return local_backward(dout, q, k, v, out, lse, the_mask, scale, self.backend)
+        return burst_attn_backward(dout, q, k, v, out, lse, causal=self.causal, mask=self.mask or None,
+                                   softmax_scale=self.softmax_scale, group=self.group, layout=self.layout,
+                                   backward=self.scheme, backend=self.backend, grad_comm_dtype=self.grad_comm_dtype,
+                                   topology=self.topology, node_size=self.node_size, overlap=self.overlap)
 
 def attention_spec(core) -> AttnSpec | None:
     """The ``AttnSpec`` of a block's attention core, or None when the core can only be recomputed
     through its own autograd (then ``seq``/``whole`` checkpoint it as ``full``)."""
+    mask = getattr(core, "mask", "")
     if isinstance(core, LocalAttention):
-        return AttnSpec("local", causal=core.causal, backend=core.backend) if core.fused else None
+        return AttnSpec("local", causal=core.causal, backend=core.backend, mask=mask) if core.fused else None
     method = getattr(core, "method", None)
     scheme = None if method is None else method.operator_backward
     opts = {} if method is None else {**method.options, **getattr(core, "options", {})}
     if method is not None and method.cached_attention is not None:
+        # the hook reads the mask from its options, as the method's own call takes it
+        opts = {**opts, "mask": mask} if mask else opts
         return method.cached_attention(causal=core.causal, layout=core.layout, group=core.group, options=opts)
     if scheme is None:
         return None
     return AttnSpec("ring", causal=core.causal, layout=core.layout, group=core.group,
                     scheme=scheme, backend=opts.get("backend"),
                     topology=opts.get("topology", "flat"), node_size=opts.get("node_size"),
-                    overlap=opts.get("overlap", True), grad_comm_dtype=opts.get("grad_comm_dtype"))
+                    overlap=opts.get("overlap", True), grad_comm_dtype=opts.get("grad_comm_dtype"), mask=mask)
 
 
 @dataclass
@@ -203,6 +213,17 @@ def check_checkpoint(model, seqlen: int) -> None:
     plan = model.parallel
     G = plan.world_size if plan is not None and plan.shards_sequence else 1
     local = seqlen // G
+    kind = masks.resolve(True, model.cfg.mask or None, seqlen).kind
+    if kind not in ("causal", "window"):
+        raise ValueError(f"checkpoint='seq' with mask={model.cfg.mask!r}: the recomputed first half must attend "
+                         "only to itself under the same mask at N/2, which holds for the causal mask and a causal "
+                         "sliding window only; use checkpoint 'whole' or 'full' with this mask")
+    if kind == "window":
+        try:
+            masks.parse(model.cfg.mask, seqlen // 2)      # the recompute's mask at N/2
+        except ValueError as e:
+            raise ValueError(f"checkpoint='seq' recomputes the first N/2 = {seqlen // 2} tokens under "
+                             f"mask={model.cfg.mask!r}: {e}") from None
     for block in model.layers:
         spec = attention_spec(block.attention.core)
         if spec is None:

@@ -10,11 +10,13 @@ vocabulary small enough that the loss visibly falls in 30 steps.
     cfg = get_config("llama2_7b")        # ValueError for an unknown name
     cfg = replace(cfg, n_layers=2)       # dataclasses.replace for variants; validated on creation
     cfg = replace(cfg, loss="fused", checkpoint="seq")   # the training-memory choices (issue 11)
+    cfg = replace(cfg, mask="window:4096:0")             # causal attention intersected with a mask (issue 37)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from burst_impl import masks
 from burst_impl.loss_modes import get_loss_mode
 
 # Activation checkpointing of the blocks (``checkpoint.py`` says what each mode keeps and recomputes).
@@ -44,6 +46,11 @@ class ModelConfig:
     # checkpointing of the blocks (CHECKPOINT_MODES: none, full, seq, whole).
     loss: str = "unfused"
     checkpoint: str = "none"
+    # The attention mask (issue 37), a burst_impl.masks spec string over global positions, always
+    # intersected with the causal mask (a causal language model): "" = plain causal, "window:L:0" a
+    # sliding window of L keys before the query (Mistral's 4096, BurstEngine's sparse runs), "docs:..."
+    # packed documents, "bsparse:..." block-sparse. Sizes are checked against N when a step runs.
+    mask: str = ""
 
     def __post_init__(self):
         self.validate()
@@ -70,6 +77,9 @@ class ModelConfig:
             raise ValueError(f"rope_theta={self.rope_theta} and norm_eps={self.norm_eps} must be positive")
         get_loss_mode(self.loss)            # ValueError naming loss= for an unknown mode
         check_mode(self.checkpoint)         # ValueError naming checkpoint= for an unknown mode
+        why = masks.check_spec(self.mask) if self.mask else None
+        if why:
+            raise ValueError(f"mask={self.mask!r} (model {self.name!r}): {why}")
 
 
 CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (

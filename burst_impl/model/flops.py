@@ -9,7 +9,9 @@ Convention (stated in every record that uses it):
   only, and its LM head runs on the last token of each sequence only.
 * attention: the suite's single formula (``burst_impl.flops``):
   4 B N^2 Z d per layer forward, halved when causal, x3.5 for forward +
-  backward; Z = query heads (GQA does not change it).
+  backward; Z = query heads (GQA does not change it). With a mask
+  (``cfg.mask``: sliding window, documents, block-sparse) the live entries of
+  the mask intersected with causal (``Mask.area``), counted exactly.
 * recomputation (activation checkpointing, Burst's backward recomputing
   scores) is NOT counted: the FLOPs are the model's, not the implementation's,
   so MFU does not reward extra work.
@@ -40,7 +42,8 @@ def model_flops(cfg: ModelConfig, batch: int, seqlen: int, *, mode: str = "train
         dense = 6.0 * matmul_params(cfg) * tokens
     else:
         dense = 2.0 * (matmul_params(cfg) - head) * tokens + 2.0 * head * batch
-    shape = AttnShape(batch, seqlen, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 1, causal=causal and causal_halved)
+    shape = AttnShape(batch, seqlen, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 1, causal=causal and causal_halved,
+                      mask=cfg.mask)
     attn = cfg.n_layers * attention_flops(shape, mode="fwd_bwd" if mode == "train" else "forward")
     return {"matmul": dense, "attention": attn, "total": dense + attn}
 

@@ -7,10 +7,12 @@ The attention block does the projections and RoPE and hands (q, k, v) to its
 ``core``, a callable ``core(q, k, v) -> o`` (B, S, Z, d). The core is what
 parallelisation swaps (``sequence_parallel`` puts a registry method there,
 issue 11's selective checkpointing can wrap it per layer). The default core
-is single-device causal attention: the fused local kernels
-(``burst_impl.local.local_attn``: flash on GPU, PyTorch's fused CPU kernel
-here) or, with ``fused=False``, plain math that materialises the scores (the
-paper's "without FlashAttention" rows, and the fp64 reference).
+is single-device causal attention, intersected with ``cfg.mask`` when the config has
+one (a sliding window, documents, block-sparse: ``burst_impl.masks``): the fused local
+kernels (``burst_impl.local.local_attn``: flash on GPU, PyTorch's fused CPU kernel
+here, the mask's live tiles) or, with ``fused=False``, plain math that materialises
+the scores and masks them with ``Mask.allowed`` alone (the paper's "without
+FlashAttention" rows, and the fp64 reference).
 
 RoPE (Su et al. 2021, rotate-half form as in GPT-NeoX / HF LLaMA): channel
 pairs (i, i + d/2) of a head at position p are rotated by angle
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from burst_impl import masks
 from burst_impl.local import local_attn   # the same kernels every distributed method uses
 
 from .config import ModelConfig
@@ -84,33 +87,42 @@ def apply_rope(x: Tensor, rope: Rope) -> Tensor:
 
 
 def math_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
-                   softmax_scale: float | None = None) -> Tensor:
-    """Attention with materialised (B, Z, S, S) scores, in the inputs' dtype (GQA by repeating kv)."""
+                   softmax_scale: float | None = None, mask: str = "") -> Tensor:
+    """Attention with materialised (B, Z, S, S) scores, in the inputs' dtype (GQA by repeating kv).
+    ``mask``: a ``burst_impl.masks`` spec over positions 0..S-1, intersected with causal when ``causal``;
+    applied through ``Mask.allowed`` only (the definition, not the plans). A row with no live key
+    would be NaN here: causal masks always keep the diagonal."""
     z, zkv, d = q.shape[2], k.shape[2], q.shape[3]
     scale = 1.0 / math.sqrt(d) if softmax_scale is None else softmax_scale
     qh = q.transpose(1, 2)                                                      # (B, Z, S, d)
     kh = k.transpose(1, 2).repeat_interleave(z // zkv, dim=1)
     vh = v.transpose(1, 2).repeat_interleave(z // zkv, dim=1)
     s = (qh @ kh.transpose(-1, -2)) * scale                                     # (B, Z, S, S)
-    if causal:
-        mask = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
-        s = s.masked_fill(~mask, float("-inf"))
+    if mask:
+        pos = torch.arange(s.shape[-1])
+        live = masks.resolve(causal, mask, s.shape[-1]).allowed(pos, pos).to(s.device)      # (S, S) bool
+        s = s.masked_fill(~live, float("-inf"))
+    elif causal:
+        live = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~live, float("-inf"))
     p = torch.softmax(s.to(_compute_dtype(s)), dim=-1).to(v.dtype)
     return (p @ vh).transpose(1, 2)                                             # (B, S, Z, d)
 
 
 @dataclass
 class LocalAttention:
-    """Single-device causal attention on the whole (local) sequence in position order."""
+    """Single-device causal attention on the whole (local) sequence in position order, intersected
+    with ``mask`` (a ``burst_impl.masks`` spec string; "" = none)."""
 
     fused: bool = True
     causal: bool = True
     backend: str | None = None      # burst_impl.kernels name for the fused path; None: automatic
+    mask: str = ""
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if not self.fused:
-            return math_attention(q, k, v, causal=self.causal)
-        return local_attn(q, k, v, causal=self.causal, backend=self.backend)
+            return math_attention(q, k, v, causal=self.causal, mask=self.mask)
+        return local_attn(q, k, v, causal=self.causal, backend=self.backend, mask=self.mask or None)
 
 
 # ---------------------------------------------------------------- blocks
@@ -127,7 +139,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(h, kv, bias=False, device=device, dtype=dtype)
         self.wv = nn.Linear(h, kv, bias=False, device=device, dtype=dtype)
         self.wo = nn.Linear(q, h, bias=False, device=device, dtype=dtype)
-        self.core = LocalAttention()
+        self.core = LocalAttention(mask=cfg.mask)
 
     def forward(self, x: Tensor, rope: Rope) -> Tensor:
         b, s, _ = x.shape

@@ -5,7 +5,9 @@ to a ``ParallelPlan``; the step functions read it to
 
 * cut the global batch into this rank's tokens and their global positions
   (``local_batch``: the ``layout`` shard under sequence parallelism and TP-V3,
-  everything under TP-V1);
+  everything under TP-V1; ``"balanced[:K]"`` is the balanced chunk layout of the
+  model's mask for that N, ``burst_impl.balance``, the one the attention method
+  resolves from the same mask);
 * form the loss as the mean over ALL global tokens (``global_mean``: an
   all-reduce of the local sum and count), so the gradient equals the
   single-device gradient once the partial weight gradients are summed;
@@ -21,8 +23,9 @@ from dataclasses import dataclass, field
 import torch
 
 from burst_impl.collectives import all_reduce_
-from burst_impl import comm
-from burst_impl.layout import check_even, check_layout, check_seqlen, positions, shard
+from burst_impl import comm, masks
+from burst_impl.balance import chunks_of, resolve_layout
+from burst_impl.layout import check_even, check_layout, check_seqlen, is_balanced_name, positions, shard
 
 Tensor = torch.Tensor
 KINDS = ("single", "sp", "tp_v1", "tp_v3")
@@ -39,11 +42,22 @@ class ParallelPlan:
     weights: str = "replicated"        # or "fsdp2"
     rank: int = 0
     world_size: int = 1
+    mask: str = ""                     # the model's mask (ModelConfig.mask): what "balanced" balances
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind={self.kind!r} is unknown; choose one of {KINDS}")
-        check_layout(self.layout)
+        if is_balanced_name(self.layout):
+            chunks_of(self.layout)          # ValueError for a malformed "balanced:K"
+        else:
+            check_layout(self.layout)
+
+    def resolved_layout(self, seqlen: int):
+        """``layout`` for a global sequence of ``seqlen`` tokens: ``"balanced[:K]"`` becomes the balanced
+        ChunkLayout of the causal model's mask (``masks.resolve``), as the attention method resolves it."""
+        if not is_balanced_name(self.layout):
+            return self.layout
+        return resolve_layout(self.layout, masks.resolve(True, self.mask or None, seqlen), seqlen, self.world_size)
 
     @property
     def shards_sequence(self) -> bool:
@@ -55,7 +69,7 @@ class ParallelPlan:
         if self.shards_sequence and self.kind == "tp_v3":   # its all-gather takes equal shards
             check_even(seqlen, self.layout, self.world_size, who="tp_v3")
         elif self.shards_sequence:                          # any N >= the layout's chunks (issue 22)
-            check_seqlen(seqlen, self.layout, self.world_size)
+            check_seqlen(seqlen, self.resolved_layout(seqlen), self.world_size)
         elif seqlen <= 0:
             raise ValueError(f"seqlen={seqlen} must be positive")
 
@@ -64,13 +78,13 @@ class ParallelPlan:
         self.check_seqlen(seqlen)
         if not self.shards_sequence:
             return torch.arange(seqlen, device=device)
-        return positions(self.layout, self.rank, self.world_size, seqlen).to(device)
+        return positions(self.resolved_layout(seqlen), self.rank, self.world_size, seqlen).to(device)
 
     def local(self, x: Tensor) -> Tensor:
         """This rank's tokens of a global (B, N, ...) tensor."""
         if not self.shards_sequence:
             return x
-        return shard(x, self.layout, self.rank, self.world_size)
+        return shard(x, self.resolved_layout(x.shape[1]), self.rank, self.world_size)
 
 
 SINGLE = ParallelPlan("single")

@@ -5,13 +5,16 @@
 (``get`` is ``baselines.registry.get``: the caller resolves a name, the model takes the ``Method``.)
 
 Each of the G ranks of ``group`` holds N/G tokens of every sequence in
-``layout`` (``burst_impl.layout``: contiguous, zigzag, striped). Embedding,
+``layout`` (``burst_impl.layout``: contiguous, zigzag, striped, or ``"balanced[:K]"``,
+the balanced chunks of the model's mask, ``burst_impl.balance``). Embedding,
 norms, projections, RoPE and MLP are per token, so they run on the local
 tokens unchanged (RoPE at each token's *global* position, which the step
 functions pass in). Only attention mixes tokens: every block's
 ``attention.core`` becomes the attention method ``method`` (a ``burst_impl.method.Method``,
 e.g. an entry of the ``baselines`` registry) called on the local
-shards (B, N/G, Z, d) with the layout and group. Weights are replicated and
+shards (B, N/G, Z, d) with the layout, group and the model's mask
+(``ModelConfig.mask``, intersected with causal; a method that takes no
+mask is a ValueError naming it and the mask). Weights are replicated and
 their gradients are partial sums over the rank's tokens: ``sync_grads``
 all-reduces them (or ``fsdp.shard_weights`` switches to FSDP2).
 
@@ -19,12 +22,13 @@ Bytes per layer are exactly the method's: ``layer_comm_bytes``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from burst_impl import comm
-from burst_impl.layout import chunks_per_rank
+from burst_impl.balance import chunks_of
+from burst_impl.layout import chunks_per_rank, is_balanced_name
 from burst_impl.method import Method
 from burst_impl.shape import AttnShape
 
@@ -43,17 +47,18 @@ class RegistryAttention:
     layout: str
     causal: bool = True
     options: dict = field(default_factory=dict)
+    mask: str = ""                     # ModelConfig.mask; "" = the causal mask alone
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return self.method.call(q, k, v, causal=self.causal, group=self.group, layout=self.layout,
-                                **self.options)
+                                mask=self.mask, **self.options)
 
 
 def attn_shape(cfg: ModelConfig, batch: int, seqlen: int, world_size: int, layout: str,
                dtype: str = "bfloat16", causal: bool = True) -> AttnShape:
-    """The attention problem of one layer of ``cfg`` (global sizes)."""
+    """The attention problem of one layer of ``cfg`` (global sizes, the model's mask)."""
     return AttnShape(batch, seqlen, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, world_size, dtype=dtype,
-                     causal=causal, layout=layout)
+                     causal=causal, layout=layout, mask=cfg.mask)
 
 
 def check_method(cfg: ModelConfig, m: Method, world_size: int, layout: str, seqlen: int | None = None,
@@ -68,9 +73,15 @@ def check_method(cfg: ModelConfig, m: Method, world_size: int, layout: str, seql
                          f"op-level attention method (tensor parallelism is baselines.tensor_parallel)")
     if not m.available():
         raise ValueError(f"method={m.name!r} is not available here (needs {m.external})")
-    # Without a sequence length yet, the shortest one the layout splits checks the head rules.
-    n = seqlen if seqlen is not None else chunks_per_rank(layout) * world_size
-    m.validate(attn_shape(cfg, 1, n, world_size, layout), **options)
+    if cfg.mask and not m.masks:
+        raise ValueError(f"mask={cfg.mask!r} (model {cfg.name!r}): method {m.name!r} takes only the causal mask, "
+                         "not masks (Method.masks)")
+    if seqlen is None:
+        # Without a sequence length yet, the shortest one the layout splits checks the head and layout
+        # rules; the mask's sizes (a window wider than that N) wait for the step's N.
+        per_rank = chunks_of(layout) if is_balanced_name(layout) else chunks_per_rank(layout)
+        cfg, seqlen = replace(cfg, mask=""), per_rank * world_size
+    m.validate(attn_shape(cfg, 1, seqlen, world_size, layout), **options)
     return m
 
 
@@ -82,10 +93,10 @@ def sequence_parallel(model, method: Method, *, group=None, layout: str = "conti
     rank, G = comm.world(group)
     m = check_method(model.cfg, method, G, layout, **options)
     for block in model.layers:
-        block.attention.core = RegistryAttention(m, group, layout, options=dict(options))
+        block.attention.core = RegistryAttention(m, group, layout, options=dict(options), mask=model.cfg.mask)
     model.parallel = ParallelPlan("sp", group=group, layout=layout, method=m, options=dict(options),
                                   reduce_grads=tuple(n for n, _ in model.named_parameters()),
-                                  rank=rank, world_size=G)
+                                  rank=rank, world_size=G, mask=model.cfg.mask)
     return model
 
 
@@ -102,5 +113,6 @@ def check_sequence(model, seqlen: int) -> None:
 def layer_comm_bytes(cfg: ModelConfig, method: Method, batch: int, seqlen: int, world_size: int,
                      layout: str = "contiguous", dtype: str = "bfloat16", **options) -> dict:
     """``{(phase, kind): bytes}`` one rank sends per layer for one forward + backward
-    (the attention method's closed form; the projections and MLP send nothing)."""
+    (the attention method's closed form; the projections and MLP send nothing; a mask changes no byte:
+    a fully masked block pair is skipped, not its transfer, docs/masks.md)."""
     return method.bytes(attn_shape(cfg, batch, seqlen, world_size, layout, dtype), **options)
