@@ -62,6 +62,16 @@ def _interval(samples: list[float]) -> tuple[float, float]:
     return (xs[0], xs[-1]) if xs else (math.nan, math.nan)
 
 
+def _flops(r) -> float:
+    """The step's FLOPs: a whole model's from its record (the model FLOP convention, ``flops``), an attention
+    step's from ``attention_flops``."""
+    if r.get("level") == "model":
+        return float(r["flops"])
+    return attention_flops(AttnShape(r["batch"], int(r["seqlen"]), r["heads"], r.get("kv_heads"), r["head_dim"],
+                                     r["world_size"], causal=bool(r["causal"]), mask=r.get("mask") or ""),
+                           mode=r["mode"])
+
+
 def _rows(df) -> dict:
     ok = df[df["status"] == "ok"] if len(df) else df
     return {(int(r["seqlen"]), r["method"]): r for _, r in ok.iterrows()}
@@ -85,10 +95,7 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
         if (n, method) in base:
             t_comp, comp_src = float(base[(n, method)]["time_median_s"]), "loopback"
         elif cal:
-            fl = attention_flops(
-                AttnShape(r["batch"], n, r["heads"], r.get("kv_heads"), r["head_dim"], r["world_size"],
-                          causal=bool(r["causal"]), mask=r.get("mask") or ""), mode=r["mode"])
-            t_comp, comp_src = fl / r["world_size"] / cal, "flops"
+            t_comp, comp_src = _flops(r) / r["world_size"] / cal, "flops"
         else:
             t_comp, comp_src = math.nan, "-"
         lo, hi = _interval(list(r["time_samples_s"]))
@@ -217,10 +224,7 @@ def _calibrated_compute(r: dict) -> float:
     cal = ((r.get("cluster") or {}).get("calibration") or {}).get("per_rank_flops_s")
     if not cal or "heads" not in r:
         return math.nan
-    fl = attention_flops(
-        AttnShape(r["batch"], int(r["seqlen"]), r["heads"], r.get("kv_heads"), r["head_dim"], r["world_size"],
-                  causal=bool(r["causal"]), mask=r.get("mask") or ""), mode=r["mode"])
-    return fl / r["world_size"] / cal
+    return _flops(r) / r["world_size"] / cal
 
 
 def _overlap(n: int, method: str, on: dict, off: dict, gain: Speedup) -> dict:

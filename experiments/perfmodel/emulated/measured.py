@@ -123,13 +123,17 @@ class KernelTimes:
         return [k for k in keys if k not in self.seconds]
 
 
-def needed(cases, hardware, *, predict) -> set:
-    """Every distinct piece of work the schedules of ``cases`` ask for (``predict`` = predict_case)."""
+def needed(cases, hardware, *, predict=None) -> set:
+    """Every distinct piece of work the schedules of ``cases`` ask for: through ``predict`` (predict_case)
+    when given, else each case's own ``predict(hardware, costs)`` (``cases.py``: a whole model's step too)."""
     seen: set = set()
     for case in cases:
         rec = RecordingCosts(hardware, case.shape.dtype, seen=seen)
-        predict(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware,
-                costs=lambda hw, dtype, rec=rec: rec)
+        costs = lambda hw, dtype, rec=rec: rec     # noqa: E731
+        if predict is None:
+            case.predict(hardware, costs)
+        else:
+            predict(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs)
     return seen
 
 
