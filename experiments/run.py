@@ -357,8 +357,9 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
     """Measured vs modelled ratios of each emulated spec, printed and written next to its results."""
     out = []
     for spec in preset.specs:
-        # The report predicts attention steps from bytes and attention FLOPs; model-level records carry their own.
-        if spec.profile.scheduler != "emulated" or spec.measure.level == "model":
+        # attention steps and whole models' training steps alike (perfmodel/emulated/cases.py); a perplexity
+        # run times nothing
+        if spec.profile.scheduler != "emulated" or "perplexity" in spec.measure.modes:
             continue
         try:
             rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
