@@ -11,7 +11,7 @@ import json
 import pytest
 
 from baselines import METHODS, AttnShape, get
-from experiments.profiles.hardware import parse_hardware
+from experiments.profiles.hardware import load_hardware, parse_hardware
 from experiments.harness import results as R
 from burst_impl.flops import attention_flops
 from experiments.harness.spec import load_any
@@ -292,7 +292,8 @@ def test_records_follow_the_results_schema():
     assert exp == spec.name and len(recs) == len(spec.cases())
     for r in recs + extra:
         assert not [k for k in R.REQUIRED_KEYS if k not in r]
-        assert r["source"] == "modelled" and r["hardware_profile"] == "a100_pcie_8"
+        # the spec's cluster a100_8_p2p_off is made of the sourced profile
+        assert r["source"] == "modelled" and r["hardware_profile"] == "a100_pcie_8_sourced"
         assert r["status"] in R.STATUSES and r["time_samples_s"] == []
         assert "MODELLED" in r["hardware"]["summary"]
         json.dumps(r, default=str)
@@ -333,3 +334,64 @@ def test_bad_input_names_parameter_value_and_rule(kw, match):
     args = dict(method="burst", s=shape(4, 4096), mode="forward", level="op", hardware="a800_ib_4x8") | kw
     with pytest.raises(ValueError, match=match):
         predict_case(args["method"], args["s"], mode=args["mode"], level=args["level"], hardware=args["hardware"])
+
+
+# ---------------------------------------------------------------- the sourced PCIe server's terms (issue 35)
+
+
+def test_a_collective_pays_its_base_latency_once_where_the_profile_splits_it():
+    """NCCL's tuning model: base + hop latency on a collective's first step, the hop alone on each later one;
+    a profile without step_latency_us charges every step its latency_us, as before."""
+    n = 8_000_000
+
+    def all_reduce(step_latency):
+        raw = {"name": "toy", "nodes": 1, "devices_per_node": 4,
+               "accelerator": {"name": "toy", "peak_tflops": {"bfloat16": 1.0}, "hbm_gib": 80,
+                               "hbm_gbytes_s": 1e12, "attn_efficiency": [[1, 1.0]], "gemm_efficiency": 1.0},
+               "intra": {"kind": "pcie", "gbits_s": 8.0, "latency_us": 14.1, "step_latency_us": step_latency}}
+        hw = parse_hardware(raw, "toy.yaml")
+        ctx = Ctx(sch=Schedule(), cost=CostModel(hw), place=Placement.of(hw, 4), shape=shape(4, 4096),
+                  mode="forward", level="layer", table={})
+        end = ring_collective(ctx, [0, 1, 2, 3], phase="forward", name="ar", steps=6, ready={},
+                              nbytes={("forward", "x"): 2 * n * 3 // 4})
+        return ctx.sch.end(end.values())
+
+    wire = 6 * (n / 4) / 1e9
+    assert all_reduce(5.7) == pytest.approx(wire + (14.1 + 5 * 5.7) * 1e-6, rel=REL)
+    assert all_reduce(None) == pytest.approx(wire + 6 * 14.1e-6, rel=REL)
+
+
+def test_few_head_flash_kernels_pay_their_last_wave():
+    """A TP rank's Z/8 = 4 heads at 4K tokens: 4 x 32 blocks of 128 rows on 108 SMs, one each: 2 waves for
+    1.19 waves of work (the sourced profile's grid); 32 heads fill 9.5 of 10 waves; no grid, no factor."""
+    sourced, plain = CostModel(load_hardware("a100_pcie_8_sourced")), CostModel(load_hardware("a100_pcie_8"))
+    assert sourced.wave_efficiency(1, 4, 4096) == pytest.approx(128 / 108 / 2)
+    assert sourced.wave_efficiency(1, 32, 4096) == pytest.approx(1024 / 108 / 10)
+    assert plain.wave_efficiency(1, 4, 4096) == 1.0
+    t4, f4 = sourced.attention(1, 4, 128, 4096, 4096, True, "forward")
+    assert t4 == pytest.approx(f4 / (312e12 * 0.48 * 128 / 108 / 2))
+
+
+def test_tp_v3_runs_its_norms_on_its_own_tokens_and_v1_on_all():
+    """Same bytes, same GEMMs: at one rate V3's MLP block differs from V1's by the norms and residual adds it
+    runs on N/G tokens instead of N (two norms read + write (T, H), two adds read 2 write 1)."""
+    from experiments.perfmodel.model_level import mlp_schedule
+    from burst_impl.model.config import get_config
+    hw, cfg, s = load_hardware("a100_pcie_8_sourced"), get_config("llama2_7b"), shape(8, 4096, Z=32)
+    cost, place = CostModel(hw), Placement.of(hw, 8)
+    v1, v3 = (mlp_schedule(m, cfg, s, cost, place, "forward")[0].makespan for m in ("tp_v1", "tp_v3"))
+    saved = cost.hbm((2 * 2 + 2 * 3) * (4096 - 4096 // 8) * cfg.hidden * 2)
+    # V3's two collectives pay one more base latency than V1's one all-reduce
+    assert v1 - v3 == pytest.approx(saved - (14.1 - 5.7) * 1e-6, rel=1e-6)
+
+
+@pytest.mark.parametrize("method,rows", [("tp_v1", 4096), ("tp_v3", 512), ("burst", 512)])
+def test_the_prefill_head_as_the_authors_timed_it(method, rows):
+    from experiments.perfmodel.model_level import predict_model, prefill_head_rows
+    s = shape(8, 4096, Z=32, causal=True, layout="zigzag")
+    assert prefill_head_rows(method, s, "last") == 1 and prefill_head_rows(method, s, "local") == rows
+    hw = load_hardware("a100_pcie_8_sourced")
+    local = predict_model(method, "llama2_7b", s, mode="forward", hardware=hw, head="local")
+    assert local.parts["head"] == pytest.approx(CostModel(hw).gemm(rows, 32000, 4096)[0])
+    with pytest.raises(ValueError, match=r"head='all': the prefill LM head runs on \('last', 'local'\)"):
+        predict_model(method, "llama2_7b", s, mode="forward", hardware=hw, head="all")

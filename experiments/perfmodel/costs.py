@@ -19,8 +19,11 @@ fitted to a paper's results.
   through HBM.
 * GEMMs run at ``gemm_efficiency`` (a ceiling measured on the best shape).
 * Elementwise work (online-softmax merges, accumulator adds) is HBM-bound.
-* A transfer takes ``latency + bytes / rate``. Inside a node the rate is the
-  profile's per-rank intra rate. Between nodes, the flows that cross on one
+* A transfer takes ``latency + bytes / rate``; a collective's ring steps after
+  its first take the link's ``step_latency_us`` where the profile gives one
+  (NCCL's tuning model: base latency once per collective, hop latency per step).
+  Inside a node the rate is the profile's per-rank intra rate (its transport's:
+  ``intra.transport``, e.g. NCCL's SHM staging through host memory). Between nodes, the flows that cross on one
   NIC at the same time share it (``Placement.crossing`` counts them per node
   and NIC, the rank -> NIC map being the profile's): with k such flows one gets
   ``NIC rate / k`` (a lone flow, a flat ring's one crossing hop, gets the whole
@@ -87,7 +90,16 @@ class CostModel:
         if entries is None:
             entries = rows * cols / (2.0 if causal else 1.0)
         flops = entries_flops(batch, heads, head_dim, entries, mode)
-        return flops / (self.peak * self.attn_efficiency(math.sqrt(rows * cols), mode)), flops
+        eff = self.attn_efficiency(math.sqrt(rows * cols), mode) * self.wave_efficiency(batch, heads, rows)
+        return flops / (self.peak * eff), flops
+
+    def wave_efficiency(self, batch: int, heads: int, rows: int) -> float:
+        """The busy fraction of the GPU under a flash kernel's grid on (B, heads, rows) queries (1 without
+        the profile's ``attn_grid``): ``Accelerator.wave_efficiency`` of B x heads x ceil(rows / tile_rows)."""
+        grid = self.hw.accelerator.attn_grid
+        if grid is None:
+            return 1.0
+        return self.hw.accelerator.wave_efficiency(batch * heads * math.ceil(rows / grid.tile_rows))
 
     def gemm_efficiency(self) -> float:
         g = self.hw.accelerator.gemm_efficiency
@@ -154,12 +166,14 @@ class CostModel:
             return self.hw.intra.bytes_per_s
         return self.hw.inter_flow_bytes_per_s(max(1, int(concurrent)))
 
-    def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1) -> float:
-        """Seconds for one message (latency + size / rate); 0 for an empty one."""
+    def transfer(self, nbytes: float, same_node: bool, concurrent: int = 1, *, step: bool = False) -> float:
+        """Seconds for one message (latency + size / rate); 0 for an empty one. ``step``: a collective's ring
+        step after its first, which pays the link's ``step_latency_us`` (NCCL: the hop alone) where it has one."""
         if nbytes <= 0:
             return 0.0
         link = self.link(same_node)
-        return link.latency_us * 1e-6 + nbytes / self.rate(same_node, concurrent)
+        lat = link.step_latency_us if step and link.step_latency_us is not None else link.latency_us
+        return lat * 1e-6 + nbytes / self.rate(same_node, concurrent)
 
     # ------------------------------------------------------------ the compute stream's hooks
 

@@ -32,7 +32,7 @@ from ..profiles.hardware import load_hardware
 from ..harness import record
 from ..harness.model_record import OFFLOAD
 from ..harness.spec import Case, Spec, load_spec, resolve_spec_path
-from .model_level import ASSUMPTIONS, SPEC_MODELS, model_record, predict_model, with_layer_level
+from .model_level import ASSUMPTIONS, SPEC_MODELS, SPEC_PREFILL_HEAD, model_record, predict_model, with_layer_level
 from .predict import VARIANTS_FILE, _record, experiment_name, spec_hardware
 from .schedules import VARIANTS
 from .. import plots
@@ -51,9 +51,13 @@ def _records(exp: str, items, hw) -> list[dict]:
     """``items``: (case, model config, ``predict_model`` keywords, extra fields) -> model-level records."""
     out = []
     for case, cfg, kw, extra in items:
-        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, **kw)
+        # the peer implementation the spec's row ran (peer_memory.RUNS): its memory; None: the suite's own
+        impl = implementation_of(case.experiment, case.variant or case.method)
+        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, implementation=impl, **kw)
         rec = model_record(_record(case, mp.attention, exp), mp, exp)
         rec.update(extra)
+        if impl is not None and mp.mode == "fwd_bwd":
+            rec["offload"] = mp.memory["offload"]
         out.append(rec)
     return out
 
@@ -111,6 +115,9 @@ def write_spec_model_level(spec: Spec, *, hardware: str | None = None, results_r
     items = [it for c in mode_ok for it in _zero_items(with_layer_level(c), cfg, zeros)]
     extra = [(dataclasses.replace(c, method=name), cfg, {}, {"variant_of": base})
              for c, _, kw, _ in items if not kw for name, (base, _, _) in VARIANTS.items() if base == c.method]
+    if spec.name in SPEC_PREFILL_HEAD:     # the paper's timed LM head (model_level.SPEC_PREFILL_HEAD)
+        items, extra = ([(c, m, {**kw, "head": SPEC_PREFILL_HEAD[spec.name]} if c.mode == "forward" else kw, x)
+                         for c, m, kw, x in lst] for lst in (items, extra))
     variants = _records(exp, extra, hw)
     for r in variants:
         r["config"] = {**r["config"], "variant_of": r["variant_of"]}

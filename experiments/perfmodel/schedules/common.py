@@ -98,13 +98,14 @@ class Ctx:
                             deps=deps, rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
-             crossing: dict[tuple[int, int], int] | None = None) -> int:
+             crossing: dict[tuple[int, int], int] | None = None, step: bool = False) -> int:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
-        send gets its NIC's rate over the flows on that NIC."""
+        send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
+        (``CostModel.transfer``: the hop latency alone, where the profile has one)."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
-        seconds = self.cost.transfer(total, same, conc)
+        seconds = self.cost.transfer(total, same, conc, step=step)
         extra = self.cost.sender_seconds(total, same)
         if extra > 0:   # a zero task would still hold the sender's stream until the send's deps are met
             self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}", duration=extra,
@@ -204,7 +205,8 @@ def ring_collective(ctx: Ctx, group: list[int], *, phase: str, name: str, nbytes
                     ready: dict[int, int | None]) -> dict[int, int]:
     """NCCL ring algorithm over ``group`` (rank order): ``steps`` steps, each rank sending
     1/steps of its registry bytes to the next rank once it has the previous step's chunk.
-    All-reduce: steps = 2(G-1); all-gather and reduce-scatter: G-1."""
+    All-reduce: steps = 2(G-1); all-gather and reduce-scatter: G-1. The first step pays the link's
+    latency (NCCL's base + hop), the others its ``step_latency_us`` where it has one (the hop)."""
     n = len(group)
     if n == 1 or steps == 0:
         return {g: ctx.sch.marker(f"{name}.done[r{g}]", [ready.get(g)], rank=g, phase=phase) for g in group}
@@ -215,7 +217,8 @@ def ring_collective(ctx: Ctx, group: list[int], *, phase: str, name: str, nbytes
         for i, g in enumerate(group):
             nxt, prev = group[(i + 1) % n], group[(i - 1) % n]
             deps = [ready.get(g), ready.get(nxt)] if k == 0 else [X[prev, k - 1]]
-            X[g, k] = ctx.send(g, nxt, f"{name}[r{g},k{k}]", parts[k], deps=deps, phase=phase, crossing=crossing)
+            X[g, k] = ctx.send(g, nxt, f"{name}[r{g},k{k}]", parts[k], deps=deps, phase=phase, crossing=crossing,
+                               step=k > 0)
     return {g: ctx.sch.marker(f"{name}.done[r{g}]", [X[g, steps - 1], X[group[(i - 1) % n], steps - 1]],
                               rank=g, phase=phase) for i, g in enumerate(group)}
 

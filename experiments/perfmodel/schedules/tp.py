@@ -9,6 +9,18 @@ first and reduce-scatters the output (backward: all-gather of dY,
 reduce-scatter of dX). The collectives are on the critical path: nothing
 overlaps them (as in the paper's Megatron V1/V3).
 
+V3 against V1 (docs/hardware_burstattention.md, "TP-V3 against TP-V1"): the
+same bytes per rank (an all-reduce is a reduce-scatter plus an all-gather), so
+at one bus bandwidth the same transfer time; what separates them here is
+(1) NCCL's base latency, paid once per collective (four per layer for V3, two
+for V1) where the profile gives ``step_latency_us`` (``CostModel.transfer``),
+and (2) V3's norms and residual adds on N/G tokens instead of N
+(``model_level.mlp_schedule``). The authors' BMTrain V3 (BurstEngine 426eb7a,
+``bmtrain/nn/parallel_linear_func.py``, ``async_gather_chunks=1``) gathers
+before its GEMM with no overlap, as here, and copies the reduce-scattered
+linear's input and output once each (``torch.cat``): under 0.2% of any
+Table 2-3 cell, and not how the suite's or Megatron's V3 runs, so not timed.
+
 ``flash=False`` is the paper's "TP without FlashAttention" (model-only
 variant): the rank's (B, Z/G, N, N) scores are materialised, so their HBM
 traffic is paid and, for training, the probabilities are kept.
