@@ -11,6 +11,7 @@ from .figures import paper_figure
 from .model_error import cells, summarise
 from .paper import PaperTable
 from .quantities import QUANTITIES
+from .utilisation import utilisation_blocks
 
 
 def _paper_table(t: PaperTable) -> Table:
@@ -29,7 +30,7 @@ def _modelled(ctx: Context, t: PaperTable) -> list:
     links = tuple(x for e in exps for x in (Link(e.rel, ctx.href(e.path)), f"({regime(e.records)})"))
     return [Para(("Modelled at the paper's size, error against the paper per cell:", *links)),
             Table(("row", *[c.label for c in t.columns]), rows),
-            Para((f"Model error: {summarise(cs).text()}.",))]
+            Para((f"Model error: {summarise(cs).text()}.",)), *utilisation_blocks(t, cs)]
 
 
 def _value(q, rec: dict) -> str:
