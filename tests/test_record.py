@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from experiments.harness import record
 from experiments.harness.migrate import from_old, migrate_root
@@ -126,6 +127,39 @@ def test_migrate_root_rewrites_once(tmp_path):
     assert sum(again.values()) == 0
     for f in first:
         assert all(r.schema == record.SCHEMA_VERSION for r in record.read(f))
+
+
+def test_migrate_rewords_old_provenance_and_touches_nothing_else(tmp_path):
+    """Resolved specs naming a checkout's absolute path get the repository's; assumptions naming the removed
+    CostModel.host_s get the model's present words; every other byte stays, and a second pass changes none."""
+    from experiments.perfmodel.model import ASSUMPTIONS
+
+    exp = tmp_path / "r" / "e"
+    exp.mkdir(parents=True)
+    old_text = ("kernel launch and Python overheads not modelled on accelerators (CostModel.host_s = 0; only "
+                "the emulated cluster's validation charges its CPU ranks' measured host work per op)")
+    rec = Record(status="ok")
+    rec.update(experiment="e", case_id="c", method="m", level="op", mode="forward", config={}, timestamp="t",
+               git={}, versions={}, hardware={}, machine="m", time_median_s=0.25,
+               prediction={"assumptions": ["a", old_text], "time_s": 0.25})
+    record.write(exp / "results.jsonl", rec)
+    resolved = {"name": "e", "path": "/tmp/measure/tree/experiments/cpu/cpu_peers.yaml", "seqlen": [8]}
+    (exp / "spec.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    other = tmp_path / "r" / "f"
+    shutil.copytree(exp, other)
+    (other / "spec.resolved.yaml").write_text(yaml.safe_dump({**resolved, "path": "/nowhere/else.yaml"}))
+
+    done = migrate_root(tmp_path / "r")
+    assert done == {str(exp / "results.jsonl"): 1, str(exp / "spec.resolved.yaml"): 1,
+                    str(other / "results.jsonl"): 1, str(other / "spec.resolved.yaml"): 0}
+    (back,) = record.read(exp / "results.jsonl")
+    a, text = back["prediction"]["assumptions"]
+    assert a == "a" and text in ASSUMPTIONS and "host_s" not in text
+    assert back["prediction"]["time_s"] == back["time_median_s"] == 0.25
+    assert yaml.safe_load((exp / "spec.resolved.yaml").read_text()) == {**resolved,
+                                                                        "path": "experiments/cpu/cpu_peers.yaml"}
+    assert yaml.safe_load((other / "spec.resolved.yaml").read_text())["path"] == "/nowhere/else.yaml"
+    assert sum(migrate_root(tmp_path / "r").values()) == 0
 
 
 def _same(old_row: dict, new_row: dict, where, may_add=()) -> None:

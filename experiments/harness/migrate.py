@@ -9,18 +9,32 @@ What changes, and why nothing a table or figure reads does:
 - the level ``block`` becomes ``layer`` (the level's old name);
 - a modelled record's ``model`` (the prediction's breakdown, memory, assumptions, notes) becomes
   ``prediction``; ``model`` is the model's name in every record.
+
+Two provenance texts written before their code changed are brought up to date, in every schema (no number
+is touched, and a file whose records need nothing is rewritten byte for byte):
+- ``spec.resolved.yaml``'s ``path``: results measured before e63a65f name the spec by the measuring
+  checkout's absolute path (``/work/main/...``, ``/tmp/measure/tree/...``); it becomes the repository path
+  (the longest tail of it that is a file of this repository; left as it is where none is);
+- a modelled record's assumptions that name ``CostModel.host_s`` (removed; the hardware cost model has no
+  host term) say so in the model's present words (``_REWORDED``).
 """
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from . import axes, record
+import yaml
+
+from . import axes, env, record
 from .record import FIELDS, Record
 
 _OLD_LEVELS = {"block": "layer"}
 RECORD_FILES = ("results.jsonl", "variants.jsonl")
+RESOLVED_FILE = "spec.resolved.yaml"
+# Words of a modelled record's assumptions that named code since removed -> the model's words for the same
+# thing now (experiments/perfmodel/model.py ASSUMPTIONS; tests/test_record.py checks they are there).
+_REWORDED = {"CostModel.host_s = 0": "no host term in the hardware cost model"}
 
 
 def from_old(old: dict) -> Record:
@@ -52,8 +66,23 @@ def from_old(old: dict) -> Record:
     return rec
 
 
+def reword(rec: Record) -> bool:
+    """Bring a modelled record's assumptions to the model's present words (``_REWORDED``); True if changed."""
+    pred = rec["prediction"]
+    texts = (pred or {}).get("assumptions")
+    if not texts:
+        return False
+    new = list(texts)
+    for old_words, words in _REWORDED.items():
+        new = [t.replace(old_words, words) for t in new]
+    if new == list(texts):
+        return False
+    rec["prediction"] = {**pred, "assumptions": new}
+    return True
+
+
 def migrate_file(path: Path) -> int:
-    """Rewrite ``path`` in schema 3 (atomically); returns how many records changed schema."""
+    """Rewrite ``path`` in schema 3 (atomically); returns how many records changed (schema or wording)."""
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     out, changed = [], 0
     for i, line in enumerate(lines, 1):
@@ -61,25 +90,50 @@ def migrate_file(path: Path) -> int:
             obj = json.loads(line)
         except json.JSONDecodeError:
             continue                       # a torn line stays out, as every reader skipped it
-        if obj.get("schema") == record.SCHEMA_VERSION:
-            out.append(record.dumps(Record.from_json(obj, f"{path} line {i}")))
-        else:
-            out.append(record.dumps(from_old(obj)))
-            changed += 1
+        old = obj.get("schema") != record.SCHEMA_VERSION
+        rec = from_old(obj) if old else Record.from_json(obj, f"{path} line {i}")
+        changed += int(reword(rec) or old)
+        out.append(record.dumps(rec))
     tmp = path.with_name(path.name + ".migrating")
     tmp.write_text("".join(out), encoding="utf-8")
     tmp.replace(path)
     return changed
 
 
+def repo_path(path: str) -> str:
+    """A spec path as the repository names it: an absolute one (a checkout's, written before e63a65f) becomes
+    its longest tail that is a file of this repository; anything else is returned as it is."""
+    p = PurePosixPath(path)
+    if not p.is_absolute():
+        return path
+    for i in range(1, len(p.parts)):
+        tail = PurePosixPath(*p.parts[i:])
+        if (env.REPO / tail).is_file():
+            return str(tail)
+    return path
+
+
+def migrate_resolved(path: Path) -> int:
+    """``spec.resolved.yaml`` with its ``path`` in the repository's words (1 if rewritten, else 0)."""
+    spec = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(spec, dict) or not isinstance(spec.get("path"), str) or repo_path(spec["path"]) == spec["path"]:
+        return 0
+    spec["path"] = repo_path(spec["path"])
+    tmp = path.with_name(path.name + ".migrating")
+    tmp.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+    return 1
+
+
 def migrate_root(root: Path | str) -> dict[str, int]:
-    """Every record file under ``root`` (hidden folders apart); {file: records converted}."""
+    """Every record file and resolved spec under ``root`` (hidden folders apart); {file: records or specs
+    changed}."""
     root = Path(root)
     if not root.exists():
         raise ValueError(f"root={str(root)!r} does not exist")
-    files = sorted(p for name in RECORD_FILES for p in root.glob(f"**/{name}")
+    files = sorted(p for name in (*RECORD_FILES, RESOLVED_FILE) for p in root.glob(f"**/{name}")
                    if not any(part.startswith(".") for part in p.relative_to(root).parts))
-    return {str(p): migrate_file(p) for p in files}
+    return {str(p): (migrate_resolved(p) if p.name == RESOLVED_FILE else migrate_file(p)) for p in files}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for root in args.roots:
         done = migrate_root(root)
-        print(f"{root}: {len(done)} file(s), {sum(done.values())} record(s) converted to schema "
-              f"{record.SCHEMA_VERSION}")
+        print(f"{root}: {len(done)} file(s), {sum(done.values())} record(s) or resolved spec(s) brought to "
+              f"schema {record.SCHEMA_VERSION} and today's provenance words")
     return 0
 
 

@@ -41,10 +41,10 @@ ASSUMPTIONS = (
     "for its send and its receive; collectives use the ring algorithm over the group in rank order "
     "(one ring: NCCL's extra channels, which spread node crossings over several GPUs, are not modelled, "
     "so collectives across nodes are pessimistic where one GPU cannot fill the node's NICs)",
-    # every modelled record carries this text (results/modelled): "CostModel.host_s = 0" stands for the
-    # hardware model having no host term (emulated.costs.EmulatedCosts has it); reworded with a re-derivation
-    "kernel launch and Python overheads not modelled on accelerators (CostModel.host_s = 0; only the "
-    "emulated cluster's validation charges its CPU ranks' measured host work per op)",
+    # every modelled record carries this text (results/modelled); records written when it named the removed
+    # CostModel.host_s are reworded by `burst-bench migrate` (harness/migrate.py _REWORDED)
+    "kernel launch and Python overheads not modelled on accelerators (no host term in the hardware cost model; "
+    "only the emulated cluster's validation charges its CPU ranks' measured host work per op)",
     "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
     "when over the accelerator's HBM",
 )
