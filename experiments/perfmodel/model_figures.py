@@ -51,13 +51,9 @@ def _records(exp: str, items, hw) -> list[dict]:
     """``items``: (case, model config, ``predict_model`` keywords, extra fields) -> model-level records."""
     out = []
     for case, cfg, kw, extra in items:
-        # the peer implementation the spec's row ran (peer_memory.RUNS): its memory; None: the suite's own
-        impl = implementation_of(case.experiment, case.variant or case.method)
-        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, implementation=impl, **kw)
+        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, **kw)
         rec = model_record(_record(case, mp.attention, exp), mp, exp)
         rec.update(extra)
-        if impl is not None and mp.mode == "fwd_bwd":
-            rec["offload"] = mp.memory["offload"]
         out.append(rec)
     return out
 
