@@ -44,7 +44,8 @@ import torch
 
 from ...harness import cpuquota
 from ..costs import CostModel
-from burst_impl import kernels
+from burst_impl import kernels, masks
+from burst_impl.inference import partial_attention
 from burst_impl.shape import DTYPES
 
 HBM = ("hbm",)
@@ -195,10 +196,18 @@ def _runner(key: tuple):
             p = probs.float()
             return p * (dp - (dp * p).sum(-1, keepdim=True))
         return bwd
+    if key[0] == "decode":
+        # a decode step's attention of one sequence (burst_impl.inference.partial_attention: the mask built from
+        # positions, the kernel over the rank's cached keys), as experiments/perfmodel/decode_costs.py asks for it
+        _, q, keys, z, zkv, d, dtype = key
+        dt = DTYPES[dtype]
+        qs, k, v = (torch.randn(n, h, d, generator=g).to(dt) for n, h in ((q, z), (keys, zkv), (keys, zkv)))
+        q_pos, k_pos = torch.arange(keys, keys + q), torch.arange(keys)
+        return lambda: partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5)
     if key == HBM:
         x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
         return lambda: x.add_(y)            # reads two fp32 arrays, writes one
-    raise ValueError(f"key={key!r}: unknown kind of work; expected attention, gemm or hbm")
+    raise ValueError(f"key={key!r}: unknown kind of work; expected attention, gemm, scores, softmax, decode or hbm")
 
 
 def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float, rounds: int) -> list[list[float]]:
