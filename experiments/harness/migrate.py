@@ -13,8 +13,8 @@ What changes, and why nothing a table or figure reads does:
 Two provenance texts written before their code changed are brought up to date, in every schema (no number
 is touched, and a file whose records need nothing is rewritten byte for byte):
 - ``spec.resolved.yaml``'s ``path``: results measured before e63a65f name the spec by the measuring
-  checkout's absolute path (``/work/main/...``, ``/tmp/measure/tree/...``); it becomes the repository path
-  (the longest tail of it that is a file of this repository; left as it is where none is);
+  checkout's absolute path; it becomes the repository path (the longest tail of it that is a file of this
+  repository; left as it is where none is);
 - a modelled record's assumptions that name ``CostModel.host_s`` (removed; the hardware cost model has no
   host term) say so in the model's present words (``_REWORDED``).
 """
