@@ -152,6 +152,8 @@ def check_shape(cfg: ModelConfig, shape: AttnShape) -> None:
     if (shape.heads, shape.kv_heads, shape.head_dim) != (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim):
         raise ValueError(f"shape heads={shape.heads}, kv_heads={shape.kv_heads}, head_dim={shape.head_dim} is not "
                          f"model {cfg.name!r}'s ({cfg.n_heads}, {cfg.n_kv_heads}, {cfg.head_dim})")
+    if cfg.mask and cfg.mask != shape.mask:
+        raise ValueError(f"shape mask={shape.mask!r} is not model {cfg.name!r}'s mask={cfg.mask!r}")
 
 
 def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostModel, place: Placement,
@@ -292,6 +294,9 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
                          "weights='tp', the others 'replicated' or 'fsdp2'")
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     check_shape(cfg, shape)
+    # the step's mask is the shape's (a spec's mask axis): the attention schedule times each rank's live tiles
+    # of it on the shape's layout, and the FLOPs count its area (model_flops)
+    cfg = dataclasses.replace(cfg, mask=shape.mask)
     attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options, costs=costs)
     hw = attn.hardware
     # the profile's one cost model, as the layer's prediction used (or the caller's)
