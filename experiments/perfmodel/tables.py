@@ -192,17 +192,24 @@ def _variant_tables(records: list[dict], meta: dict, hbm: str) -> list[str]:
     names = list(meta.get("methods", []))
     labels = {row["name"]: row["label"] or row["name"] for row in meta.get("rows", [])}
     cells = sorted({(r["world_size"], r["seqlen"]) for r in records})
+    # a spec that sweeps the mask or the layout (BurstEngine's sparse training) has a row per variant and
+    # (mask, layout); otherwise a row per variant
+    swept = len({(r.get("mask") or "", r.get("layout")) for r in records}) > 1
+    rows = list(dict.fromkeys((r.get("variant"), (r.get("mask") or "causal", r.get("layout")) if swept else None)
+                              for n in names for r in records if r.get("variant") == n))
     out = []
     for key, title in (("tokens", "Tokens/s per GPU"), ("mem", f"Memory per rank (GiB, modelled; OOM above {hbm})"),
                        ("time", "Time per step (s)"), ("mfu", "MFU"),
                        ("exposed", "Share of the step that is communication on the critical path")):
         out += [f"## {title}", "", "| row | " + " | ".join(f"N={human(n)}, G={g}" for g, n in cells) + " |",
                 "|---|" + "---:|" * len(cells)]
-        for name in names:
-            rec = {(r["world_size"], r["seqlen"]): r for r in records if r.get("variant") == name}
+        for name, ml in rows:
+            rec = {(r["world_size"], r["seqlen"]): r for r in records if r.get("variant") == name
+                   and (ml is None or ((r.get("mask") or "causal"), r.get("layout")) == ml)}
+            label = labels.get(name, name) + ("" if ml is None else f", mask {ml[0]}, layout {ml[1]}")
             # a cell the spec excludes (e.g. heads that do not split over G ranks for Ulysses) says so
-            out.append(f"| {labels.get(name, name)} | " + " | ".join(_model_cell(rec.get(c), key) if c in rec else
-                                                                   "– (excluded by the spec)" for c in cells) + " |")
+            out.append(f"| {label} | " + " | ".join(_model_cell(rec.get(c), key) if c in rec else
+                                                   "– (excluded by the spec)" for c in cells) + " |")
         out.append("")
     return out + [_MEM_NOTE, ""]
 
