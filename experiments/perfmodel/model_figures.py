@@ -12,7 +12,10 @@
 Written to ``results/modelled/<name>/results.jsonl`` and ``plots/modelled/<name>/`` (figures by
 experiments.plots, ``*_modelled.png``; ``table_modelled.md``), "MODELLED" in every title. The
 attention-only TFLOP/s benchmark needs no model: it is ``burstengine_attn_tflops_32gpu`` (op level).
-Sparse masks: no sparse mask exists in the suite yet (causal and full only), so their figure is not made.
+Masks: a model-level spec's ``mask`` and ``layout`` axes (BurstEngine's sparse training,
+``model_burstengine_sparse_train_*``) reach the attention schedule through the case's shape (each rank's
+live tiles of the mask on the layout, ``burst_impl.plan``) and the FLOPs (the mask's area); every record
+carries the layout's work per rank under the mask (``balance_report``: max/mean over ranks).
 
 Memory per rank (``model_level.model_memory``): the BurstAttention paper's specs hold replicated weights
 (TP: 1/G), BurstEngine's cases FSDP2 (ZeRO-3 over the ranks, docs/papers.md §4); a case over the
@@ -26,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from baselines import AttnShape, get
+from burst_impl.balance import balance_report
 from burst_impl.model.checkpoint import method_mode
 
 from ..profiles.hardware import load_hardware
@@ -151,9 +155,12 @@ def write_burstengine(*, results_root: Path, plots_root: Path, draw: bool = True
 def _setup_fields(case: Case) -> dict:
     """What each modelled record of a model-level spec says about its training setup (as measured ones)."""
     # "checkpoint" (model_record) is the mode as run; the spec's request next to it, as measured records have
+    s = case.shape
     return {"offload": OFFLOAD, "zero_stage": 3 if case.zero else 0, "variant_label": case.variant_label,
             "checkpoint_requested": case.checkpoint,
-            "checkpoint_effective": method_mode(get(case.method), case.checkpoint)}
+            "checkpoint_effective": method_mode(get(case.method), case.checkpoint),
+            # the attention's work per rank under the case's mask and layout (as measured records have it)
+            **balance_report(s.attn_mask, s.resolved_layout, s.seqlen, s.world_size)}
 
 
 def model_spec_records(spec: Spec, hw, exp: str) -> list[dict]:
