@@ -2,14 +2,17 @@
 
 The timed callable and the inputs are those of the harness (experiments.harness.steps),
 so numbers are comparable with ``python -m experiments.run``; differences: here
-each rank's own time is reported (the harness records the maximum over ranks),
-and pytest-benchmark does the statistics. ``benchmark.extra_info`` carries the
+pytest-benchmark does the statistics, of each rank's own times. The record in
+``benchmark.extra_info`` carries the harness's two times from those samples, round
+by round over ranks (the rounds start together at a barrier): the slowest rank's
+(``time_median_s``) and the mean rank's (``time_mean_rank_s``); it also carries the
 method, shape, world size, measured bytes next to the formula, measured peak
 memory and the FLOPs of the suite's convention.
 """
 from __future__ import annotations
 
 import os
+import statistics
 
 import pytest
 import torch
@@ -22,7 +25,7 @@ from experiments.harness.memory import measure_peak
 from experiments.harness.plan import case_problem
 from experiments.harness.results import base_record
 from experiments.harness.steps import build_step
-from experiments.harness.timing import barrier
+from experiments.harness.timing import barrier, over_ranks
 
 
 @pytest.fixture(scope="session")
@@ -76,8 +79,12 @@ def test_case(benchmark, case, device):
         "mem_peak_bytes": mem.peak_bytes, "mem_method": mem.method,
         "mem_model_bytes": mem_model, "flops": flops,
     })
-    med = benchmark.stats.stats.median if benchmark.stats else None
-    if med:
-        rec.update(time_median_s=med, tflops_per_rank=tflops_per_s(flops, med) / case.world_size,
+    samples = list(benchmark.stats.stats.data) if benchmark.stats else []
+    if samples:
+        # every rank's samples, round by round (one all-gather, as the harness's timing.over_ranks)
+        rounds = list(zip(*over_ranks(samples, device, group)))
+        med = statistics.median(max(r) for r in rounds)
+        rec.update(time_median_s=med, time_mean_rank_s=statistics.median(sum(r) / len(r) for r in rounds),
+                   tflops_per_rank=tflops_per_s(flops, med) / case.world_size,
                    tokens_per_s=tokens_per_s(case.batch, case.seqlen, med))
     benchmark.extra_info.update(rank=rank, record=rec.to_json())

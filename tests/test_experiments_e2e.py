@@ -113,6 +113,6 @@ def test_pytest_benchmark_smoke(tmp_path):
     # the suite's record type, as the harness writes it
     info = Record.from_json(data["benchmarks"][0]["extra_info"]["record"]).row()
     for key in ("method", "seqlen", "world_size", "comm_fwd_bytes", "comm_fwd_formula_bytes", "mem_peak_bytes",
-                "flops", "time_median_s", "git"):
+                "flops", "time_median_s", "time_mean_rank_s", "git"):
         assert info[key] is not None, key
     assert info["seqlen"] == 64 and info["mem_peak_bytes"] > 0

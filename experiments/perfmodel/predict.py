@@ -110,6 +110,8 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
         "versions": {**rec.get("versions", {}), "perfmodel": "experiments.perfmodel (attention and model level)"},
         "time_model_s": pred.time_s,
         "time_median_s": t,
+        # the mean rank's time beside the slowest's (each rank's last task: simulator.Schedule.rank_ends)
+        "time_mean_rank_s": pred.breakdown.get("mean_rank_end_s") if t else None,
         "flops": flops,
         "tflops_total": tflops_per_s(flops, t) if t else None,
         "tflops_per_rank": tflops_per_s(flops, t) / s.world_size if t else None,

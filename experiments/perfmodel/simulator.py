@@ -115,9 +115,21 @@ class Schedule:
         for res, b in busy.items():
             cls = res.split("/")[0]
             by_class[cls] = max(by_class[cls], b)
+        ends = self.rank_ends()
         return {"makespan_s": self.makespan, "critical_compute_s": crit["compute"],
                 "critical_comm_s": crit["comm"], "critical_tasks": len(path),
-                "busy_max_s": dict(sorted(by_class.items())), "tasks": len(self.tasks)}
+                "busy_max_s": dict(sorted(by_class.items())), "tasks": len(self.tasks),
+                "mean_rank_end_s": sum(ends.values()) / len(ends) if ends else self.makespan}
+
+    def rank_ends(self) -> dict[int, float]:
+        """``{rank: end of its last task}`` (its compute and its sends): when that rank's step returns, the
+        model's counterpart of a rank's own timer. The makespan is their maximum (the slowest rank's time);
+        their mean is the mean rank's time (``time_mean_rank_s``)."""
+        out: dict[int, float] = {}
+        for t in self.tasks:
+            if t.rank is not None and t.end > out.get(t.rank, -1.0):
+                out[t.rank] = t.end
+        return out
 
     def bytes_sent(self) -> dict[int, dict[tuple[str, str], int]]:
         """``{rank: {(phase, kind): bytes}}`` summed over the rank's communication tasks."""
