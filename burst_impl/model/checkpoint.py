@@ -203,6 +203,22 @@ def method_mode(method: Method, mode: str) -> str:
     return mode
 
 
+def seq_mask_problem(mask: str, seqlen: int) -> str | None:
+    """Why ``checkpoint='seq'`` cannot run the causal model with ``mask`` (a ``burst_impl.masks`` spec) at
+    ``seqlen`` tokens, else None (module docstring, "Masks"; the harness checks it when a spec loads)."""
+    kind = masks.resolve(True, mask or None, seqlen).kind
+    if kind not in ("causal", "window"):
+        return (f"checkpoint='seq' with mask={mask!r}: the recomputed first half must attend only to itself "
+                "under the same mask at N/2, which holds for the causal mask and a causal sliding window only; "
+                "use checkpoint 'whole' or 'full' with this mask")
+    if kind == "window":
+        try:
+            masks.parse(mask, seqlen // 2)      # the recompute's mask at N/2
+        except ValueError as e:
+            return f"checkpoint='seq' recomputes the first N/2 = {seqlen // 2} tokens under mask={mask!r}: {e}"
+    return None
+
+
 def check_checkpoint(model, seqlen: int) -> None:
     """ValueError (before any communication) unless ``model.cfg.checkpoint`` can run a global
     sequence of ``seqlen`` tokens: ``seq`` needs a causal mask, an even local length, and at
@@ -213,21 +229,13 @@ def check_checkpoint(model, seqlen: int) -> None:
     plan = model.parallel
     G = plan.world_size if plan is not None and plan.shards_sequence else 1
     local = seqlen // G
-    kind = masks.resolve(True, model.cfg.mask or None, seqlen).kind
-    if kind not in ("causal", "window"):
-        raise ValueError(f"checkpoint='seq' with mask={model.cfg.mask!r}: the recomputed first half must attend "
-                         "only to itself under the same mask at N/2, which holds for the causal mask and a causal "
-                         "sliding window only; use checkpoint 'whole' or 'full' with this mask")
-    if kind == "window":
-        try:
-            masks.parse(model.cfg.mask, seqlen // 2)      # the recompute's mask at N/2
-        except ValueError as e:
-            raise ValueError(f"checkpoint='seq' recomputes the first N/2 = {seqlen // 2} tokens under "
-                             f"mask={model.cfg.mask!r}: {e}") from None
     for block in model.layers:
         spec = attention_spec(block.attention.core)
         if spec is None:
             continue
+        why = seq_mask_problem(model.cfg.mask, seqlen)
+        if why:
+            raise ValueError(why)
         if not spec.causal:
             raise ValueError("checkpoint='seq' needs causal attention (the recomputed first half must "
                              "attend only to itself)")

@@ -15,6 +15,11 @@ parallelism through the whole model (``sequence_parallel``); ``tp_v1`` and
 weights, gradients and optimizer state over the same group with FSDP2
 (BurstEngine's "Burst+ZeRO"); it is a sweep axis (one case per value).
 
+``sweep.mask`` (a ``burst_impl.masks`` spec; BurstEngine's sparse training: ``"window:4096:0"``) is
+the model's attention mask (``ModelConfig.mask``, intersected with causal) and ``sweep.layout`` may
+be ``balanced`` (the mask's balanced chunks); a method without masks, or ``checkpoint: seq`` with a
+mask it cannot recompute at N/2, is a load error.
+
 The attention shape comes from the model: ``sweep`` must not set ``heads``,
 ``kv_heads`` or ``head_dim`` (they are filled in from the config, so case
 names and the emulator's calibration see them). Every rule is a ValueError
@@ -42,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from burst_impl.loss_modes import LOSS_MODES
+from burst_impl.model.checkpoint import method_mode, seq_mask_problem
 from burst_impl.model.config import CHECKPOINT_MODES, CONFIGS, get_config
 from burst_impl.model.data import CORPORA
 from burst_impl.model.flops import MODES as STEP_MODES
@@ -171,6 +177,10 @@ def check_model_case(case, err) -> None:
                                        "of N held-out tokens are evaluated)")
     if not case.causal:
         raise err("sweep.causal", "must be true at measure.level: model (the models are causal language models)")
+    if case.mode == "train" and method_mode(get(case.method), case.checkpoint) == "seq":
+        why = seq_mask_problem(case.shape.mask, case.seqlen)
+        if why:
+            raise err("model.checkpoint", f"{why} (method {case.method!r}, sweep.mask {case.shape.mask!r})")
     version = get(case.method).tp_version
     if version is not None:
         if case.zero:

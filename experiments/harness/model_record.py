@@ -26,6 +26,7 @@ import re
 import torch
 
 from baselines.registry import get
+from burst_impl.balance import balance_report
 from burst_impl.model.checkpoint import method_mode
 from burst_impl.model.flops import model_flops
 from burst_impl.model.config import num_params
@@ -38,7 +39,8 @@ from ..profiles.cluster import load_profile
 from ..profiles.hardware import known_hardware, load_hardware
 
 FLOPS_CONVENTION = ("6 x matmul params x tokens (train; prefill 2x, LM head on the last token) + attention "
-                    "4BN^2Zd per layer forward, causal halved, x3.5 forward+backward; recomputation not counted")
+                    "4BN^2Zd per layer forward, causal halved (a mask: 4BZd x its live entries), x3.5 "
+                    "forward+backward; recomputation not counted")
 
 
 def _by_gpu_name(dtype: str, device: torch.device) -> tuple[float | None, str]:
@@ -112,6 +114,8 @@ def model_fields(case: Case, run: ModelRun, median_s: float, per_rank: list[dict
         "weights": "fsdp2" if case.zero else ("tensor_parallel" if case.method.startswith("tp_") else "replicated"),
         **training_setup(case, run.cfg),
         "losses": [float(x) for x in run.losses],
+        # the attention's work per rank under the case's mask and layout (as op-level records have it)
+        **balance_report(s.attn_mask, s.resolved_layout, s.seqlen, G),
     }
     states = [r.get("state_bytes") for r in per_rank]
     if all(x is not None for x in states):

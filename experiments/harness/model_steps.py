@@ -95,8 +95,9 @@ def layer_bytes(case: Case, cfg: ModelConfig) -> dict[tuple[str, str], int]:
 
 
 def case_config(case: Case) -> ModelConfig:
-    """The case's decoder with its training setup (the spec's loss and checkpoint mode, or its variant's)."""
-    return replace(get_config(case.model), loss=case.loss, checkpoint=case.checkpoint)
+    """The case's decoder with its training setup (the spec's loss and checkpoint mode, or its variant's) and
+    the case's attention mask (the ``mask`` sweep axis: every block's attention, intersected with causal)."""
+    return replace(get_config(case.model), loss=case.loss, checkpoint=case.checkpoint, mask=case.shape.mask)
 
 
 def build_model(case: Case, *, group, device: torch.device) -> tuple[ModelConfig, torch.nn.Module]:
