@@ -42,6 +42,7 @@ class Case:
     eval_tokens: int = 0
     lr: float = 1e-3
     corpus: str = "markov"
+    loss_parity: bool = False        # train: each step's loss against the unsharded model's (model_parity.py)
     max_repeats: int | None = None   # adaptive repeats up to this cap (None: exactly ``repeats``)
     ci_target: float = 0.05          # stop when the median's 95% interval is within +-ci_target
     interleave: bool = True          # time with the other methods of the same shape, in rounds

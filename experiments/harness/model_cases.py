@@ -40,7 +40,9 @@ group, else 0) and the activation offload (none: the suite implements no offload
 ``measure.modes: [perplexity]`` (``model_perplexity.py``) trains every method's model for
 ``model.train_steps`` AdamW steps at ``model.lr`` on the seeded corpus ``model.corpus`` and
 evaluates the held-out perplexity over ``model.eval_tokens`` tokens, next to the single-process
-model trained the same way (Table 4's exactness check); nothing is timed.
+model trained the same way (Table 4's exactness check); nothing is timed. ``model.loss_parity: true``
+makes a timed training run's record compare each step's loss with the single-process model's, trained
+the same steps on rank 0 after the timing (``model_parity.py``: the difference, the tolerance and why).
 """
 from __future__ import annotations
 
@@ -125,6 +127,8 @@ class ModelSetup:
     eval_tokens: int = field(default=0, metadata={"check": _non_negative})
     lr: float = field(default=1e-3, metadata={"check": _positive})
     corpus: str = field(default="markov", metadata={"check": _one_of(CORPORA, "corpus")})
+    # train: the record compares each step's loss with the unsharded model's (model_parity.py)
+    loss_parity: bool = False
 
 
 def cumulative_problem(variants: tuple[ModelVariant, ...]) -> str | None:

@@ -33,6 +33,7 @@ from burst_impl.model.config import num_params
 
 from . import results as R
 from burst_impl.flops import tflops_per_s, tokens_per_s
+from .model_parity import parity_fields
 from .model_steps import ModelRun, layer_bytes
 from .spec import Case
 from ..profiles.cluster import load_profile
@@ -114,6 +115,7 @@ def model_fields(case: Case, run: ModelRun, median_s: float, per_rank: list[dict
         "weights": "fsdp2" if case.zero else ("tensor_parallel" if case.method.startswith("tp_") else "replicated"),
         **training_setup(case, run.cfg),
         "losses": [float(x) for x in run.losses],
+        **parity_fields(case, run, device),       # model.loss_parity: against the unsharded model's losses
         # the attention's work per rank under the case's mask and layout (as op-level records have it)
         **balance_report(s.attn_mask, s.resolved_layout, s.seqlen, G),
     }

@@ -100,11 +100,15 @@ def case_config(case: Case) -> ModelConfig:
     return replace(get_config(case.model), loss=case.loss, checkpoint=case.checkpoint, mask=case.shape.mask)
 
 
-def build_model(case: Case, *, group, device: torch.device) -> tuple[ModelConfig, torch.nn.Module]:
-    """The case's model on ``device``, split by its method (sequence parallel, + FSDP2, or TP)."""
+def build_model(case: Case, *, group, device: torch.device, parallel: bool = True
+                ) -> tuple[ModelConfig, torch.nn.Module]:
+    """The case's model on ``device``, split by its method (sequence parallel, + FSDP2, or TP); with
+    ``parallel=False`` not split (the single-process reference of ``model_parity.py``)."""
     cfg = case_config(case)
     s = case.shape
     model = build_decoder(cfg, seed=case.seed, dtype=s.torch_dtype, device=device)
+    if not parallel:
+        return cfg, model
     method = get(case.method)
     if method.tp_version is not None:
         fused = case.kernel != "math"
@@ -118,8 +122,8 @@ def build_model(case: Case, *, group, device: torch.device) -> tuple[ModelConfig
     return cfg, model
 
 
-def build_model_run(case: Case, *, group, device: torch.device) -> ModelRun:
-    cfg, model = build_model(case, group=group, device=device)
+def build_model_run(case: Case, *, group, device: torch.device, parallel: bool = True) -> ModelRun:
+    cfg, model = build_model(case, group=group, device=device, parallel=parallel)
     s = case.shape
     optimizer = None
     if case.mode == "train":

@@ -98,7 +98,7 @@ def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -
     return dict(model=model.name, zero=zero, optimizer=model.optimizer, loss=setup.loss,
                 checkpoint=setup.checkpoint, variant=variant.name if variant else None,
                 variant_label=(variant.label or variant.name) if variant else "", train_steps=model.train_steps,
-                eval_tokens=model.eval_tokens, lr=model.lr, corpus=model.corpus)
+                eval_tokens=model.eval_tokens, lr=model.lr, corpus=model.corpus, loss_parity=model.loss_parity)
 
 
 def expand(spec: Spec) -> list[Case]:

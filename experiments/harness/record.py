@@ -187,6 +187,11 @@ class Training:
     perplexity_equal: bool | None = None
     reference: str | None = None
     reference_train_losses: list | None = None
+    # model.loss_parity (model_parity.py): each step's loss against the reference's
+    loss_rel_diff: float | None = None
+    loss_rtol: float | None = None
+    loss_rtol_reason: str | None = None
+    loss_equal: bool | None = None
 
 
 @dataclass

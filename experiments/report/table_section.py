@@ -10,6 +10,7 @@ from .evidence import Experiment, regime, select
 from .figures import paper_figure
 from .model_error import cells, summarise
 from .paper import PaperTable
+from .parity import parity_blocks
 from .quantities import QUANTITIES
 from .utilisation import utilisation_blocks
 
@@ -82,6 +83,7 @@ def _measured(ctx: Context, t: PaperTable) -> list:
                          tab if isinstance(tab, str) else "")))
         if not isinstance(tab, str):
             out.append(tab)
+        out += parity_blocks(e.records)      # model.loss_parity: the rows' losses against the unsharded model's
     return out
 
 
