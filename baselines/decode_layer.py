@@ -190,7 +190,7 @@ def decode_layer_bytes(row: str, shape: AttnShape, new_tokens: int) -> dict[tupl
         e_lse = torch.empty((), dtype=stats_dtype(s.torch_dtype)).element_size()
         out.update(decode_bytes(MERGE_OF[row], g, s.batch, new_tokens, s.heads, s.head_dim, s.elem_size, e_lse))
     if row != "cp_all_gather":
-        out.update(_all_reduce(s.batch * new_tokens * s.heads * s.head_dim * s.elem_size, g))
+        out.update(row_parallel_bytes(s.batch * new_tokens * s.heads * s.head_dim * s.elem_size, g))
     return {k: v for k, v in out.items() if v}
 
 
@@ -202,11 +202,11 @@ def prefill_layer_bytes(row: str, shape: AttnShape, rank: int = 0) -> dict[tuple
     if row != "tp":
         out = prefill_bytes(rank, list(s.lengths), s.batch, s.kv_heads, s.head_dim, s.elem_size)
     else:
-        out = _all_reduce(s.batch * s.seqlen * s.heads * s.head_dim * s.elem_size, g)
+        out = row_parallel_bytes(s.batch * s.seqlen * s.heads * s.head_dim * s.elem_size, g)
     return {k: v for k, v in out.items() if v}
 
 
-def _all_reduce(nbytes: int, g: int) -> dict[tuple[str, str], int]:
+def row_parallel_bytes(nbytes: int, g: int) -> dict[tuple[str, str], int]:
     """The row-parallel output projection's all-reduce of ``nbytes`` (Megatron TP V1's forward region)."""
     b = tp_region_bytes(nbytes, g, "v1").get(("forward", "out"), 0)
     return {("forward", "out_proj"): b} if b else {}

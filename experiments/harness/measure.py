@@ -42,7 +42,8 @@ TIMING_SHARE = 0.5
 def _measured_over(case: Case) -> str:
     return {"forward": "forward (no grad)", "prefill": "prefill (no grad: forward + first token)",
             "train": "train step (forward + backward + gradient sync + optimizer)",
-            "decode": "one decode step of the layer (no grad)", "ttft": "the prompt's prefill of the layer (no grad)"}.get(case.mode, "forward + backward")
+            "decode": "one decode step of the layer (no grad)",
+            "ttft": "the prompt's prefill of the layer (no grad)"}.get(case.mode, "forward + backward")
 
 
 @dataclass

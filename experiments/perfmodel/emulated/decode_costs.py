@@ -1,0 +1,50 @@
+"""The decode step's two kinds of work (``perfmodel/decode_costs.py``) on the emulated cluster: measured here.
+
+* ``DecodeEmulatedCosts``: ``EmulatedCosts`` (the kernel table, the run's load scale, host per op, overlap
+  excess) answering ``decode_attention`` from the table's ``("decode", q, keys, Z, Zkv, d, dtype)`` key
+  (``measured._runner``: ``partial_attention`` as a decode step calls it) and ``weight_gemm`` from its
+  GEMM key at the exact shape (on a CPU the weight's read is in the measured time);
+* ``DecodeRecording``: ``measured.RecordingCosts`` noting those keys too (``validate_decode.needed_keys``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..decode_costs import DecodeCosts
+from .costs import EmulatedCosts
+from .measured import RecordingCosts
+
+
+def decode_key(q: int, keys: int, heads: int, kv_heads: int, head_dim: int, dtype: str) -> tuple:
+    return ("decode", q, keys, heads, kv_heads, head_dim, dtype)
+
+
+@dataclass(frozen=True)
+class DecodeEmulatedCosts(EmulatedCosts):
+    def decode_attention(self, q, keys, heads, kv_heads, head_dim):
+        if q <= 0 or keys <= 0:
+            return 0.0, 0.0
+        return self._get(decode_key(q, keys, heads, kv_heads, head_dim, self.dtype)), 4.0 * q * keys * heads * head_dim
+
+    def weight_gemm(self, m, n, k):
+        return self.gemm(m, n, k)
+
+
+@dataclass(frozen=True)
+class DecodeRecording(RecordingCosts, DecodeCosts):
+    def decode_attention(self, q, keys, heads, kv_heads, head_dim):
+        if q > 0 and keys > 0:
+            self.seen.add(decode_key(q, keys, heads, kv_heads, head_dim, self.dtype))
+        return super().decode_attention(q, keys, heads, kv_heads, head_dim)
+
+    def weight_gemm(self, m, n, k):
+        return self.gemm(m, n, k)        # the table times the GEMM at its shape, the weight's read included
+
+
+def decode_twin(cost):
+    """The decode-capable twin of an emulated or recording cost model (same fields), or ``cost`` itself."""
+    for base, twin in ((EmulatedCosts, DecodeEmulatedCosts), (RecordingCosts, DecodeRecording)):
+        if type(cost) is base:
+            return twin(**{f.name: getattr(cost, f.name) for f in dataclasses.fields(cost)})
+    return cost

@@ -1,0 +1,185 @@
+"""The inference model against the emulated runs: predicted / measured time of every decode and TTFT record.
+
+The same terms as ``validate.py`` (nothing fitted for inference): this machine's kernel table at exactly the
+work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
+``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
+(``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
+excess per transfer (``excess.py``); and the host's work per op (``host_cost.py``) of ``burst``, the method
+whose communicator and kernels a decode step runs (``call_cpu.json`` measures training methods only: no
+decode call is in it, and nothing is measured for decode to fit one).
+
+    rep = validate_inference(results_root, "cpu_decode_emulated_2x4")
+    print(rep["text"]); rep["rows"], rep["worst_abs_error"], rep["met"]
+
+Writes ``<experiment>/inference_validation.json`` (rows, worst error, terms) next to the records, which the
+report's inference section reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+from baselines import AttnShape
+
+from ...harness import results as R
+from ..inference import predict_inference
+from ..model import predict_case
+from .cases import SHAPE_KEYS, Predicted
+from .costs import EmulatedCosts
+from .decode_costs import decode_twin
+from .excess import OVERLAP_FILE, load_excess
+from .hardware import emulated_hardware
+from .host_cost import host_per_op, load_call_cpu, small_case
+from .measured import KernelTimes, measure, needed
+from .validate import KERNEL_TIMES_FILE, TARGET, calibration_key, host_text, load_scale, run_cpus
+
+HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
+VALIDATION_FILE = "inference_validation.json"
+
+
+class DecodeCase:
+    """A measured inference record (``level: inference``, mode decode or ttft): its row, shape and tokens."""
+
+    kind = "inference"
+
+    @staticmethod
+    def accepts(rec) -> bool:
+        return rec.get("level") == "inference" and rec.get("mode") in ("decode", "ttft")
+
+    def __init__(self, rec):
+        self.rec = rec
+        self.method, self.mode, self.row = rec["method"], rec["mode"], rec["variant"]
+        self.new_tokens = int(rec.get("new_tokens") or 1)
+        self.shape = AttnShape(**{k: rec[k] for k in SHAPE_KEYS})
+
+    def predict(self, hardware, costs) -> Predicted:
+        cost = decode_twin(costs(hardware, self.shape.dtype))
+        p = predict_inference(self.row, self.shape, mode=self.mode, hardware=hardware, new_tokens=self.new_tokens,
+                              costs=lambda h, dt: cost)
+        return Predicted(p.time_s, p.critical_comm_s, p.critical_compute_s, dict(p.parts))
+
+
+def cases_of(records) -> list[DecodeCase]:
+    return [DecodeCase(r) for r in records if r.get("status") == "ok" and (r.get("cluster") or {}).get("emulated")
+            and DecodeCase.accepts(r)]
+
+
+def needed_keys(records, call: dict | None = None) -> set:
+    """Kernel-table keys of every case's prediction, the host term's small call and each run's calibration."""
+    keys: set = set()
+    for c in cases_of(records):
+        hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
+        keys |= needed([c], hw)
+        small = small_case(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                           node_size=int(c.rec["cluster"]["ranks_per_node"]))
+        if small is not None:
+            keys |= needed([small], hw, predict=predict_case)
+        if calibration_key(c.rec["cluster"]) is not None:
+            keys.add(calibration_key(c.rec["cluster"]))
+    return keys
+
+
+def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None) -> list[dict]:
+    """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring)."""
+    rows, hosts = [], {}
+    for c in cases_of(records):
+        hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
+        k = load_scale(c.rec["cluster"], times)
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), k)
+        if key not in hosts:
+            hosts[key] = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                                     node_size=hw.devices_per_node, hardware=hw, cpus=run_cpus(c.rec["cluster"]),
+                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k,
+                                                                            excess=excess or {}))
+        host = hosts[key]
+        hs = host["host_s_per_op"] if host else 0.0
+        p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
+                                                                   excess=excess or {}))
+        measured = float(c.rec["time_median_s"])
+        rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
+                     "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
+                     "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k,
+                     "critical_comm_s": p.critical_comm_s, "host": host,
+                     "ci_s": [c.rec.get("time_ci_lo_s"), c.rec.get("time_ci_hi_s")]})
+    return sorted(rows, key=lambda r: (r["mode"], r["world_size"], r["batch"], r["seqlen"], r["row"]))
+
+
+def error_table(rows: list[dict], target: float = TARGET) -> dict:
+    """Text and verdict: |error| <= target for every row (every context, batch and G measured)."""
+    worst = max((abs(r["error"]) for r in rows), default=math.nan)
+    ok = bool(rows) and all(abs(r["error"]) <= target for r in rows)
+    lines = ["inference model (experiments.perfmodel.inference) vs measured, this machine as emulated: the kernel "
+             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the run's "
+             "load, links as shaped; nothing fitted for inference",
+             f"{'mode':<6} {'G':>2} {'B':>3} {'N':>8} {'row':<14} {'measured ms':>11} {'predicted ms':>12} "
+             f"{'error':>7} {'crit. comm ms':>13}"]
+    for r in rows:
+        flag = "  ok" if abs(r["error"]) <= target else "  OUT"
+        lines.append(f"{r['mode']:<6} {r['world_size']:>2} {r['batch']:>3} {r['seqlen']:>8} {r['row']:<14} "
+                     f"{r['measured_s'] * 1e3:11.2f} {r['predicted_s'] * 1e3:12.2f} {r['error']:+7.1%} "
+                     f"{r['critical_comm_s'] * 1e3:13.2f}{flag}")
+    lines.append(f"target |error| <= {target:.0%} for every row: {'met' if ok else 'NOT met'} (worst {worst:.1%})")
+    return {"rows": rows, "worst_abs_error": worst, "met": ok, "text": "\n".join(lines)}
+
+
+def _times(out: Path, cases: list[DecodeCase], records, call, measure_missing: bool, seconds: float,
+           rounds: int) -> KernelTimes:
+    """The experiment's kernel table, with the keys it lacks measured here (as ``validate.validate_experiment``)."""
+    path = out / KERNEL_TIMES_FILE
+    cluster = cases[0].rec["cluster"]
+    procs = max(c.shape.world_size for c in cases)
+    threads = max(1, (os.cpu_count() or 1) // int(cluster["ranks_per_node"]))
+    cpus = run_cpus(cluster)
+    times = KernelTimes.load(path) if path.exists() else None
+    if times is None or times.cpus != cpus:
+        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
+    missing = times.missing(needed_keys(records, call))
+    if missing:
+        if not measure_missing:
+            raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
+        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
+        times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
+                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
+        times.save(path)
+    return times
+
+
+def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
+                       rounds: int = 3) -> dict:
+    """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``."""
+    out = R.experiment_dir(Path(results_root), experiment)
+    records = list(R.latest_by_case(R.read_records(out / R.RESULTS_FILE)).values())
+    cases = cases_of(records)
+    if not cases:
+        raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
+    call = load_call_cpu(results_root)
+    times = _times(out, cases, records, call, measure_missing, seconds, rounds)
+    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
+    rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
+                           f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
+    rep["text"] += "\n" + host_text([{**r, "method": HOST_METHOD} for r in rep["rows"]], call)
+    summary = {"experiment": experiment, "target": TARGET, "met": rep["met"], "worst_abs_error": rep["worst_abs_error"],
+               "rows": [{k: v for k, v in r.items() if k != "host"} for r in rep["rows"]],
+               "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
+               "overlap_excess": ex and ex["path"], "call_cpu": call and call["path"], "text": rep["text"]}
+    (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))
+    return rep
+
+
+REPORT_FILE = "emulation_report.txt"       # as cluster/report.py names an emulated run's report
+
+
+def write_report(results_root, experiment: str) -> str:
+    """``validate_inference``'s text (or why there is none) as the run's ``emulation_report.txt``."""
+    try:
+        text = f"{experiment}\n" + validate_inference(results_root, experiment)["text"]
+    except (ValueError, RuntimeError) as e:        # nothing emulated measured, or a kernel timing failed
+        text = f"{experiment}: the inference model was not compared: {e}"
+    out = R.experiment_dir(Path(results_root), experiment)
+    if out.is_dir():
+        (out / REPORT_FILE).write_text(text + "\n")
+    return text
