@@ -51,6 +51,7 @@ from burst_impl.model import get_config
 from .cluster.report import (FIGURE_FILE, NO_OVERLAP, figure, loopback_twin, ratios_of, report, with_model,
                              write_report)
 from .harness.summary import write_summary
+from .perfmodel.emulated.validate_decode import write_report as inference_report
 from .plots import draw_all
 
 
@@ -360,6 +361,9 @@ def _emulation_reports(preset: Preset, results_root: Path) -> list[dict]:
         # attention steps and whole models' training steps alike (perfmodel/emulated/cases.py); a perplexity
         # run times nothing
         if spec.profile.scheduler != "emulated" or "perplexity" in spec.measure.modes:
+            continue
+        if spec.measure.level == "inference":     # decode and TTFT: the inference model's own comparison
+            print(inference_report(results_root, spec.name))
             continue
         try:
             rep = report(spec.name, results_root=results_root, compute_from=loopback_twin(preset, spec))
