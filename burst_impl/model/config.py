@@ -92,6 +92,12 @@ CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (
                 vocab_size=122880),
     ModelConfig("llama3_8b", n_layers=32, hidden=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
                 vocab_size=128256, rope_theta=500000.0),
+    # Llama 3 70B (issue 36's decode model on H100): meta-llama/Meta-Llama-3-70B config.json on Hugging Face
+    # (num_hidden_layers 80, hidden_size 8192, num_attention_heads 64, num_key_value_heads 8,
+    # intermediate_size 28672, vocab_size 128256, rope_theta 500000); the Llama 3 paper (Dubey et al. 2024,
+    # arXiv 2407.21783) Table 3 lists the same layers, width, FFN width and heads.
+    ModelConfig("llama3_70b", n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
+                vocab_size=128256, rope_theta=500000.0),
     # CPU sizes. tiny: MHA, 12 heads of 8 (splits over G = 1..4 for every method), F = 192.
     ModelConfig("tiny", n_layers=2, hidden=96, n_heads=12, n_kv_heads=12, ffn_hidden=192, vocab_size=64),
     # tiny_gqa: 8 query heads sharing 2 kv heads (G = 1, 2, 4).
