@@ -369,15 +369,9 @@ class Documents(Mask):
         if d0 > d1:
             return []
         if d1 - d0 + 1 > MAX_DOC_PIECES:
-            if (qa, qb) != (ka, kb):
+            if not ka <= qa < qb <= kb:
                 return dense_pieces(self, qr, kr)
-            bounds = [qa] + [cu[d] for d in range(d0 + 1, d1 + 1)] + [qb]
-            rel = tuple(b - qa for b in bounds)
-            if self.causal:
-                entries = sum((b - a) * (b - a + 1) // 2 for a, b in zip(rel, rel[1:]))
-                return [Piece(0, qr.count, 0, kr.count, "varlen", entries, cu=rel)]
-            entries = sum((b - a) * (b - a) for a, b in zip(rel, rel[1:]))
-            return [Piece(0, qr.count, 0, kr.count, "varlen_full", entries, cu=rel)]
+            return self._varlen_pieces(qa, qb, ka, kb, d0, d1)
         out = []
         for d in range(d0, d1 + 1):
             q0, q1 = max(qa, cu[d]), min(qb, cu[d + 1])
@@ -386,6 +380,31 @@ class Documents(Mask):
                 # causal within the document: k0 + j <= q0 + i, i.e. j - i <= q0 - k0; else the whole block
                 hi = q0 - k0 if self.causal else None
                 out += [p.shifted(q0 - qa, k0 - ka) for p in band_pieces(q1 - q0, k1 - k0, None, hi)]
+        return out
+
+    def _varlen_pieces(self, qa: int, qb: int, ka: int, kb: int, d0: int, d1: int) -> list[Piece]:
+        """Queries [qa, qb) of many documents against keys [ka, kb) that contain them (the same run, or the
+        whole gathered sequence of an all-gather method): one varlen call on the square [qa, qb) x [qa, qb),
+        plus, where the first document began before qa, its rows against its keys in [ka, qa), and (whole
+        documents only) the last document's rows against its keys in [qb, kb): full blocks, never a dense
+        tile over every key."""
+        cu = self.cu_seqlens
+        rel = tuple(b - qa for b in [qa] + [cu[d] for d in range(d0 + 1, d1 + 1)] + [qb])
+        n, off = qb - qa, qa - ka
+        if self.causal:
+            entries = sum((b - a) * (b - a + 1) // 2 for a, b in zip(rel, rel[1:]))
+            out = [Piece(0, n, off, off + n, "varlen", entries, cu=rel)]
+        else:
+            entries = sum((b - a) * (b - a) for a, b in zip(rel, rel[1:]))
+            out = [Piece(0, n, off, off + n, "varlen_full", entries, cu=rel)]
+        first_k = max(ka, cu[d0])
+        if first_k < qa:                       # the first document's keys before the run
+            rows = min(qb, cu[d0 + 1]) - qa
+            out.append(Piece(0, rows, first_k - ka, off, "full", rows * (qa - first_k)))
+        last_k = min(kb, cu[d1 + 1])
+        if not self.causal and last_k > qb:    # whole documents: the last one's keys after the run
+            r0 = max(qa, cu[d1]) - qa
+            out.append(Piece(r0, n, qb - ka, last_k - ka, "full", (n - r0) * (last_k - qb)))
         return out
 
     def row_counts(self, seqlen):

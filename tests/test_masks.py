@@ -290,3 +290,17 @@ def test_balanced_layout_evens_out_long_tailed_documents(world, seed):
           ", ".join(f"{k} {v[0]:.3f}/{v[1]:.3f}" for k, v in row.items()))
     assert row["balanced"][0] <= 1.10 and row["balanced"][1] <= 1.10
     assert row["balanced"][0] <= min(row["contiguous"][0], row["zigzag"][0])
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_many_documents_against_keys_that_contain_the_queries(causal):
+    """Queries of many documents against a key run that contains them (an all-gather method's rank against the
+    whole sequence): a varlen call on the square, the first document's earlier keys and (whole documents) the
+    last one's later keys as full blocks, no dense tile; every live entry exactly once."""
+    n = 96
+    mask = M.Documents((0, 5) + tuple(range(7, 90, 3)) + (n,), causal=causal)
+    for qa, qb in ((6, 40), (0, 96), (41, 95), (10, 11 + 3 * M.MAX_DOC_PIECES)):
+        qpos, kpos = torch.arange(qa, qb), torch.arange(n)
+        plan = build_plan(mask, runs_of(qpos), runs_of(kpos), qb - qa, n)
+        check_plan_covers(plan, mask, qpos, kpos)
+        assert all(t.kind in ("full", "varlen", "varlen_full") for t in plan.tiles), [t.kind for t in plan.tiles]
