@@ -12,6 +12,7 @@ from .intervals import intervals_section
 from .model_section import model_section
 from .render_html import render_html
 from .render_md import render_md
+from .sparse_training import sparse_training_section
 from .table_section import table_section
 
 TITLE = "Reproduction report: BurstAttention and BurstEngine, claims next to this suite's evidence"
@@ -32,6 +33,7 @@ def build_doc(ctx: Context) -> Doc:
     doc.add(*_provenance(ctx), *claims_section(ctx))
     for t in ctx.tables.values():
         doc.add(*table_section(ctx, t))
+    doc.add(*sparse_training_section(ctx))          # no paper table: its values are not transcribed
     doc.add(*model_section(ctx), *intervals_section(ctx))
     return doc
 
