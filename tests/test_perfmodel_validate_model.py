@@ -49,7 +49,7 @@ def test_the_table_asks_for_the_mlp_and_head_gemms():
 def test_a_model_record_is_predicted_as_the_whole_step():
     rec = _model_record()
     (row,) = validate.compare([rec], _times([rec]), rescale=False)
-    assert row["kind"] == "model"
+    assert row["kind"] == "model" and row["method"] == "burst+zero"     # Burst and Burst+ZeRO: two rows
     parts = row["parts_s"]
     assert parts["head"] == pytest.approx(3 * GEMM, rel=1e-12)               # fused loss: 3 head GEMMs
     assert parts["mlp"] == pytest.approx(CFG.n_layers * 6 * GEMM, rel=1e-12)   # (2 fwd + 4 bwd) per layer
@@ -68,3 +68,4 @@ def test_cluster_report_reads_model_records(tmp_path):
     write_rows(d / "results.jsonl", [rec])
     (row,) = report("t_model", results_root=tmp_path)["rows"]
     assert row["t_comp_s"] == pytest.approx(1e9 / G / 1e9) and row["t_comp_from"] == "flops"
+    assert row["method"] == "burst+zero"

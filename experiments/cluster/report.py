@@ -42,6 +42,7 @@ from ..harness import results as R
 from ..harness.env import git_info
 from burst_impl.flops import attention_flops
 from ..harness.speedup import Speedup, speedup
+from ..perfmodel.emulated.cases import row_label
 from ..perfmodel.emulated.validate import validate_experiment
 
 NO_OVERLAP = "_no_overlap"
@@ -74,7 +75,7 @@ def _flops(r) -> float:
 
 def _rows(df) -> dict:
     ok = df[df["status"] == "ok"] if len(df) else df
-    return {(int(r["seqlen"]), r["method"]): r for _, r in ok.iterrows()}
+    return {(int(r["seqlen"]), row_label(r)): r for _, r in ok.iterrows()}
 
 
 def report(experiment: str, *, results_root: str | Path | None = None, compute_from: str | None = None,

@@ -27,6 +27,16 @@ from ..model_level import predict_model
 SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout", "mask")
 
 
+def row_label(rec) -> str:
+    """A record's row in the reports: its method, or a model-level table's row name (``variant``), with
+    "+zero" for FSDP2 (Burst and Burst+ZeRO are one method, two rows)."""
+    if rec.get("level") != "model":
+        return rec["method"]
+    variant = rec.get("variant")            # a pandas row holds NaN where a record has none
+    name = variant if isinstance(variant, str) and variant else rec["method"]
+    return name + ("+zero" if rec.get("zero") in (True,) else "")
+
+
 @dataclass(frozen=True)
 class Predicted:
     time_s: float
@@ -47,6 +57,7 @@ class AttentionCase:
     def __init__(self, rec):
         self.rec = rec
         self.method, self.mode, self.level = rec["method"], rec["mode"], rec["level"]
+        self.label = row_label(rec)
         self.shape = AttnShape(**{k: rec[k] for k in SHAPE_KEYS})
 
     def predict(self, hardware, costs) -> Predicted:

@@ -118,7 +118,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
                                                                    excess=excess))
         measured = float(c.rec["time_median_s"])
-        rows.append({"seqlen": c.shape.seqlen, "method": c.method, "world_size": c.shape.world_size,
+        rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
                      "case": " ".join(x for x in (c.shape.layout, c.shape.mask) if x), "kind": c.kind,
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
