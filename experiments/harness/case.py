@@ -79,7 +79,7 @@ class Case:
             else:                               # a spec-wide setup other than the default
                 base += (f".{self.loss}" if self.loss != "unfused" else "") + (
                     f".ck_{self.checkpoint}" if self.checkpoint != "none" else "")
-        if self.level == "inference" and self.mode == "decode":   # the row's merge, and q and placement if not 1 / rr
+        if self.level == "inference" and self.mode != "ttft":   # the row's merge, and q and placement if not 1 / rr
             base += "".join((f".{self.merge}" if self.merge else "", f".q{self.new_tokens}" * (self.new_tokens != 1),
                              f".{self.placement}" * (self.placement != "round_robin")))
         return f"{base}.{self.kernel}" if self.kernel else base

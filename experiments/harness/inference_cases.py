@@ -80,11 +80,12 @@ def inference_sweep(setup: InferenceSetup | None, sweep: dict, raw_sweep: dict, 
 
 
 def expand_rows(spec, mode: str) -> list[tuple[str, str | None]]:
-    """(method, merge) per row of ``mode``: the context-parallel method once per merge in decode, once (its
-    prefill and cache do not depend on the merge) in ttft and kv_capacity."""
+    """(method, merge) per row of ``mode``: the context-parallel method once per merge in decode and kv_capacity
+    (the heads row holds W_o and the MLP sharded, so more cache fits), once in ttft (its prefill does not
+    depend on the merge)."""
     out = []
     for m in spec.methods:
-        merges = spec.inference.merges if m == "burst" and mode == "decode" else (None,)
+        merges = spec.inference.merges if m == "burst" and mode != "ttft" else (None,)
         out += [(m, merge) for merge in merges]
     return out
 

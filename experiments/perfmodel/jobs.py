@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .model_figures import (SCALING_METHODS, SCALING_WORLD_SIZES, write_burstengine, write_model_spec,
                             write_spec_model_level)
+from .inference_records import write_inference_spec
 from .predict import write_experiment
 
 
@@ -47,6 +48,9 @@ def write_job(job: dict) -> tuple[list[str], int]:
         where = sorted({str(f.parent) for f in be if f.suffix == ".md"})
         return [f"BurstEngine scaling, whole model -> {where}"], len(be)
     spec = job["spec"]
+    if spec.measure.level == "inference":    # decode, TTFT, KV capacity (inference_records.py)
+        files = write_inference_spec(spec, hardware=job["hardware"], results_root=results, plots_root=plots)
+        return [f"{spec.name}: {len(spec.cases())} inference cases -> {files[-1].parent}"], len(files)
     if spec.measure.level == "model":        # a model-level spec: its whole-model steps (model_figures.py)
         files = write_model_spec(spec, hardware=job["hardware"], results_root=results, plots_root=plots,
                                  draw=job["draw"])
