@@ -156,6 +156,15 @@ def check_shape(cfg: ModelConfig, shape: AttnShape) -> None:
         raise ValueError(f"shape mask={shape.mask!r} is not model {cfg.name!r}'s mask={cfg.mask!r}")
 
 
+def shape_config(cfg: ModelConfig | str, shape: AttnShape) -> ModelConfig:
+    """The model (a config or its name) of a step on ``shape``, checked against it (``check_shape``), with the
+    shape's mask (a spec's mask axis): the attention schedule times each rank's live tiles of it on the shape's
+    layout, and the FLOPs count its area (``model_flops``)."""
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    check_shape(cfg, shape)
+    return dataclasses.replace(cfg, mask=shape.mask)
+
+
 def mlp_schedule(method: str, cfg: ModelConfig, shape: AttnShape, cost: CostModel, place: Placement,
                  mode: str) -> tuple[Schedule, dict, dict]:
     """One layer's MLP block (with its norms and residuals) on every rank: (schedule, sent, registry)."""
@@ -292,11 +301,7 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     if weights not in WEIGHTS or (weights == "tp") != tp:
         raise ValueError(f"weights={weights!r} with method {method!r}: tensor-parallel methods (tp_version set) hold "
                          "weights='tp', the others 'replicated' or 'fsdp2'")
-    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
-    check_shape(cfg, shape)
-    # the step's mask is the shape's (a spec's mask axis): the attention schedule times each rank's live tiles
-    # of it on the shape's layout, and the FLOPs count its area (model_flops)
-    cfg = dataclasses.replace(cfg, mask=shape.mask)
+    cfg = shape_config(cfg, shape)
     attn = predict_case(method, shape, mode=mode, level="layer", hardware=hardware, options=options, costs=costs)
     hw = attn.hardware
     # the profile's one cost model, as the layer's prediction used (or the caller's)
