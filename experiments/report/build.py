@@ -8,6 +8,7 @@ from ..harness.env import git_info
 from .claims_section import claims_section
 from .context import Context
 from .doc import Doc, Link, Para, Table
+from .inference_section import inference_section
 from .intervals import intervals_section
 from .model_section import model_section
 from .render_html import render_html
@@ -34,6 +35,7 @@ def build_doc(ctx: Context) -> Doc:
     for t in ctx.tables.values():
         doc.add(*table_section(ctx, t))
     doc.add(*sparse_training_section(ctx))          # no paper table: its values are not transcribed
+    doc.add(*inference_section(ctx))                # issue 36: beyond the papers, no paper table
     doc.add(*model_section(ctx), *intervals_section(ctx))
     return doc
 
