@@ -28,13 +28,15 @@ SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", 
 
 
 def row_label(rec) -> str:
-    """A record's row in the reports: its method, or a model-level table's row name (``variant``), with
-    "+zero" for FSDP2 (Burst and Burst+ZeRO are one method, two rows)."""
+    """A record's row in the reports: its method, or a model-level table's row name (``variant``: the
+    main table's, the ablation's, each with its one ZeRO setting), else the method with "+zero" for
+    FSDP2 (Fig. 3's Burst and Burst+ZeRO are one method, two rows)."""
     if rec.get("level") != "model":
         return rec["method"]
     variant = rec.get("variant")            # a pandas row holds NaN where a record has none
-    name = variant if isinstance(variant, str) and variant else rec["method"]
-    return name + ("+zero" if rec.get("zero") in (True,) else "")
+    if isinstance(variant, str) and variant:
+        return variant
+    return rec["method"] + ("+zero" if rec.get("zero") in (True,) else "")
 
 
 @dataclass(frozen=True)

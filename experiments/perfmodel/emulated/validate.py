@@ -129,8 +129,13 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 
 
+def _width(rows: list[dict]) -> int:
+    return max([12] + [len(r["method"]) for r in rows])
+
+
 def error_table(rows: list[dict], target: float = TARGET) -> dict:
     """Text table and verdict: is |error| <= target for every method at the two largest N?"""
+    w = _width(rows)
     ns = sorted({r["seqlen"] for r in rows})
     top = ns[-2:]
     judged = [r for r in rows if r["seqlen"] in top]
@@ -139,7 +144,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     lines = ["performance model (experiments.perfmodel) vs measured, this machine as emulated: compute from "
              "kernel times measured here at the schedules' block shapes (x load = the run's calibration time / "
              "the table's for the same work), links at the shaped per-rank rates",
-             f"{'N':>6} {'method':<12} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
+             f"{'N':>6} {'method':<{w}} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
     # a spec sweeping layouts or masks (cpu_sparse_masks) has several rows per (N, method): say which
     cases = len({r.get("case", "") for r in rows}) > 1
@@ -148,7 +153,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     for r in rows:
         flag = "" if r["seqlen"] not in top else ("  ok" if abs(r["error"]) <= target else "  OUT")
         flag += f"  {r.get('case', '')}" if cases else ""
-        lines.append(f"{r['seqlen']:>6} {r['method']:<12} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} "
+        lines.append(f"{r['seqlen']:>6} {r['method']:<{w}} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} "
                      f"{r['ratio']:9.2f} {r['error']:+7.1%} {r['critical_comm_s']:12.3f} {r['load_scale']:5.2f}{flag}")
     lines += parts_lines(rows)
     n_txt = ", ".join(str(n) for n in top) or "-"
@@ -167,7 +172,7 @@ def parts_lines(rows: list[dict]) -> list[str]:
            "beyond the gradient all-reduce it is timed as, the optimizer step, the embedding, the loss's "
            "elementwise work), predicted seconds by part:"]
     for r in model:
-        out.append(f"{r['seqlen']:>6} {r['method']:<12} " + ", ".join(
+        out.append(f"{r['seqlen']:>6} {r['method']:<{_width(rows)}} " + ", ".join(
             f"{k} {v:.3f}" for k, v in r["parts_s"].items() if v))
     return out
 
