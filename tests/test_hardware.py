@@ -16,6 +16,8 @@ def test_every_profile_loads_with_sources(name):
     hw = load_hardware(name)
     assert hw.accelerator.source and hw.intra.source
     assert hw.inter is not None or hw.nodes == 1
+    assert hw.inter is None or hw.inter.source         # every link's constants say where they come from
+    # memory constants (experiments/hardware/memory/memory_terms.yaml): tests/test_memory_terms.py
     # efficiency is interpolated between the table's points and clamped outside them
     pts = hw.accelerator.attn_efficiency
     assert hw.accelerator.efficiency(1) == pts[0][1] and hw.accelerator.efficiency(1 << 30) == pts[-1][1]

@@ -268,7 +268,9 @@ def test_ring_rsa_runs_out_of_memory_where_burst_fits():
     s = shape(32, 1 << 20, Z=40, causal=True, layout="zigzag")
     rsa = predict_case("ring_rsa", s, mode="fwd_bwd", level="op", hardware="a800_ib_4x8")
     burst = predict_case("burst", s, mode="fwd_bwd", level="op", hardware="a800_ib_4x8")
-    assert rsa.status == "oom" and "exceeds the 80 GiB" in rsa.reason
+    # the device's usable memory (experiments/perfmodel/usable_memory.py): 79.33 GiB reported, less the
+    # CUDA context and NCCL's buffers
+    assert rsa.status == "oom" and "exceeds the 79.0 GiB usable on NVIDIA A800 80GB SXM" in rsa.reason
     assert burst.status == "ok" and burst.memory["total_bytes"] < 80 * 2**30
     # the probabilities (B, Z, N/G, N) dominate ring_rsa's memory model
     assert rsa.memory["kept_bytes"] >= 40 * (1 << 15) * (1 << 20) * 2

@@ -39,14 +39,21 @@ H hidden, F FFN width, Z/Zkv heads of d, V vocabulary, L layers, P params:
   factors' gradients (3F) are live while the product itself (F) has been
   released with the w2 node: a net 2F + H per token above its activations.
 
-The step's peak is the largest of three moments: the start of the backward
-(all kept activations, the loss's backward buffers, the head's gradient), the
-backward of block 0 under a checkpoint mode (every block's gradients, block
-0's recomputed activations, the cached attention outputs of block 0), and,
-with replicated weights at G > 1, the gradient all-reduce
-(``parallel.sync_grads``): every gradient, plus each flat bucket twice, its
-gradients concatenated and the copy the all-reduce runs on (2 x the largest
-bucket). At G > 1 the attention is the registry method's layer
+The step's peak is the largest of its moments (``_moments``), each in a phase
+(``PHASES``: forward, loss, backward): the end of the loss's forward and the
+start of the backward (all kept activations, the loss's buffers, the head's
+gradient), the backward of block 0 under a checkpoint mode (every block's
+gradients, block 0's recomputed activations, the cached attention outputs of
+block 0), the first backward block's SwiGLU moment, and, with replicated
+weights at G > 1, the gradient all-reduce (``parallel.sync_grads``): every
+gradient, plus each flat bucket twice, its gradients concatenated and the copy
+the all-reduce runs on (2 x the largest bucket). Given an attention's transient
+buffers (``AttentionTerms``: the performance model passes its schedules' or a
+peer implementation's), three more: the last block's attention forward, the
+first backward block's attention forward again (full: all of it; seq: the
+first half), and its attention backward (its MLP half released, the MLP's
+gradients made). ``phases`` keeps the moments of the phases a harness
+measures. At G > 1 the attention is the registry method's layer
 (``Method.layer_memory``: Ulysses' output projection keeps the
 output all-to-all's result besides the head-sharded O), and ``seq``/``whole``
 count as ``full`` for methods that cannot cache (O, lse)
@@ -57,25 +64,25 @@ Checked against measurement (tests/test_step_memory.py, the CPU peak of
 process; and every rank of G = 2 and 3 for ``burst`` and ``ulysses`` (zigzag,
 fused loss), where the measured peak is the all-reduce moment (3 P e to the
 byte for one bucket) or the start of the backward, as modelled; so is the
-CPU ablation mirror's peak at G = 4 (measured: docs/findings.md, training memory).
+CPU ablation mirror's peak at G = 4 (measured: docs/findings.md, training memory);
+and, with a narrow MLP (F = H/3), the attention backward's moment with the ring
+schedule's buffers, where the measured peak is (without them the model is below it).
 
-Not counted: the CUDA context, allocator fragmentation, the tokens and labels
-(int64, B N each), and communication buffers that were not at the peak of
-the tested shapes: the rings' blocks in flight and their fp32 gradient
-accumulators (live during a block's attention backward, after its MLP has
-freed 3H + 4F per token: below the SwiGLU backward's moment at F = 2.7 H in
-fp32, not at F = H/3 (measured: docs/findings.md, training memory); bf16 with
-fp32 accumulators narrows the margin too), the
-all-to-all buffers of Ulysses, the ring forward's fp32 running output; and
-gloo's or NCCL's own staging, which is allocated outside torch's allocator
-(neither measured by the profiler nor by ``max_memory_allocated``). Not
-checked against measurement: FSDP2 (``gathered``), ``weights="tp"``, bf16, and the optimizer
-step's temporaries (not modelled; the mirror's step includes them, and its
-peak is still the all-reduce moment).
+Not counted: the CUDA context, NCCL's buffers and allocator fragmentation (the
+performance model's usable memory subtracts the first two,
+experiments/perfmodel/usable_memory.py), the tokens and labels (int64, B N
+each), and, without ``AttentionTerms``, the attention's communication buffers
+(the rings' blocks in flight, their gradient accumulators, Ulysses' all-to-all
+buffers, the ring forward's fp32 running output); gloo's or NCCL's own staging
+is allocated outside torch's allocator (neither measured by the profiler nor by
+``max_memory_allocated``). Not checked against measurement: FSDP2
+(``gathered``), ``weights="tp"``, bf16, ``resident``/``loss_bytes`` (a peer's,
+from its source), and the optimizer step's temporaries (not modelled; the
+mirror's step includes them, and its peak is still the all-reduce moment).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -91,6 +98,36 @@ from .sequence_parallel import attn_shape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 WEIGHTS = ("replicated", "fsdp2", "tp")
+# The step's phases as a training harness marks them: the model's forward, the loss (its forward), the
+# backward (loss backward included); the optimizer step is not modelled. ``step_memory(phases=...)`` takes
+# the peak over the moments of the phases a harness measures (the suite's: all; the BurstEngine authors'
+# harness: forward and backward, docs/memory.md "What the papers' memory columns measure").
+PHASES = ("forward", "loss", "backward")
+
+
+@dataclass(frozen=True)
+class AttentionTerms:
+    """One layer's attention per rank as an implementation holds it (bytes), for ``step_memory``: what it
+    keeps for the backward besides the layer input x (q, k, v, O, lse and any copies), and the largest
+    transient set of its forward and of its backward (blocks in flight, accumulators, kernel buffers).
+    ``kept`` None: the registry method's own kept bytes (the suite's implementation, whose transient
+    buffers the performance model's schedules declare, experiments/perfmodel/model_level.py). None in
+    ``step_memory``: the registry method's kept bytes and no transient term (the CPU tests' model)."""
+
+    kept: int | None = None
+    forward: int = 0
+    backward: int = 0
+
+
+@dataclass(frozen=True)
+class Resident:
+    """Model state per rank on the device where an implementation keeps it otherwise than ``weights``
+    says (bytes): parameters, gradients, optimizer state, and what one block gathers while it runs."""
+
+    weights: int
+    grads: int
+    optimizer: int
+    gathered: int
 
 
 @dataclass(frozen=True)
@@ -109,6 +146,8 @@ class StepMemory:
     resident_bytes: int     # weights + optimizer
     step_peak_bytes: int    # the step's peak above ``resident_bytes``
     total_bytes: int
+    moments: dict = field(default_factory=dict)   # {moment: bytes above resident} of the measured phases
+    peak_moment: str = ""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -170,49 +209,92 @@ def _attention_bytes(method: Method | None, shape, tokens: int, hidden: int, e: 
 
 @dataclass(frozen=True)
 class _Parts:
-    """One block's and the head's pieces of a step (bytes per rank), for ``_peak``."""
+    """One block's and the head's pieces of a step (bytes per rank), for ``_moments``."""
 
     per_block: int        # a block's kept activations without checkpointing
     inputs_block: int     # a checkpointed block's input
     cache_block: int      # seq/whole: its cached O and lse
     head_act: int
     head_grad: int
-    logits: int
+    logits: int           # the loss's buffers at the end of its forward
     block_temp: int
     block_grads: int
     gathered: int
+    logits_backward: int = -1    # the loss's buffers at the start of its backward (-1: as ``logits``)
+    attn_kept: int = 0           # the attention's kept bytes (in ``per_block``)
+    attn_forward: int = 0        # AttentionTerms.forward / backward (0: not counted)
+    attn_backward: int = 0
+    mlp_block: int = 0           # the MLP half's kept activations (second norm 3H, SwiGLU 4F), in ``per_block``
+    mlp_grads: int = 0           # the MLP half's weight gradients (in ``block_grads``): all a block's gradients
+                                 # that exist when its attention's backward runs
+    norm_block: int = 0          # the attention half's norm (3H), in ``per_block``
+    token_grad: int = 0          # one (T, H) gradient: the incoming dX of a block's half
 
 
-def _peak(p: _Parts, layers: int, checkpoint: str) -> tuple[int, int, int]:
-    """(activations, recompute, peak over the step's three moments without the gradient sync)."""
+# seq re-runs the attention forward at N/2 (checkpoint.py): its forward transients at half the rows
+RECOMPUTED = {"full": 1.0, "seq": 0.5}
+
+
+def _moments(p: _Parts, layers: int, checkpoint: str) -> tuple[int, int, dict]:
+    """(activations, recompute, {moment: (phase, bytes above the resident state)}) of a step.
+
+    * ``loss_forward`` (loss): every block's kept activations, the head's, the loss's forward buffers;
+    * ``backward_start`` (backward): the same with the loss's backward buffers;
+    * ``block0`` (backward): every block's gradients, block 0's activations (recomputed under a
+      checkpoint mode, whose cache it consumes), the SwiGLU backward's temporaries;
+    * ``block_last`` (backward): the first block of the backward at its SwiGLU moment;
+    * with ``AttentionTerms`` (``attn_forward``/``attn_backward`` set): ``attention_forward`` (forward):
+      the last block's attention at its forward peak, the blocks before it kept; ``recompute_forward``
+      (backward, full/seq): the first backward block re-running its attention forward; and
+      ``attention_backward`` (backward): that block's attention backward, its MLP half released.
+      The attention part live at a forward moment is its norm and its kept bytes (an upper bound: O's
+      copies are not there yet)."""
     if checkpoint == "none":
         activations, recompute = layers * p.per_block, 0
+        before = (layers - 1) * p.per_block                     # blocks kept before the last one
+        kept = activations                                      # live while the last block's backward runs
     else:
         activations, recompute = layers * (p.inputs_block + p.cache_block), p.per_block
-    # Moment 1: the loss's backward, every block's kept activations live.
-    start = activations + p.head_act + p.logits + p.head_grad + p.gathered
-    # Moment 2: block 0's backward: every block's gradients, block 0's activations (recomputed under
-    # a checkpoint mode, whose cache it consumes), the block's temporaries.
-    block0 = (layers * p.block_grads + p.head_grad
-              + (p.per_block if checkpoint == "none" else p.inputs_block + recompute)
-              + p.block_temp + p.gathered)
-    # With no checkpointing the first moment's activations are all still live while block L-1 runs.
-    kept = activations if checkpoint == "none" else activations - p.cache_block + recompute
-    block_last = kept + p.head_grad + p.block_grads + p.block_temp + p.gathered
-    return activations, recompute, max(start, block0, block_last)
+        before = (layers - 1) * (p.inputs_block + p.cache_block)
+        kept = activations - p.cache_block + recompute
+    lb = p.logits if p.logits_backward < 0 else p.logits_backward
+    grads = p.head_grad + p.block_grads + p.gathered
+    m = {"loss_forward": ("loss", activations + p.head_act + p.logits + p.head_grad + p.gathered),
+         "backward_start": ("backward", activations + p.head_act + lb + p.head_grad + p.gathered),
+         "block0": ("backward", layers * p.block_grads + p.head_grad + p.block_temp + p.gathered
+                    + (p.per_block if checkpoint == "none" else p.inputs_block + recompute)),
+         "block_last": ("backward", kept + grads + p.block_temp)}
+    if p.attn_forward or p.attn_backward:
+        live_attn = p.norm_block + p.attn_kept
+        m["attention_forward"] = ("forward", before + p.inputs_block + live_attn + p.attn_forward + p.gathered)
+        if checkpoint in RECOMPUTED:
+            m["recompute_forward"] = ("backward", activations - p.cache_block + live_attn
+                                      + int(RECOMPUTED[checkpoint] * p.attn_forward) + grads)
+        m["attention_backward"] = ("backward", kept - p.mlp_block + p.token_grad + p.attn_backward
+                                   + p.head_grad + p.mlp_grads + p.gathered)
+    return activations, recompute, m
 
 
 def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 1, method: Method | None = None,
                 layout: str = "zigzag", dtype: str = "float32", weights: str = "replicated",
                 checkpoint: str | None = None, loss: str | None = None,
                 loss_chunks: tuple[int, int] | None = None, loss_device: str = "cpu",
-                optimizer: bool = True) -> StepMemory:
+                optimizer: bool = True, attention: AttentionTerms | None = None, resident: Resident | None = None,
+                loss_bytes: tuple[int, int] | None = None, phases: tuple[str, ...] = PHASES) -> StepMemory:
     """Bytes per rank of one training step of ``cfg`` (its ``checkpoint`` and ``loss`` unless given).
     ``method``: the attention method (a ``burst_impl.method.Method``; None: one device, the fused
-    kernels). ``loss_chunks``, ``loss_device``: the fused loss's tiles (``logits_bytes``)."""
+    kernels). ``loss_chunks``, ``loss_device``: the fused loss's tiles (``logits_bytes``).
+
+    An implementation other than the suite's (experiments/perfmodel/peer_memory.py) passes what it
+    holds differently: ``attention`` (its kept and transient attention bytes), ``resident`` (its
+    parameters, gradients, optimizer state and gathered block on the device), ``loss_bytes`` (its
+    loss's buffers at the end of the loss's forward and at the start of its backward), and ``phases``,
+    those its harness measures (``PHASES``): the peak is over the moments of those phases."""
     checkpoint = check_mode(cfg.checkpoint if checkpoint is None else checkpoint)
     loss = cfg.loss if loss is None else loss
     _check_args(batch, seqlen, world_size, weights)
+    if not phases or set(phases) - set(PHASES):
+        raise ValueError(f"phases={phases!r} must be a non-empty subset of {PHASES}")
     e, G = _elem(dtype), world_size
     T = batch * seqlen // G
     H, F = cfg.hidden, cfg.ffn_hidden
@@ -225,29 +307,44 @@ def step_memory(cfg: ModelConfig, *, batch: int, seqlen: int, world_size: int = 
     # seq/whole cache (O, lse) through the BurstAttention operator's backward only; blocks of other
     # methods (Ulysses, USP, ...) are checkpointed as full (checkpoint.effective_mode).
     checkpoint = method_mode(method, checkpoint) if method is not None else checkpoint
-    attn = _attention_bytes(method, shape, T, H, e)
+    attn = _attention_bytes(method, shape, T, H, e) if attention is None or attention.kept is None else attention.kept
     cached_rows = {"seq": T - T // 2, "whole": T}.get(checkpoint, 0)
+    logits = logits_bytes(cfg, T, e, loss, loss_chunks, loss_device)
     # the final norm's saved tensors: its input and normalised x, and the weighted output, which the loss
     # keeps for its backward; the fused loss's training path does not keep it, but it is live until the end
     # of the loss's forward, the moment the fused loss's buffers peak (measured: docs/findings.md)
     parts = _Parts(per_block=T * (6 * H + 4 * F) * e + attn, inputs_block=T * H * e,
                    cache_block=cached_rows * (cfg.n_heads * cfg.head_dim * e + 4 * cfg.n_heads),
                    head_act=3 * T * H * e, head_grad=cfg.vocab_size * H * e,
-                   logits=logits_bytes(cfg, T, e, loss, loss_chunks, loss_device),
-                   block_temp=T * (2 * F + H) * e, block_grads=layer_params(cfg) * e // shard, gathered=gathered)
+                   logits=logits if loss_bytes is None else loss_bytes[0],
+                   logits_backward=-1 if loss_bytes is None else loss_bytes[1],
+                   block_temp=T * (2 * F + H) * e, block_grads=layer_params(cfg) * e // shard, gathered=gathered,
+                   attn_kept=attn, attn_forward=attention.forward if attention else 0,
+                   attn_backward=attention.backward if attention else 0,
+                   mlp_block=T * (3 * H + 4 * F) * e, norm_block=3 * T * H * e, token_grad=T * H * e,
+                   mlp_grads=(3 * H * F + H) * e // shard)
     if weights == "tp":   # Megatron tensor parallelism: other token counts and widths per rank
         parts = _tensor_parallel(cfg, batch, seqlen, G, e, method, attn, loss, loss_chunks, loss_device, parts)
-    activations, recompute, peak = _peak(parts, cfg.n_layers, checkpoint)
+    grads, held = w, 0           # the suite's gradients appear during the backward (block_grads, head_grad)
+    if resident is not None:     # an implementation's: allocated before the step, like its weights
+        w, opt, grads, held = resident.weights, resident.optimizer, resident.grads, resident.grads
+        parts = replace(parts, gathered=resident.gathered, block_grads=0, head_grad=0, mlp_grads=0)
+    activations, recompute, moments = _moments(parts, cfg.n_layers, checkpoint)
     # Moment 3 (replicated weights, G > 1): the gradient all-reduce (parallel.sync_grads), every gradient
     # live. Each bucket is held twice: its gradients concatenated (torch.cat) and the copy the all-reduce
     # runs on (collectives.all_reduce_ clones its input and returns the copy): 2 x the largest bucket
     # (parallel.bucket_sizes: at most BUCKET_BYTES, or one larger gradient).
     bucket = max(bucket_sizes([n * e for n in param_numels(cfg)])) if weights == "replicated" and G > 1 else 0
-    peak = max(peak, w + 2 * bucket)
-    return StepMemory(weights=w, optimizer=opt, grads=w, activations=activations, recompute=recompute,
+    if bucket and resident is None:
+        moments["grad_sync"] = ("backward", w + 2 * bucket)
+    measured = {k: b for k, (ph, b) in moments.items() if ph in phases}
+    peak_moment = max(measured, key=measured.get)
+    peak = measured[peak_moment]
+    return StepMemory(weights=w, optimizer=opt, grads=grads, activations=activations, recompute=recompute,
                       cache=cfg.n_layers * parts.cache_block, logits=parts.logits, attention=attn,
-                      block_temp=parts.block_temp, gathered=gathered, grad_sync=2 * bucket, resident_bytes=w + opt,
-                      step_peak_bytes=peak, total_bytes=w + opt + peak)
+                      block_temp=parts.block_temp, gathered=parts.gathered, grad_sync=2 * bucket,
+                      resident_bytes=w + opt + held, step_peak_bytes=peak, total_bytes=w + opt + held + peak,
+                      moments=measured, peak_moment=peak_moment)
 
 
 def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, method: Method | None, attn: int,
@@ -287,5 +384,6 @@ def _tensor_parallel(cfg: ModelConfig, batch: int, seqlen: int, G: int, e: int, 
     per_block = (held * 6 * H + n * 4 * F) * e + attn - regather
     logits = logits_bytes(replace(cfg, vocab_size=V), n, e, loss, loss_chunks, loss_device)
     return replace(parts, per_block=per_block, inputs_block=held * H * e, cache_block=0, head_act=3 * held * H * e,
-                   head_grad=V * H * e, logits=logits, block_temp=n * (2 * F + H) * e + regather)
+                   head_grad=V * H * e, logits=logits, block_temp=n * (2 * F + H) * e + regather, attn_kept=attn,
+                   mlp_block=(held * 3 * H + n * 4 * F) * e, norm_block=held * 3 * H * e, token_grad=held * H * e)
 

@@ -14,13 +14,24 @@
 * transient: the buffers the schedule builders declare (blocks in flight, fp32
   accumulators, materialised scores, gathered tensors), per phase.
 
-Not counted (attention level, one layer): the other layers' weights and
-activations, optimizer state, the CUDA context and allocator fragmentation.
+Capacity: the device's usable memory (``usable_memory.capacity``: the total the CUDA runtime reports,
+less the CUDA context and NCCL's buffers, each sourced) where the accelerator has a sourced total,
+else the profile's ``hbm_gib``. Not counted (attention level, one layer): the other layers' weights and
+activations, optimizer state and allocator fragmentation.
 So "fits" means the layer alone fits; "OOM" means it cannot fit at all.
+
+A spec row that ran a peer implementation (``peer_memory.RUNS``: BurstEngine's attention-only benchmark)
+takes its kept and transient bytes from that implementation's terms instead (``implementation_memory``):
+one formula per record, the implementation it names.
 """
 from __future__ import annotations
 
-from baselines import AttnShape, Method
+import dataclasses
+
+from baselines import AttnShape, Method, get
+
+from .peer_memory import implementation_of
+from .usable_memory import Comms, capacity as usable
 
 GIB = 2 ** 30
 
@@ -45,24 +56,67 @@ def _inputs(method: Method, shape: AttnShape, phases, level: str) -> int:
     return x + weights + ((2 * x + weights) if train else 0)
 
 
-def peak_memory(method: Method, shape: AttnShape, *, phases, level: str, transient: dict, hbm_gib: float,
-                options: dict | None = None) -> dict:
-    """Peak bytes per rank by component, and the verdict against ``hbm_gib``."""
-    inputs = _inputs(method, shape, phases, level)
-    kept = int(method.memory(shape, **(options or {})))
-    per_phase = {p: sum(transient.get(p, {}).values()) for p in phases}
+def _verdict(inputs: int, kept: int, per_phase: dict, buffers: dict, cap: dict, **extra) -> dict:
     worst = max(per_phase, key=per_phase.get) if per_phase else None
     trans = per_phase.get(worst, 0) if worst else 0
     total = inputs + kept + trans
-    capacity = int(hbm_gib * GIB)
     return {
         "inputs_bytes": inputs,
         "kept_bytes": kept,
         "transient_bytes": trans,
         "transient_phase": worst,
-        "transient_buffers": dict(transient.get(worst, {})) if worst else {},
+        "transient_buffers": dict(buffers.get(worst, {})) if worst else {},
+        "transient_by_phase": dict(per_phase),
         "total_bytes": total,
         "above_inputs_bytes": kept + trans,
-        "capacity_bytes": capacity,
-        "oom": total > capacity,
+        "capacity_bytes": cap["capacity_bytes"],
+        "capacity_parts": cap["parts"],
+        "capacity_basis": cap["basis"],
+        "oom": total > cap["capacity_bytes"],
+        **extra,
     }
+
+
+def _capacity(hbm_gib: float | None, accelerator, comms: Comms | None, intra_kind: str = "nvlink") -> dict:
+    if accelerator is not None:
+        return usable(accelerator, comms, intra_kind)
+    return {"capacity_bytes": int(hbm_gib * GIB), "parts": {"hbm_gib": int(hbm_gib * GIB)},
+            "basis": f"hbm_gib ({hbm_gib:g} GiB) as given"}
+
+
+def peak_memory(method: Method, shape: AttnShape, *, phases, level: str, transient: dict,
+                hbm_gib: float | None = None, options: dict | None = None, accelerator=None,
+                intra_kind: str = "nvlink") -> dict:
+    """Peak bytes per rank by component, and the verdict against the accelerator's usable memory
+    (``accelerator``, a hardware profile's ``Accelerator``) or ``hbm_gib``."""
+    inputs = _inputs(method, shape, phases, level)
+    kept = int(method.memory(shape, **(options or {})))
+    per_phase = {p: sum(transient.get(p, {}).values()) for p in phases}
+    return _verdict(inputs, kept, per_phase, transient, _capacity(hbm_gib, accelerator, None, intra_kind))
+
+
+def implementation_memory(impl, method: Method, shape: AttnShape, *, phases, level: str, accelerator,
+                          intra_kind: str = "nvlink") -> dict:
+    """``peak_memory``'s verdict with ``impl``'s terms (a ``peer_memory.Implementation``): its kept bytes, its
+    transient sets by phase, and usable memory less its own communicators' NCCL buffers. Inputs as every
+    method's (the benchmark's q, k, v, dO and their gradients)."""
+    terms = impl.attention(shape)
+    if terms is None or level != "op":
+        raise ValueError(f"implementation {impl.name!r} has no attention-level terms at level={level!r}")
+    buffers = {"forward": terms.forward, "backward": terms.backward}
+    per_phase = {p: sum(buffers[p].values()) for p in phases}
+    return _verdict(_inputs(method, shape, phases, level), sum(terms.kept.values()), per_phase, buffers,
+                    usable(accelerator, impl.comms, intra_kind), implementation=impl.name, terms=terms.as_dict(),
+                    method=f"modelled: {impl.description} (experiments/perfmodel/peer_memory.py), above inputs")
+
+
+def peer_prediction(experiment: str, case, pred):
+    """``pred`` (a ``model.Prediction`` of ``case`` in spec ``experiment``) with the memory of the peer
+    implementation its row ran (``peer_memory.RUNS``), else ``pred`` itself."""
+    impl = implementation_of(experiment, case.variant or case.method)
+    if impl is None or pred.level != "op":    # the peers' terms are the attention operator's (model level: its own)
+        return pred
+    mem = implementation_memory(impl, get(pred.base_method), pred.shape, level=pred.level,
+                                phases=tuple(pred.memory["transient_by_phase"]),
+                                accelerator=pred.hardware.accelerator, intra_kind=pred.hardware.intra.kind)
+    return dataclasses.replace(pred, memory=mem)

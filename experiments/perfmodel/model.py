@@ -45,8 +45,9 @@ ASSUMPTIONS = (
     # CostModel.host_s are reworded by `burst-bench migrate` (harness/migrate.py _REWORDED)
     "kernel launch and Python overheads not modelled on accelerators (no host term in the hardware cost model; "
     "only the emulated cluster's validation charges its CPU ranks' measured host work per op)",
-    "memory: inputs + the method's registry memory model + declared transient buffers, one layer; OOM "
-    "when over the accelerator's HBM",
+    "memory: inputs + the method's registry memory model + declared transient buffers, one layer (a peer "
+    "implementation's own terms where the spec's row ran one: peer_memory.RUNS); OOM when over the device's "
+    "usable memory (usable_memory: reported total - CUDA context - NCCL buffers; else the profile's HBM)",
 )
 
 
@@ -78,7 +79,7 @@ class Prediction:
         largest = (max(m['transient_buffers'].items(), key=lambda kv: kv[1])[0] if m['transient_buffers']
                    else 'kept activations')
         return (f"modelled peak {m['total_bytes'] / 2**30:.1f} GiB per rank exceeds the "
-                f"{m['capacity_bytes'] / 2**30:.0f} GiB of {self.hardware.accelerator.name} "
+                f"{m['capacity_bytes'] / 2**30:.1f} GiB usable on {self.hardware.accelerator.name} "
                 f"(largest: {largest})")
 
 
@@ -135,7 +136,7 @@ def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -
     ctx.check_consumed(method)
     sch = ctx.sch
     mem = peak_memory(m, shape, phases=ctx.phases, level=level, transient=ctx.transient,
-                      hbm_gib=hw.accelerator.hbm_gib, options=options)
+                      accelerator=hw.accelerator, intra_kind=hw.intra.kind, options=options)
     return Prediction(
         method=method, base_method=base, shape=shape, mode=mode, level=level, hardware=hw,
         time_s=sch.makespan, breakdown=sch.breakdown(), bytes_per_rank=sch.bytes_sent(),

@@ -37,6 +37,7 @@ from ..harness import record
 from ..harness.model_record import OFFLOAD
 from ..harness.spec import Case, Spec, load_spec, resolve_spec_path
 from .model_level import ASSUMPTIONS, SPEC_MODELS, SPEC_PREFILL_HEAD, model_record, predict_model, with_layer_level
+from .peer_memory import implementation_of
 from .predict import VARIANTS_FILE, _record, experiment_name, spec_hardware
 from .schedules import VARIANTS
 from .. import plots
@@ -55,9 +56,13 @@ def _records(exp: str, items, hw) -> list[dict]:
     """``items``: (case, model config, ``predict_model`` keywords, extra fields) -> model-level records."""
     out = []
     for case, cfg, kw, extra in items:
-        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, **kw)
+        # the peer implementation the spec's row ran (peer_memory.RUNS): its memory; None: the suite's own
+        impl = implementation_of(case.experiment, case.variant or case.method)
+        mp = predict_model(case.method, cfg, case.shape, mode=case.mode, hardware=hw, implementation=impl, **kw)
         rec = model_record(_record(case, mp.attention, exp), mp, exp)
         rec.update(extra)
+        if impl is not None and mp.mode == "fwd_bwd":
+            rec["offload"] = mp.memory["offload"]
         out.append(rec)
     return out
 

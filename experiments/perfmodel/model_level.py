@@ -41,10 +41,13 @@ Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
 * training: ``burst_impl.model.memory.step_memory`` (weights, AdamW state and gradients by
   ``weights``: "replicated", "fsdp2" (ZeRO-3) or "tp" (1/G of everything); activations by checkpoint
   mode; logits by ``loss``; the attention method's saved tensors) with the case's shape and the
-  registry base method; the effective checkpoint mode; the fused loss's CUDA tiles (``loss_device="cuda"``). Plus the
-  attention layer's transient buffers (the ring's blocks in flight, fp32 accumulators: the layer
-  model's worst phase), which ``step_memory`` does not count: an upper bound, since they are
-  added to the step's peak whichever moment that is;
+  registry base method; the effective checkpoint mode; the fused loss's CUDA tiles (``loss_device="cuda"``),
+  with the attention layer's transient buffers (the schedule's, per phase) placed at the step's
+  attention moments (its forward, its recompute, its backward: ``step_memory``'s moments);
+* training, a row a paper spec ran with a peer implementation (``peer_memory.RUNS``: BurstEngine's
+  main table and ablation, Fig. 3's headline rows): that implementation's attention terms, its
+  framework's state (optimizer offload, fp32 gradients, ZeRO-3 neighbours, ...), its loss's buffers
+  and the phases its harness measures (``peer_memory.peer_step``; docs/memory.md);
 * prefill: the weights (by ``weights``; FSDP2 adds one gathered block), the attention layer's
   modelled peak (``memory.peak_memory``: its input, its layer weights again, kept and transient
   buffers) and one layer's MLP activations on the local tokens (3H + 4F per token: the norm's
@@ -52,9 +55,10 @@ Memory per rank (``ModelPrediction.memory``), against the accelerator's HBM:
   server that goes on to decode) is not counted.
 
 A case is "oom" when the layer alone does not fit (``model.predict_case``) or when the whole
-model's total per rank exceeds ``hardware.accelerator.hbm_gib``; the reason names the total and
-the largest part. The CUDA context, allocator fragmentation and communication-library buffers are
-not counted (as in ``step_memory``).
+model's total per rank exceeds the device's usable memory (``usable_memory.capacity``: the total the
+CUDA runtime reports less the CUDA context and the implementation's NCCL buffers, each sourced; a
+device without a sourced total keeps ``hardware.accelerator.hbm_gib``); the reason names the total
+and the largest part. Allocator fragmentation is not counted (modelled: allocated, never reserved).
 
 Not modelled: the embedding lookup, the optimizer step, pipeline or data parallelism beyond the
 G ranks. FLOPs, TFLOP/s and MFU use the model's FLOP convention (``burst_impl.model.flops``:
@@ -70,11 +74,13 @@ from baselines import AttnShape, get
 from burst_impl.model.checkpoint import check_mode, method_mode
 from burst_impl.model.config import ModelConfig, get_config, layer_params, num_params
 from burst_impl.model.flops import model_flops
-from burst_impl.model.memory import WEIGHTS, step_memory
+from burst_impl.model.memory import WEIGHTS, AttentionTerms, step_memory
 
 from ..harness.record import Memory, Record
 from .costs import CostModel
 from .memory import GIB
+from .peer_memory import FRAMEWORKS, peer_step
+from .usable_memory import capacity as usable
 from .model import _cost_model, predict_case
 from .placement import Placement
 from .schedules import builder
@@ -120,12 +126,14 @@ ASSUMPTIONS = (
     "the tiles' elementwise work not timed; prefill: the last token, or every token a rank holds where the paper "
     "timed it so (SPEC_PREFILL_HEAD: BurstAttention Tables 2-3; TP-V1 all N, its head weight replicated)",
     "memory per rank: training = burst_impl.model.memory.step_memory (weights/optimizer/gradients by sharding, "
-    "activations by checkpoint mode, logits by loss mode) + the attention layer's transient buffers; prefill = "
-    "weights + the attention layer's modelled peak + one layer's MLP activations; OOM when over the HBM",
+    "activations by checkpoint mode, logits by loss mode, the attention layer's transient buffers at the step's "
+    "moments; a peer implementation's own terms, state and measured phases where the spec's row ran one: "
+    "peer_memory.RUNS); prefill = weights + the attention layer's modelled peak + one layer's MLP activations; "
+    "OOM when over the device's usable memory (usable_memory)",
     "burst_usp under checkpoint seq/whole: the cache's all-to-alls (q, k, v, O, lse to head shards again in the "
     "backward, the lse's own in the forward) as blocking all-to-alls with the registry's bytes",
-    "not modelled: embedding, optimizer step, KV cache in prefill, CUDA context, allocator fragmentation, "
-    "communication-library buffers",
+    "not modelled: embedding, optimizer step, KV cache in prefill, allocator fragmentation (memory is allocated, "
+    "not reserved)",
 )
 
 
@@ -245,22 +253,38 @@ def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: 
 
 
 def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: str, weights: str,
-                 checkpoint: str, loss: str) -> dict:
+                 checkpoint: str, loss: str, implementation=None) -> dict:
     """Bytes per rank of the whole model's step or prefill (module docstring, "Memory per rank").
 
     ``parts``: the components (they overlap in time, so the total is not their sum in training:
-    ``step_memory`` takes the largest of its moments); ``step``: ``step_memory``'s fields (training)."""
+    ``step_memory`` takes the largest of its moments); ``step``: ``step_memory``'s fields (training).
+    ``implementation``: a ``peer_memory.Implementation`` the row ran (its terms, state, loss and
+    measured phases: ``peer_memory.peer_step``), else the suite's own (the registry method's kept bytes
+    and its schedule's transient buffers, placed at the step's moments)."""
     G, b, e = shape.world_size, shape.batch, shape.elem_size
     layer = attn.memory
     common = dict(batch=b, seqlen=shape.seqlen, world_size=G, method=get(base), layout=shape.layout, dtype=shape.dtype,
                   weights=weights)
+    accelerator, peer = attn.hardware.accelerator, {}
     if mode == "fwd_bwd":
-        sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_device="cuda", **common)
-        transient = layer["transient_bytes"]
+        if implementation is None:
+            phase = layer.get("transient_by_phase", {})
+            terms = AttentionTerms(forward=phase.get("forward", 0), backward=phase.get("backward", 0))
+            sm = step_memory(cfg, checkpoint=checkpoint, loss=loss, loss_device="cuda", attention=terms, **common)
+        else:
+            sm, state = peer_step(implementation, cfg, shape, base=get(base), weights=weights, checkpoint=checkpoint,
+                                  loss=loss)
+            peer_terms = implementation.attention(shape)
+            terms = peer_terms.attention() if peer_terms is not None else AttentionTerms()
+            peer = {"implementation": implementation.name, "offload": state.offload, "host_bytes": state.host_bytes,
+                    "pcie_bytes_per_step": state.pcie_bytes_per_step,
+                    "measured": FRAMEWORKS[implementation.framework].measured,
+                    "attention_terms": peer_terms.as_dict() if peer_terms is not None else None}
+        # the parts overlap in time: the total is step_memory's largest moment (``step``: its moments)
         parts = {"weights": sm.weights, "optimizer": sm.optimizer, "grads": sm.grads, "activations": sm.activations,
                  "recompute": sm.recompute, "logits": sm.logits, "gathered": sm.gathered,
-                 "attention_transient": transient}
-        resident, total, step = sm.resident_bytes, sm.total_bytes + transient, sm.as_dict()
+                 "attention_transient": max(terms.forward, terms.backward)}
+        resident, total, step = sm.resident_bytes, sm.total_bytes, sm.as_dict()
     else:
         checkpoint = loss = None
         sm = step_memory(cfg, checkpoint="none", loss="unfused", optimizer=False, **common)
@@ -271,15 +295,16 @@ def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: s
                  "attention_layer": layer["total_bytes"],
                  "mlp_activations": tokens * (3 * cfg.hidden + 4 * ffn) * e}
         resident, total, step = sm.weights, sum(parts.values()), None
-    capacity = int(attn.hardware.accelerator.hbm_gib * GIB)
-    return {"total_bytes": total, "resident_bytes": resident, "capacity_bytes": capacity, "oom": total > capacity,
+    cap = usable(accelerator, implementation.comms if implementation is not None else None, attn.hardware.intra.kind)
+    return {"total_bytes": total, "resident_bytes": resident, "capacity_bytes": cap["capacity_bytes"],
+            "capacity_parts": cap["parts"], "capacity_basis": cap["basis"], "oom": total > cap["capacity_bytes"],
             "layer_oom": bool(layer["oom"]), "parts": parts, "largest": max(parts, key=parts.get),
-            "weights": weights, "checkpoint": checkpoint, "loss": loss, "step": step}
+            "weights": weights, "checkpoint": checkpoint, "loss": loss, "step": step, **peer}
 
 
 def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode: str, hardware,
                   checkpoint: str = "none", options: dict | None = None, weights: str | None = None,
-                  loss: str = "unfused", costs=None, head: str = "last") -> ModelPrediction:
+                  loss: str = "unfused", costs=None, head: str = "last", implementation=None) -> ModelPrediction:
     """One training step (``mode="fwd_bwd"``) or prefill (``"forward"``) of the whole model.
 
     ``weights``: "replicated" (the BurstAttention paper's runs), "fsdp2" (ZeRO-3 over the G ranks,
@@ -289,7 +314,9 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     "full", "seq" or "whole" (training; a method that cannot cache runs "seq"/"whole" as "full").
     ``costs(hw, dtype) -> CostModel`` replaces the profile's cost model everywhere in the step
     (``emulated.costs.EmulatedCosts``: the emulated cluster's validation, ``emulated/validate.py``).
-    ``head``: prefill's LM head on the "last" token or on every "local" one (``PREFILL_HEADS``)."""
+    ``head``: prefill's LM head on the "last" token or on every "local" one (``PREFILL_HEADS``).
+    ``implementation``: the peer implementation the row ran (``peer_memory.implementation_of``): its memory
+    (``model_memory``); the time is the suite's schedule either way."""
     if mode not in ("forward", "fwd_bwd"):
         raise ValueError(f"mode={mode!r}: a model step is 'forward' (prefill) or 'fwd_bwd' (training)")
     if loss not in HEAD_GEMMS:
@@ -344,7 +371,8 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]
                 + cache.breakdown()["critical_comm_s"]) + sync
     flops = model_flops(cfg, b, shape.seqlen, mode="train" if train else "prefill", causal=shape.causal)["total"]
-    mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, checkpoint=checkpoint, loss=loss)
+    mem = model_memory(base, cfg, shape, attn, mode=mode, weights=weights, checkpoint=checkpoint, loss=loss,
+                       implementation=implementation if train else None)
     status, reason = attn.status, attn.reason
     if mem["oom"]:
         what = (f"modelled whole-model memory {mem['total_bytes'] / GIB:.1f} GiB per rank exceeds the "

@@ -31,6 +31,7 @@ from ..harness.env import REPO
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from ..harness.spec import Case, Spec
 from .model import ASSUMPTIONS, Prediction, predict_case
+from .memory import peer_prediction
 from .placement import Placement
 from .schedules import VARIANTS
 from ..harness.env import repo_relative
@@ -118,7 +119,7 @@ def _record(case: Case, pred: Prediction, experiment: str, *, variant_of: str | 
         "tokens_per_s": tokens_per_s(s.batch, s.seqlen, t) if t else None,
         "mem_peak_bytes": pred.memory["above_inputs_bytes"],
         "mem_model_bytes": pred.memory["kept_bytes"],
-        "mem_method": "modelled: registry memory model + transient buffers (above inputs)",
+        "mem_method": pred.memory.get("method", "modelled: registry memory model + transient buffers (above inputs)"),
         "mem_measured_over": "modelled " + ("forward" if case.mode == "forward" else "forward + backward"),
         "comm_fwd_bytes": phase_max["forward"],
         "comm_bwd_bytes": phase_max["backward"] if case.mode != "forward" else None,
@@ -148,7 +149,8 @@ def predict_spec(spec: Spec, hardware: str | None = None, *, variants: bool = Tr
     exp = experiment_name(spec, hw, hardware)
     records, extra = [], []
     for case in spec.cases():
-        pred = predict_case(case.method, case.shape, mode=case.mode, level=case.level, hardware=hw)
+        pred = peer_prediction(spec.name, case, predict_case(case.method, case.shape, mode=case.mode,
+                                                             level=case.level, hardware=hw))
         records.append(_record(case, pred, exp))
         if variants:
             for name, (base, _, _) in VARIANTS.items():

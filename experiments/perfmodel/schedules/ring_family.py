@@ -149,7 +149,9 @@ def ring_backward(ctx: Ctx, rings: list[list[int]], ready: dict, *, local: int, 
     per_send = sum(hop.values()) // max(1, n - 1)
     per_acc = sum(acc.values()) // max(1, n - (1 if acc_sends == "n-1" else 0))
     ctx.buffer("backward", "circulating blocks in flight (double buffer)", 2 * per_send)
-    ctx.buffer("backward", "accumulators: own, outgoing, incoming", 3 * per_acc)
+    # the rank's own accumulator is among the home gradients below (counted once: measured on CPU,
+    # tests/test_step_memory.py, the attention-backward moment)
+    ctx.buffer("backward", "accumulators: outgoing, incoming", 2 * per_acc)
     ctx.buffer("backward", "fp32 home gradients and block gradients",
                2 * b * local * (heads + 2 * kv_heads) * d * FP32)
     if materialised:
