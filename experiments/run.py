@@ -115,8 +115,18 @@ def _calibration_shape(preset: Preset, batches, profile_name: str) -> Calibratio
     cases = [c for (name, _), cs in batches.items() if preset.spec(name).cluster == profile_name for c in cs]
     if not cases:
         return None
-    c = max(cases, key=lambda c: (c.seqlen // c.world_size, c.heads * c.head_dim))
-    return CalibrationShape(tokens=c.seqlen // c.world_size, heads=c.heads, head_dim=c.head_dim, dtype=c.dtype)
+    c = max(cases, key=lambda c: (_block(c), c.heads * c.head_dim))
+    return CalibrationShape(tokens=_block(c), heads=c.heads, head_dim=c.head_dim, dtype=c.dtype)
+
+
+# An inference case computes no N/G x N/G block (decode: a few queries over the cache): its links are scaled at
+# a ring step of at most this many tokens (a 128K-token fwd+bwd block would take the calibration minutes).
+INFERENCE_CALIBRATION_TOKENS = 2048
+
+
+def _block(c: Case) -> int:
+    n = c.seqlen // c.world_size
+    return min(n, INFERENCE_CALIBRATION_TOKENS) if c.level == "inference" else n
 
 
 def _set_cluster_env(info: dict) -> None:
