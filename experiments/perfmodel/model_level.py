@@ -232,6 +232,26 @@ def cache_schedule(method: str, shape: AttnShape, checkpoint: str, cost: CostMod
     return ctx.sch
 
 
+def recompute_time(method: str, base: str, cfg: ModelConfig, shape: AttnShape, checkpoint: str, *,
+                   cost: CostModel, place: Placement, options: dict | None, costs) -> float:
+    """Seconds the backward spends re-running forwards under the effective ``checkpoint`` (module docstring):
+    "full" every layer's forward once more (attention layer + MLP block), "seq" the same with the attention
+    forward at N/2 in place of the one at N, "whole" without the attention forward; "none" nothing."""
+    if checkpoint == "none":
+        return 0.0
+
+    def forward(s: AttnShape, level: str) -> float:
+        return predict_case(method, s, mode="forward", level=level, hardware=cost.hw, options=options,
+                            costs=costs).time_s
+
+    fwd = forward(shape, "layer")
+    if checkpoint in ("seq", "whole"):
+        fwd -= forward(shape, "op")
+        if checkpoint == "seq":
+            fwd += forward(dataclasses.replace(shape, seqlen=shape.seqlen // 2), "op")
+    return cfg.n_layers * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
+
+
 _SYNC: dict = {}
 
 
@@ -345,20 +365,8 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
         head = cost.op_seconds(cost.gemm(prefill_head_rows(builder(method)[0], shape, head), cfg.vocab_size,
                                          cfg.hidden)[0])
     checkpoint = method_mode(get(base), check_mode(checkpoint)) if train else "none"
-    recomp = 0.0
-    if checkpoint != "none":
-        fwd = predict_case(method, shape, mode="forward", level="layer", hardware=hw, options=options,
-                           costs=costs).time_s
-        if checkpoint in ("seq", "whole"):
-            # seq: the attention forward at N/2 replaces the one at N; whole: none is recomputed (module docstring)
-            op_fwd = predict_case(method, shape, mode="forward", level="op", hardware=hw, options=options,
-                                  costs=costs).time_s
-            fwd -= op_fwd
-            if checkpoint == "seq":
-                half = dataclasses.replace(shape, seqlen=shape.seqlen // 2)
-                fwd += predict_case(method, half, mode="forward", level="op", hardware=hw, options=options,
-                                    costs=costs).time_s
-        recomp = L * (fwd + mlp_schedule(base, cfg, shape, cost, place, "forward")[0].makespan)
+    recomp = recompute_time(method, base, cfg, shape, checkpoint, cost=cost, place=place, options=options,
+                            costs=costs)
     sync = 0.0
     if train and not tp and G > 1:
         # the backward is ~2 of the 3 forward-equivalents of the layers' time
