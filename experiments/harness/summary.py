@@ -5,6 +5,10 @@
   the bootstrap, paired by round when the two were timed in the same
   interleaved rounds). A speedup whose interval contains 1 is no speedup, nor
   is one without an interval (lo = hi = None).
+* ``rank_times``: how far the slowest rank's time (the suite's) lies above the
+  mean rank's (``time_mean_rank_s``, what codes averaging over ranks report):
+  slowest / mean per case, median and widest; records measured before the
+  field existed are counted, not filled in (``rank_times.spread``).
 * ``code_path_flags``: pairs of methods that share a code path (a method and
   its ``variant_of``; ``SAME_CODE``) yet differ beyond their interval: two
   names for the same computation differing means the machine was not quiet
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from baselines.registry import METHODS
 
+from . import rank_times
 from . import results as R
 from .speedup import PAIRED, speedup
 
@@ -88,6 +93,17 @@ def code_path_flags(records: list[dict]) -> list[dict]:
     return out
 
 
+def rank_spread(records: list[dict]) -> dict:
+    """Slowest over mean rank's time across the ok cases: median, widest (and its case), and how many records
+    have no mean rank's time (measured before ``time_mean_rank_s`` existed)."""
+    ok = [r for r in R.latest_by_case(records).values() if r.get("status") == "ok"]
+    got = sorted((rank_times.spread(r), r["case_id"]) for r in ok if rank_times.spread(r) is not None)
+    out = {"with_mean_rank": len(got), "without_mean_rank": len(ok) - len(got)}
+    if got:
+        out.update(median=got[len(got) // 2][0], max=got[-1][0], max_case=got[-1][1])
+    return out
+
+
 def write_summary(results_root: Path | str, experiment: str, baseline: str | None) -> str:
     recs = R.read_records(R.experiment_dir(results_root, experiment) / R.RESULTS_FILE)
     ok = [r for r in R.latest_by_case(recs).values() if r.get("status") == "ok"]
@@ -99,12 +115,19 @@ def write_summary(results_root: Path | str, experiment: str, baseline: str | Non
     flags = code_path_flags(recs)
     data = {"experiment": experiment, "baseline": baseline, "n_ok": len(ok),
             "ci_halfwidth_rel": {"max": max(widths), "median": sorted(widths)[len(widths) // 2]} if widths else None,
-            "no_interval": len(ok) - len(widths), "repeat_stop": stops, "ratios": rat, "code_path_flags": flags}
+            "no_interval": len(ok) - len(widths), "repeat_stop": stops, "ratios": rat, "code_path_flags": flags,
+            "rank_times": rank_spread(recs)}
     (R.experiment_dir(results_root, experiment) / "summary.json").write_text(json.dumps(data, indent=1))
     lines = [f"{experiment}: {len(ok)} ok case(s); median interval +-"
              + (f"{data['ci_halfwidth_rel']['median'] * 100:.1f}% "
                 f"(widest +-{data['ci_halfwidth_rel']['max'] * 100:.1f}%)"
                 if widths else "n/a") + f"; repeats stopped by {stops}"]
+    rt = data["rank_times"]
+    if rt["with_mean_rank"]:
+        old = rt["without_mean_rank"]
+        lines.append(f"  slowest / mean rank's time: median {rt['median']:.3f}, widest {rt['max']:.3f} "
+                     f"({rt['max_case']})" + (f"; {old} record(s) measured before the mean rank's time was kept"
+                                              if old else ""))
     if rat:
         unresolved = sum(not r["resolved"] for r in rat)
         lines.append(f"  {len(rat)} speedup(s) over {baseline}; {unresolved} within their interval (no difference)")

@@ -1,9 +1,13 @@
 """Markdown tables of modelled records (``plots/modelled/<experiment>/table_modelled.md``).
 
 One table per quantity: time per layer, TFLOP/s per GPU (the suite's FLOP
-convention) and MFU, peak memory per rank, and the communication left exposed
-on the critical path; rows are the swept axis (sequence length, world size or
-batch), columns the methods (and model-only variants). Every file says
+convention, from the slowest rank's time) and MFU, the same from the mean rank's
+time (what codes averaging over ranks report; ``harness/rank_times.py``), peak
+memory per rank, and the communication left exposed on the critical path; rows
+are the swept axis (sequence length, world size or batch; "N / G" where both
+grow together), columns the methods (and model-only variants), "method
+(layout)" where the spec sweeps layouts; a spec sweeping masks gets one table
+per mask under each quantity. Every file says
 "MODELLED", names the hardware profile with its numbers, what one cell is
 (one layer's attention operator or layer), and the assumptions behind it.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..profiles.hardware import Hardware
+from ..harness import rank_times
 from ..harness.axes import human
 from ..harness.env import repo_relative
 from ..harness.spec import Spec
@@ -44,23 +49,55 @@ def _cell(rec: dict | None, what: str, peak_tflops: float) -> str:
         return f"{t * 1e3:.3g}" if t < 1 else f"{t * 1e3:,.0f}"
     if what == "tflops":
         return f"{rec['tflops_per_rank']:.0f} ({100 * rec['tflops_per_rank'] / peak_tflops:.0f}%)"
+    if what == "tflops_mean":
+        v = rank_times.tflops_per_rank(rec, rank_times.MEAN)
+        return "–" if v is None else f"{v:.0f} ({100 * v / peak_tflops:.0f}%)"
     if what == "exposed":
         b = rec["prediction"]["breakdown"]
         return f"{100 * b['critical_comm_s'] / b['makespan_s']:.0f}%" if b["makespan_s"] else "0%"
     raise ValueError(what)
 
 
-def _grid(records, methods, x, what, peak) -> list[str]:
+def _column(rec: dict, by_layout: bool) -> str:
+    return f"{rec['method']} ({rec['layout']})" if by_layout else rec["method"]
+
+
+def _grid(records, methods, x, what, peak, *, by_layout: bool = False) -> list[str]:
     xs = sorted({r[x] for r in records})
-    head = [x if x != "seqlen" else "N"] + list(methods)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(methods)) + "|"]
+    cols = [c for m in methods for c in dict.fromkeys(_column(r, by_layout) for r in records if r["method"] == m)]
+    # seqlen and world size grown together (a fixed number of tokens per rank): rows say both
+    with_g = x == "seqlen" and len({r["world_size"] for r in records}) > 1
+    head = [("N / G" if with_g else "N") if x == "seqlen" else x] + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(cols)) + "|"]
     for v in xs:
-        row = [human(v) if x == "seqlen" else str(v)]
-        for m in methods:
-            rec = next((r for r in records if r["method"] == m and r[x] == v), None)
+        here = [r for r in records if r[x] == v]
+        label = human(v) if x == "seqlen" else str(v)
+        if with_g:
+            label += " / " + ", ".join(str(g) for g in sorted({r["world_size"] for r in here}))
+        row = [label]
+        for c in cols:
+            rec = next((r for r in here if _column(r, by_layout) == c), None)
             row.append(_cell(rec, what, peak))
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def mask_name(causal: bool, mask: str) -> str:
+    """A mask as the field names it: full, causal, varlen-full / varlen-causal (documents), else the spec string
+    with "causal" where the causal axis intersects it."""
+    if not mask:
+        return "causal" if causal else "full"
+    if mask.startswith("docs:"):
+        return f"{'varlen-causal' if causal else 'varlen-full'} ({mask})"
+    return f"{mask}, causal" if causal else mask
+
+
+def _facets(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The records by mask (the causal axis and the mask spec) when the spec sweeps them, else one group."""
+    keys = list(dict.fromkeys((bool(r["causal"]), r.get("mask") or "") for r in records))
+    if len(keys) == 1:
+        return [("", records)]
+    return [(mask_name(*k), [r for r in records if (bool(r["causal"]), r.get("mask") or "") == k]) for k in keys]
 
 
 def _hardware_lines(hw: Hardware, dtype: str) -> list[str]:
@@ -89,11 +126,15 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
     methods += [v for v in VARIANTS if any(r["method"] == v for r in recs)]
     r0 = records[0]
     x = _x_axis(records)
+    by_layout = len({r["layout"] for r in records}) > 1
     mode, level = MODE_TEXT[r0["mode"]], r0["level"]
     peak = hw.accelerator.peak_tflops.get(r0["dtype"], float("nan"))
-    fixed = (f"B={r0['batch']}" if x != "batch" else "") + (f", G={r0['world_size']}" if x != "world_size" else "") \
+    one_g = len({r["world_size"] for r in records}) == 1
+    fixed = (f"B={r0['batch']}" if x != "batch" else "") + (f", G={r0['world_size']}" if one_g else "") \
         + f", Z={r0['heads']}" + (f"/{r0['kv_heads']}kv" if r0["kv_heads"] != r0["heads"] else "") \
-        + f", d={r0['head_dim']}, {r0['dtype']}, {'causal' if r0['causal'] else 'full'}, {r0['layout']}" \
+        + f", d={r0['head_dim']}, {r0['dtype']}" \
+        + (f", {'causal' if r0['causal'] else 'full'}" if len(_facets(records)) == 1 else ", masks below") \
+        + (f", {r0['layout']}" if not by_layout else ", layouts in the columns") \
         + (f", N={human(r0['seqlen'])}" if x != "seqlen" else "")
     what = f"one layer's {LEVEL_TEXT[level]}, {mode}"
     out = [f"# {experiment}: {spec.paper_ref or spec.description} — MODELLED",
@@ -111,12 +152,18 @@ def write_table(spec: Spec, experiment: str, hw: Hardware, records: list[dict], 
         out += ["Model-only variants (not registry methods, nothing runs them): "
                 + "; ".join(f"`{v}` = {VARIANTS[v][2]}" for v in variants) + ".", ""]
     sections = [("time", f"Time per layer (ms), {mode}"),
-                ("tflops", f"TFLOP/s per GPU (suite FLOP convention: causal halved, bwd = 2.5x fwd) and % of "
-                           f"the {peak:g} TFLOP/s peak"),
+                ("tflops", f"TFLOP/s per GPU (suite FLOP convention: causal halved, bwd = 2.5x fwd; the slowest "
+                           f"rank's time) and % of the {peak:g} TFLOP/s peak"),
+                ("tflops_mean", "TFLOP/s per GPU from the mean rank's time (what codes averaging over ranks report)"),
                 ("mem", "Modelled peak memory per rank (GiB; inputs + kept activations + transient buffers)"),
                 ("exposed", "Share of the time that is communication on the critical path (not hidden by compute)")]
+    if not any(r.get("time_mean_rank_s") is not None for r in recs):
+        sections = [sc for sc in sections if sc[0] != "tflops_mean"]
     for key, title in sections:
-        out += [f"## {title}", ""] + _grid(recs, methods, x, key, peak) + [""]
+        out += [f"## {title}", ""]
+        for name, part in _facets(recs):
+            out += ([f"### {name}", ""] if name else []) + _grid(part, methods, x, key, peak,
+                                                                  by_layout=by_layout) + [""]
     out += ["## Hardware", ""] + _hardware_lines(hw, r0["dtype"]) + [""]
     out += ["## Assumptions", ""] + [f"- {a}" for a in ASSUMPTIONS]
     notes = []
@@ -195,8 +242,9 @@ def _variant_tables(records: list[dict], meta: dict, hbm: str) -> list[str]:
     # a spec that sweeps the mask or the layout (BurstEngine's sparse training) has a row per variant and
     # (mask, layout); otherwise a row per variant
     swept = len({(r.get("mask") or "", r.get("layout")) for r in records}) > 1
-    rows = list(dict.fromkeys((r.get("variant"), (r.get("mask") or "causal", r.get("layout")) if swept else None)
-                              for n in names for r in records if r.get("variant") == n))
+    rows = [(n, ml) for n in names for ml in (list(dict.fromkeys((r.get("mask") or "causal", r.get("layout"))
+                                                                  for r in records if r.get("variant") == n))
+                                             if swept else [None]) or [None]]
     out = []
     for key, title in (("tokens", "Tokens/s per GPU"), ("mem", f"Memory per rank (GiB, modelled; OOM above {hbm})"),
                        ("time", "Time per step (s)"), ("mfu", "MFU"),
