@@ -187,6 +187,29 @@ def run_cpus(cluster: dict) -> float | None:
     return float(q["cpus_per_rank"]) if q.get("applied") and q.get("cpus_per_rank") else None
 
 
+def kernel_times(out: Path, cases, keys: set, *, measure_missing: bool = True, seconds: float = 0.6,
+                 rounds: int = 3) -> KernelTimes:
+    """The experiment's kernel table (``out/kernel_times.json``) with the ``keys`` it lacks measured here: as many
+    processes as the run had ranks, as many threads each as the worker used, each under the run's CPU cap (a
+    table timed under another cap is not this run's and is timed afresh)."""
+    path = out / KERNEL_TIMES_FILE
+    procs = max(c.shape.world_size for c in cases)
+    threads = max(1, (os.cpu_count() or 1) // int(cases[0].rec["cluster"]["ranks_per_node"]))
+    cpus = run_cpus(cases[0].rec["cluster"])
+    times = KernelTimes.load(path) if path.exists() else None
+    if times is None or times.cpus != cpus:
+        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
+    missing = times.missing(keys)
+    if missing:
+        if not measure_missing:
+            raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
+        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
+        times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
+                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
+        times.save(path)
+    return times
+
+
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                         rounds: int = 3, require_calibration: bool = False) -> dict:
     """``error_table`` of an emulated experiment's latest records. The kernel times are read from
@@ -203,21 +226,9 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
         raise ValueError(f"experiment={experiment!r}: the run had given link rates and no compute calibration; "
                          f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
-    procs = max(c.shape.world_size for c in cases)
-    threads = max(1, (os.cpu_count() or 1) // int(cases[0].rec["cluster"]["ranks_per_node"]))
-    cpus = run_cpus(cases[0].rec["cluster"])
-    times = KernelTimes.load(path) if path.exists() else None
-    if times is None or times.cpus != cpus:       # a table timed under another cap is not this run's
-        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
     call = load_call_cpu(results_root)
-    missing = times.missing(needed_keys(records, call))
-    if missing:
-        if not measure_missing:
-            raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
-        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
-        times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
-                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
-        times.save(path)
+    times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
+                         rounds=rounds)
     ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
     rep["kernel_times"] = str(path)

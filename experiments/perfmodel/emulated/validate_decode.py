@@ -16,10 +16,8 @@ report's inference section reads.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 from baselines import AttnShape
@@ -33,8 +31,8 @@ from .decode_costs import decode_twin
 from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
 from .host_cost import host_per_op, load_call_cpu, small_case
-from .measured import KernelTimes, measure, needed
-from .validate import KERNEL_TIMES_FILE, TARGET, calibration_key, host_text, load_scale, run_cpus
+from .measured import KernelTimes, needed
+from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, run_cpus
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -125,28 +123,6 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     return {"rows": rows, "worst_abs_error": worst, "met": ok, "text": "\n".join(lines)}
 
 
-def _times(out: Path, cases: list[DecodeCase], records, call, measure_missing: bool, seconds: float,
-           rounds: int) -> KernelTimes:
-    """The experiment's kernel table, with the keys it lacks measured here (as ``validate.validate_experiment``)."""
-    path = out / KERNEL_TIMES_FILE
-    cluster = cases[0].rec["cluster"]
-    procs = max(c.shape.world_size for c in cases)
-    threads = max(1, (os.cpu_count() or 1) // int(cluster["ranks_per_node"]))
-    cpus = run_cpus(cluster)
-    times = KernelTimes.load(path) if path.exists() else None
-    if times is None or times.cpus != cpus:
-        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
-    missing = times.missing(needed_keys(records, call))
-    if missing:
-        if not measure_missing:
-            raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
-        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
-        times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
-                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
-        times.save(path)
-    return times
-
-
 def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                        rounds: int = 3) -> dict:
     """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``."""
@@ -156,7 +132,8 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
     call = load_call_cpu(results_root)
-    times = _times(out, cases, records, call, measure_missing, seconds, rounds)
+    times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
+                         rounds=rounds)
     ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
