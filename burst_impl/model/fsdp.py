@@ -24,7 +24,9 @@ same order on every rank. The tests check losses and gradients against the
 replicated model.
 
 FSDP2's collectives are issued inside torch, not through our counted
-wrappers, so their bytes are a formula (``comm_bytes``), not a measurement.
+wrappers, so their bytes are a formula (``comm_bytes``; ``config_step_bytes``
+for a config without a model), checked against the bytes of the collectives
+FSDP2 issues in a real step (tests/test_fsdp_bytes.py).
 """
 from __future__ import annotations
 
@@ -83,22 +85,60 @@ def full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def comm_bytes(model, *, reshard_after_forward: bool = True) -> dict[tuple[str, str], int]:
-    """Bytes one rank sends per step in FSDP2's collectives (formula, as FSDP2 pads each
-    parameter's dim 0 to a multiple of G): an all-gather of every unit's shard before the forward,
-    again before the backward for the blocks when ``reshard_after_forward`` (FSDP2 keeps the root's
-    weights gathered between its forward and backward), a reduce-scatter of all gradients."""
-    plan = plan_of(model)
-    G = plan.world_size
-    if G == 1:
+def unit_shapes(cfg) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``(block, root)``: (dim 0, elements) of every parameter of one decoder block and of the root unit
+    (embedding, final norm, LM head), as ``model.Transformer`` builds them (``nn.Linear(i, o).weight`` is
+    (o, i)): the units ``shard_weights`` makes, whose dim 0 FSDP2 pads to a multiple of G."""
+    h, q, kv, f, v = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.ffn_hidden,
+                      cfg.vocab_size)
+    block = [(h, h), (q, q * h), (kv, kv * h), (kv, kv * h), (h, h * q), (h, h), (f, f * h), (f, f * h), (h, h * f)]
+    return block, [(v, v * h), (h, h), (v, v * h)]
+
+
+def padded_bytes(shapes, world_size: int, elem_size: int) -> int:
+    """Bytes of parameters ``shapes`` ((dim 0, elements) each) once FSDP2 pads each dim 0 to a multiple of G
+    (``_fsdp_param.py``, ``FSDPParam._init_sharded_param``): what one all-gather returns, what one
+    reduce-scatter takes in."""
+    G = world_size
+    return sum(-(-rows // G) * G * (numel // rows) * elem_size for rows, numel in shapes)
+
+
+def unit_comm_bytes(unit_bytes: int, world_size: int) -> dict[str, int]:
+    """Bytes one rank sends in the ring all-gather ("params") and reduce-scatter ("grads") of one FSDP unit
+    of ``unit_bytes`` padded bytes: (G-1) shards of unit_bytes / G each."""
+    G = world_size
+    return {"params": unit_bytes // G * (G - 1), "grads": unit_bytes * (G - 1) // G}
+
+
+def step_bytes(units: int, world_size: int, *, reshard_after_forward: bool = True) -> dict[tuple[str, str], int]:
+    """``{(phase, kind): bytes}`` one rank sends per step in FSDP2's collectives (``unit_comm_bytes``), from
+    the padded bytes (``padded_bytes``) of all units together (the blocks and the root): every unit's
+    all-gather before the forward, again before the backward when ``reshard_after_forward`` (``shard_weights``
+    passes it to the root too, so FSDP2 does not keep the root gathered as it would by default:
+    ``_fsdp_state.py``, ``FSDPState._lazy_init``, only under ``reshard_after_forward=None``), every unit's
+    reduce-scatter in the backward. The one formula of ``comm_bytes`` (a built model) and of the
+    performance model (``config_step_bytes``, ``experiments/perfmodel/schedules/zero3.py``)."""
+    if world_size == 1:
         return {}
-
-    def padded_bytes(params) -> int:
-        return sum(-(-p.shape[0] // G) * G * (p.numel() // p.shape[0]) * p.element_size() for p in params)
-
-    blocks = padded_bytes(model.layers.parameters())
-    total = padded_bytes(model.parameters())
-    out = {("forward", "fsdp.params"): total // G * (G - 1), ("backward", "fsdp.grads"): total * (G - 1) // G}
+    every = unit_comm_bytes(units, world_size)
+    out = {("forward", "fsdp.params"): every["params"], ("backward", "fsdp.grads"): every["grads"]}
     if reshard_after_forward:
-        out[("backward", "fsdp.params")] = blocks // G * (G - 1)
+        out[("backward", "fsdp.params")] = every["params"]
     return out
+
+
+def config_step_bytes(cfg, world_size: int, elem_size: int, *, reshard_after_forward: bool = True) -> dict:
+    """``step_bytes`` of a model config (no model built): what ``comm_bytes`` gives for ``build_model(cfg)``
+    with parameters of ``elem_size`` bytes (tests/test_fsdp_bytes.py checks the two agree)."""
+    block, root = unit_shapes(cfg)
+    units = cfg.n_layers * padded_bytes(block, world_size, elem_size) + padded_bytes(root, world_size, elem_size)
+    return step_bytes(units, world_size, reshard_after_forward=reshard_after_forward)
+
+
+def comm_bytes(model, *, reshard_after_forward: bool = True) -> dict[tuple[str, str], int]:
+    """Bytes one rank sends per step in FSDP2's collectives (``step_bytes``) of a sharded (or to be
+    sharded) sequence-parallel ``model``, from its parameters' shapes and element sizes."""
+    G = plan_of(model).world_size
+
+    units = sum(padded_bytes([(p.shape[0], p.numel())], G, p.element_size()) for p in model.parameters())
+    return step_bytes(units, G, reshard_after_forward=reshard_after_forward)
