@@ -15,6 +15,7 @@ from .render_html import render_html
 from .render_md import render_md
 from .sparse_training import sparse_training_section
 from .table_section import table_section
+from .varlen_section import varlen_section
 
 TITLE = "Reproduction report: BurstAttention and BurstEngine, claims next to this suite's evidence"
 
@@ -34,6 +35,7 @@ def build_doc(ctx: Context) -> Doc:
     doc.add(*_provenance(ctx), *claims_section(ctx))
     for t in ctx.tables.values():
         doc.add(*table_section(ctx, t))
+    doc.add(*varlen_section(ctx))                   # issue 37: the field's masks; published values read off figures
     doc.add(*sparse_training_section(ctx))          # no paper table: its values are not transcribed
     doc.add(*inference_section(ctx))                # issue 36: beyond the papers, no paper table
     doc.add(*model_section(ctx), *intervals_section(ctx))

@@ -25,6 +25,7 @@ PAPER_DIR = Path(__file__).resolve().parent.parent / "paper"
 METHODS_FILE = "methods.yaml"
 CLAIMS_FILE = "claims.yaml"
 RULES_FILE = "verdict_rules.yaml"       # how a claim's columns make its headline (report/claims.py)
+READINGS_SUFFIX = "_readings.yaml"      # a benchmark's values read off its figures, not a table (report/readings.py)
 OOM = "OOM"
 
 
@@ -144,7 +145,8 @@ def load_table(path: Path, methods: dict[str, MethodMap]) -> PaperTable:
 
 def load_tables(paper_dir: Path = PAPER_DIR) -> list[PaperTable]:
     methods = load_methods(paper_dir)
-    files = sorted(p for p in paper_dir.glob("*.yaml") if p.name not in (METHODS_FILE, CLAIMS_FILE, RULES_FILE))
+    files = sorted(p for p in paper_dir.glob("*.yaml") if p.name not in (METHODS_FILE, CLAIMS_FILE, RULES_FILE)
+                   and not p.name.endswith(READINGS_SUFFIX))
     tables = sorted((load_table(p, methods) for p in files), key=lambda t: (t.order, t.id))
     ids = [t.id for t in tables]
     dup = sorted({i for i in ids if ids.count(i) > 1})

@@ -119,7 +119,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                                                                    excess=excess))
         measured = float(c.rec["time_median_s"])
         rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
-                     "case": " ".join(x for x in (c.shape.layout, c.shape.mask) if x), "kind": c.kind,
+                     "case": " ".join(x for x in (c.shape.layout, "causal" if c.shape.causal else "full",
+                                                  c.shape.mask) if x), "kind": c.kind,
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
@@ -146,7 +147,8 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
              "the table's for the same work), links at the shaped per-rank rates",
              f"{'N':>6} {'method':<{w}} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
-    # a spec sweeping layouts or masks (cpu_sparse_masks) has several rows per (N, method): say which
+    # a spec sweeping layouts or masks (cpu_sparse_masks, cpu_varlen_magiattention_2x4: causal and full too) has
+    # several rows per (N, method): say which
     cases = len({r.get("case", "") for r in rows}) > 1
     if cases:
         lines[-1] += "  case"
