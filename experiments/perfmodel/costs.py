@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..profiles.hardware import Hardware, Link
 from burst_impl.flops import MODE_FACTOR, entries_flops
@@ -58,6 +59,9 @@ class CostModel:
     # (ring_family's per-step kernel costs): every method of a case, and every case of a spec on this
     # profile, asks for the same block pairs again.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # A collective issued on a side stream runs beside the compute stream (CUDA streams + NCCL), so FSDP2's
+    # prefetched all-gathers and its reduce-scatters can hide under compute (``schedules/zero3.py``).
+    side_streams: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.dtype not in self.hw.accelerator.peak_tflops:

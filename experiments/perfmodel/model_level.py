@@ -1,6 +1,6 @@
 """Model level: a whole LLaMA-style model's step from the per-layer schedules (phase B).
 
-    t_step = L x (attention layer + MLP block) + LM head + exposed weight-gradient sync
+    t_step = L x (attention layer + MLP block) + LM head + exposed weight sync (all-reduce or ZeRO-3's)
 
 * attention layer: the method's layer-level schedule (``model.predict_case(level="layer")``: QKV
   projection, attention, output projection, the method's communication);
@@ -21,10 +21,15 @@
   backward's recomputation of every tile before the d hidden and d W_head GEMMs). The tiles'
   elementwise work (exp, max, sums) is not timed, in any mode. Prefill: the last token only, or with
   ``head="local"`` every token the rank holds (the BurstAttention authors' timing; TP-V1: all N);
-* training, sequence-parallel methods: a ring all-reduce of the bf16 weight gradients over the G
-  ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only what outlasts
-  the backward is exposed. The same under ``weights="fsdp2"``: its all-gathers and reduce-scatters
-  are not timed (sharding changes the memory, not the time, here). TP holds 1/G of the weights: none.
+* training, sequence-parallel methods with replicated weights: a ring all-reduce of the bf16 weight
+  gradients over the G ranks, overlapped with the backward pass (bucketed, as DDP and FSDP do), so only
+  what outlasts the backward is exposed (all of it on a cost model without side streams, a CPU rank:
+  ``parallel.sync_grads`` runs after the backward); under ``weights="fsdp2"`` (ZeRO-3 over the G ranks)
+  FSDP2's per-block all-gathers (before the forward, again before the backward) and reduce-scatters (after
+  the backward) on one rank's timeline with the step's compute, prefetched and overlapped as FSDP2's and
+  BMTrain's streams allow, sharing the links with the attention's own transfers (``schedules/zero3.py``,
+  bytes from ``burst_impl.model.fsdp``'s one formula): ``parts["zero3_exposed"]``, what they add to the
+  step. TP holds 1/G of the weights: none.
 * a USP's cache (``burst_usp`` under "seq"/"whole", ``schedules.ulysses.usp_cache_bytes``): the
   all-to-alls its backward from (O, lse) sends again (q, k, v, O and lse to head shards) and the lse's
   own, blocking, in the Ulysses groups, with the registry's bytes (``parts["cache_a2a"]``).
@@ -83,13 +88,16 @@ from .peer_memory import FRAMEWORKS, peer_step
 from .usable_memory import capacity as usable
 from .model import _cost_model, predict_case
 from .placement import Placement
-from .schedules import builder
+from .schedules import builder, zero3
 from .schedules.common import Ctx, ring_collective
 from .schedules.ulysses import usp_cache_all_to_alls, usp_cache_bytes
 from .simulator import Schedule
 
 # (tokens x vocab x hidden) GEMMs of the LM head in a training step, by loss mode (module docstring)
 HEAD_GEMMS = {"unfused": 3, "fused": 3, "fused_recompute": 4}
+# ... of which in the forward: unfused the logits; fused all three (the gradients are computed in the forward);
+# fused_recompute its lse-only pass (FSDP2's timeline, ``zero3_exposed``, places the rest in the backward)
+HEAD_FORWARD_GEMMS = {"unfused": 1, "fused": 3, "fused_recompute": 1}
 # Prefill's LM head: on the last token ("last", a server's first token) or on every token a rank holds at the
 # end ("local": the BurstAttention authors' timed forward, docs/hardware_burstattention.md "What the authors'
 # runs used": their head is one replicated (V, H) weight, so TP-V1, whose ranks all hold every token, runs all N)
@@ -117,8 +125,11 @@ ASSUMPTIONS = (
     "model step = layers x (attention layer schedule + MLP block schedule) + LM head + exposed gradient sync",
     "MLP: SwiGLU GEMMs at the profile's GEMM efficiency, norms/SwiGLU/residuals HBM-bound; TP's MLP collectives "
     "carry the registry's bytes for the attention layer's (same (B, N, H) tensor)",
-    "sequence-parallel methods: their bf16 weight gradients are ring-all-reduced over the G ranks, overlapped "
-    "with the backward (only the excess is exposed), FSDP2 timed the same way; TP needs no weight sync",
+    "sequence-parallel methods, replicated weights: their bf16 weight gradients are ring-all-reduced over the G "
+    "ranks, overlapped with the backward (only the excess is exposed); FSDP2 (ZeRO-3): each block's all-gather "
+    "before its forward (one block ahead) and its backward (prefetched one block ahead), its reduce-scatter after "
+    "its backward, the root's at the ends, one after another on the links they share with the attention's "
+    "transfers (schedules/zero3.py); TP needs no weight sync",
     "checkpoint full: every layer's forward once more in the backward; seq: the same with the attention "
     "forward at N/2 instead of N (the cached second halves leave the first global half attending to itself)",
     "LM head: 3 (tokens x vocab x hidden) GEMMs per training step with the unfused loss and with the fused one "
@@ -272,6 +283,48 @@ def grad_sync_time(cost: CostModel, place: Placement, shape: AttnShape, params: 
     return _SYNC[key]
 
 
+def weight_sync(method: str, cfg: ModelConfig, shape: AttnShape, attn, parts: dict, *, weights: str, loss: str,
+                checkpoint: str, cost: CostModel, place: Placement, options: dict | None, costs) -> dict:
+    """The exposed seconds of a sequence-parallel step's weight synchronisation (module docstring):
+    replicated weights, ``{"grad_sync_exposed": ...}``, the gradient all-reduce less the backward it hides
+    under (all of it without side streams: ``parallel.sync_grads`` runs after the backward, blocking on a CPU
+    rank); FSDP2, ``{"zero3_exposed": ...}``, ``zero3_exposed``."""
+    if weights == "fsdp2":
+        return {"zero3_exposed": zero3_exposed(method, cfg, shape, attn, parts, loss=loss, checkpoint=checkpoint,
+                                               cost=cost, place=place, options=options, costs=costs)}
+    # the backward is ~2 of the 3 forward-equivalents of the layers' time
+    backward = (parts["attention"] + parts["mlp"]) * 2 / 3 if cost.side_streams else 0.0
+    return {"grad_sync_exposed": max(0.0, grad_sync_time(cost, place, shape, num_params(cfg)) - backward)}
+
+
+def zero3_exposed(method: str, cfg: ModelConfig, shape: AttnShape, attn, parts: dict, *, loss: str, checkpoint: str,
+                  cost: CostModel, place: Placement, options: dict | None, costs) -> float:
+    """Seconds FSDP2's (ZeRO-3's) all-gathers and reduce-scatters add to the step (``schedules.zero3``), from
+    the step's compute per block: forward = the attention layer's forward + the MLP block's; backward = the
+    rest of the layer's share of ``parts`` (its backward, its recompute, the cache's all-to-alls); the LM head
+    split by its GEMMs (``HEAD_FORWARD_GEMMS``). The attention's own transfers hold the collectives' channel
+    for their busy seconds (its forward, its backward, and the recompute's attention forward)."""
+    L = cfg.n_layers
+    coll = zero3.collectives(cfg, shape, cost, place)
+
+    def busy(s: AttnShape, mode: str, level: str) -> tuple[float, float]:
+        p = predict_case(method, s, mode=mode, level=level, hardware=cost.hw, options=options, costs=costs)
+        return (p.time_s if mode == "forward" else 0.0), p.breakdown["busy_max_s"].get(coll.channel, 0.0)
+
+    fwd_s, fwd_busy = busy(shape, "forward", "layer")
+    recompute_busy = {"full": fwd_busy, "seq": busy(dataclasses.replace(shape, seqlen=shape.seqlen // 2),
+                                                     "forward", "op")[1] if checkpoint == "seq" else 0.0}
+    forward = zero3.Window(fwd_s + mlp_schedule(attn.base_method, cfg, shape, cost, place, "forward")[0].makespan,
+                           fwd_busy)
+    layer = (parts["attention"] + parts["mlp"] + parts["recompute"] + parts["cache_a2a"]) / L
+    backward = zero3.Window(layer - forward.seconds, attn.breakdown["busy_max_s"].get(coll.channel, 0.0) - fwd_busy
+                            + recompute_busy.get(checkpoint, 0.0))
+    head_fwd = parts["head"] * HEAD_FORWARD_GEMMS[loss] / HEAD_GEMMS[loss]
+    step = zero3.step_seconds(forward, backward, zero3.Window(head_fwd), zero3.Window(parts["head"] - head_fwd), L,
+                              coll, cost.side_streams)
+    return max(0.0, step - (L * layer + parts["head"]))
+
+
 def model_memory(base: str, cfg: ModelConfig, shape: AttnShape, attn, *, mode: str, weights: str,
                  checkpoint: str, loss: str, implementation=None) -> dict:
     """Bytes per rank of the whole model's step or prefill (module docstring, "Memory per rank").
@@ -367,14 +420,13 @@ def predict_model(method: str, cfg: ModelConfig | str, shape: AttnShape, *, mode
     checkpoint = method_mode(get(base), check_mode(checkpoint)) if train else "none"
     recomp = recompute_time(method, base, cfg, shape, checkpoint, cost=cost, place=place, options=options,
                             costs=costs)
-    sync = 0.0
-    if train and not tp and G > 1:
-        # the backward is ~2 of the 3 forward-equivalents of the layers' time
-        backward = L * (attn.time_s + mlp.makespan) * 2 / 3
-        sync = max(0.0, grad_sync_time(cost, place, shape, num_params(cfg)) - backward)
     cache = cache_schedule(base, shape, checkpoint, cost, place, options)
-    parts = {"attention": L * attn.time_s, "mlp": L * mlp.makespan, "head": head, "grad_sync_exposed": sync,
-             "recompute": recomp, "cache_a2a": L * cache.makespan}
+    parts = {"attention": L * attn.time_s, "mlp": L * mlp.makespan, "head": head, "grad_sync_exposed": 0.0,
+             "recompute": recomp, "cache_a2a": L * cache.makespan, "zero3_exposed": 0.0}
+    if train and not tp and G > 1:
+        parts.update(weight_sync(method, cfg, shape, attn, parts, weights=weights, loss=loss, checkpoint=checkpoint,
+                                 cost=cost, place=place, options=options, costs=costs))
+    sync = parts["grad_sync_exposed"] + parts["zero3_exposed"]
     total = sum(parts.values())
     crit = L * (attn.breakdown["critical_comm_s"] + mlp.breakdown()["critical_comm_s"]
                 + cache.breakdown()["critical_comm_s"]) + sync

@@ -19,6 +19,7 @@ Transfers themselves keep the hardware model's ``latency + bytes / rate`` on the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ..costs import CostModel
 from .measured import HBM, KernelTimes
@@ -31,6 +32,10 @@ class EmulatedCosts(CostModel):
     host_s: float = 0.0                  # host seconds per op on the compute stream
     # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
+    # A CPU rank has no side streams: torch.cpu.Stream is a stub and gloo's synchronous collectives block the
+    # Python thread (FSDP2's all-gathers and reduce-scatters, ``parallel.sync_grads``' all-reduce after the
+    # backward), so ``schedules/zero3.py`` and the gradient sync expose every such collective.
+    side_streams: ClassVar[bool] = False
 
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s
