@@ -228,7 +228,10 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
 
 
 def _mask_name(r) -> str:
-    return r["mask"] if isinstance(r.get("mask"), str) and r["mask"] else ("causal" if r["causal"] else "full")
+    """The mask spec, with " full" where a mask is not intersected with causal (varlen-full: "docs:... full")."""
+    if isinstance(r.get("mask"), str) and r["mask"]:
+        return r["mask"] + ("" if r["causal"] else " full")
+    return "causal" if r["causal"] else "full"
 
 
 def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict, out: Path, *,
@@ -247,10 +250,16 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
                   key=lambda k: (k[0], _method_order(k[1])))
     masks_ = list(dict.fromkeys(_mask_name(r) for _, r in df.iterrows()))
     layouts = list(dict.fromkeys(df["layout"]))
-    fig, axs = plt.subplots(1, len(keys), figsize=(max(7.0, 1.2 * len(masks_) * len(layouts) / 2 * len(keys)), 4.8),
-                            squeeze=False)
+    # one row of panels per world size, one column per method (a spec with many methods stays readable)
+    gs, ms = sorted({k[0] for k in keys}), list(dict.fromkeys(k[1] for k in keys))
+    fig, axs = plt.subplots(len(gs), len(ms), figsize=(max(7.0, max(3.0, 0.3 * len(masks_) * len(layouts)) * len(ms)),
+                                                        4.8 * len(gs)), squeeze=False)
+    for ax in axs.flat:
+        ax.set_visible(False)
     width = 0.8 / (len(layouts) * (2 if second else 1))
-    for ax, (g, method) in zip(axs[0], keys):
+    for (g, method) in keys:
+        ax = axs[gs.index(g)][ms.index(method)]
+        ax.set_visible(True)
         part = ok[(ok["world_size"] == g) & ((ok["method"] == method) if per_method else True)]
         for li, lay in enumerate(layouts):
             for si, col in enumerate([ycol] + ([second] if second else [])):
@@ -267,13 +276,17 @@ def mask_figure(df: pd.DataFrame, ycol: str, ylabel: str, title: str, meta: dict
         ax.set_xticks(range(len(masks_)))
         ax.set_xticklabels(masks_, rotation=15, fontsize=8)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"G={g}" + (f", {method}" if method else ""), fontsize=9)
+        ns = sorted(set(part["seqlen"]))      # a spec growing N with G (tokens per rank fixed) says which N
+        ax.set_title(f"G={g}" + (f", N={axes.human(int(ns[0]))}" if len(ns) == 1 and ok["seqlen"].nunique() > 1
+                                 else "") + (f", {method}" if method else ""), fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         if not per_method:
             ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-    legend_outside(axs[0][-1], fontsize=7)      # the layouts are the same in every panel: one legend
+    # the layouts are the same in every panel: one legend, on the first row's last drawn panel
+    legend_outside(next(ax for ax in reversed(axs[0]) if ax.get_visible()), fontsize=7)
     r = ok.iloc[0]
-    fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype"))
+    fixed = ", ".join(axes.label(a, r[a]) for a in ("seqlen", "batch", "heads", "kv_heads", "head_dim", "dtype")
+                      if a != "seqlen" or ok["seqlen"].nunique() == 1)
     fig.suptitle(f"{df['experiment'].iloc[0]}: {title}\n{fixed}, {MODE_LABEL.get(r['mode'], r['mode'])}", fontsize=9)
     fig.tight_layout()
     footer(fig, df, meta)
