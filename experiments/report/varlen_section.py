@@ -54,7 +54,7 @@ def fraction_cell(causal: dict | None, varlen: dict | None, which: str = RT.SLOW
     marks = [x for x in (c, v) if isinstance(x, str)]
     if marks:
         return next((x for x in marks if x != "—"), "—")
-    return f"{c:.0f} → {v:.0f} ({v / c:.2f})"
+    return f"{c:.3g} → {v:.3g} ({v / c:.2f})"
 
 
 def fraction(causal: dict | None, varlen: dict | None, which: str = RT.SLOWEST) -> float | None:
