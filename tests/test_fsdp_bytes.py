@@ -5,9 +5,10 @@
 * on a gloo group, a training step of the FSDP2-sharded tiny model issues exactly the collectives the
   formula counts: the bytes of every ``all_gather_single`` / ``reduce_scatter_single`` FSDP2 calls
   (``_fsdp_collectives.py``, ``DefaultAllGather`` / ``DefaultReduceScatter``), counted as one rank's ring
-  sends ((G-1) shards of the gathered or reduced buffer), by phase (before / after ``backward()``),
-  equal the formula's. Integers: exact. (It failed before the formula re-gathered the root in the
-  backward: ``shard_weights`` passes ``reshard_after_forward=True`` to the root as well.)
+  sends ((G-1) shards of the gathered buffer; 2 (G-1) shards of the reduced one, which gloo all-reduces:
+  ``fsdp.REDUCE_SCATTER_STEPS``), by phase (before / after ``backward()``), equal the formula's.
+  Integers: exact. (It failed before the formula re-gathered the root in the backward: ``shard_weights``
+  passes ``reshard_after_forward=True`` to the root as well.)
 """
 from __future__ import annotations
 
@@ -32,6 +33,9 @@ def test_config_formula_is_the_model_formula(name, world_size):
     # reshard_after_forward=False drops the backward's re-gather
     got = config_step_bytes(cfg, world_size, 4, reshard_after_forward=False)
     assert got == {k: v for k, v in want.items() if k != ("backward", "fsdp.params")}
+    gloo = config_step_bytes(cfg, world_size, 4, backend="gloo")
+    assert gloo == comm_bytes(model, backend="gloo")
+    assert gloo[("backward", "fsdp.grads")] == 2 * want[("backward", "fsdp.grads")]
 
 
 def _counted_fsdp_step(cfg_name: str, method: str) -> dict:
@@ -47,8 +51,8 @@ def _counted_fsdp_step(cfg_name: str, method: str) -> dict:
         return ag(output_tensor, input_tensor, *a, **kw)
 
     def reduce_scatter_single(output, input, *a, **kw):
-        key = (phase[0], "fsdp.grads")
-        counted[key] = counted.get(key, 0) + output.numel() * output.element_size() * (G - 1)
+        key = (phase[0], "fsdp.grads")      # gloo all-reduces the input: 2 (G-1) shards
+        counted[key] = counted.get(key, 0) + 2 * output.numel() * output.element_size() * (G - 1)
         return rs(output, input, *a, **kw)
 
     model = shard_weights(sequence_parallel(build_model(get_config(cfg_name)), get(method), layout="zigzag"))

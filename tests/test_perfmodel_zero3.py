@@ -10,6 +10,7 @@ import pytest
 from baselines import AttnShape
 from burst_impl.model.config import get_config
 from burst_impl.model.fsdp import config_step_bytes
+from experiments.perfmodel.costs import CostModel
 from experiments.perfmodel.model import _cost_model
 from experiments.perfmodel.model_level import predict_model
 from experiments.perfmodel.placement import Placement
@@ -61,14 +62,23 @@ def test_half_the_channel_halves_the_rate():
     assert t2 - 2 * (0.15 + 5.0) == pytest.approx(exposed, abs=1e-12)
 
 
-@pytest.mark.parametrize("world_size", [4, 8])
-def test_the_collectives_send_the_formula(world_size):
+class _GlooCosts(CostModel):
+    collectives_backend = "gloo"
+
+
+@pytest.mark.parametrize("world_size,backend", [(4, "nccl"), (8, "nccl"), (4, "gloo")])
+def test_the_collectives_send_the_formula(world_size, backend):
     hw = load_hardware("a800_ib_4x8")
     cfg = get_config("cpu_small")
     shape = AttnShape(batch=1, seqlen=2048, heads=8, kv_heads=8, head_dim=32, world_size=world_size,
                       dtype="bfloat16", causal=True, layout="zigzag")
-    coll = collectives(cfg, shape, _cost_model(hw, "bfloat16"), Placement.of(hw, world_size))
-    assert coll.bytes == config_step_bytes(cfg, world_size, 2)
+    cost = _GlooCosts(hw, "bfloat16") if backend == "gloo" else _cost_model(hw, "bfloat16")
+    coll = collectives(cfg, shape, cost, Placement.of(hw, world_size))
+    assert coll.bytes == config_step_bytes(cfg, world_size, 2, backend=backend)
+    # gloo's reduce-scatter is an all-reduce: twice the ring steps and bytes, so (about) twice the time
+    if backend == "gloo":
+        nccl = collectives(cfg, shape, _cost_model(hw, "bfloat16"), Placement.of(hw, world_size))
+        assert coll.block_scatter > 1.9 * nccl.block_scatter and coll.block_gather == nccl.block_gather
 
 
 def test_zero3_costs_the_headline_burst_time():

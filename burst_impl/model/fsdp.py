@@ -103,14 +103,26 @@ def padded_bytes(shapes, world_size: int, elem_size: int) -> int:
     return sum(-(-rows // G) * G * (numel // rows) * elem_size for rows, numel in shapes)
 
 
-def unit_comm_bytes(unit_bytes: int, world_size: int) -> dict[str, int]:
+# Ring steps of a reduce-scatter, in units of G-1, by process-group backend. NCCL's ring: G-1. Gloo has no
+# reduce-scatter of its own: ProcessGroupGloo::reduce_scatter_tensor_coalesced (what _reduce_scatter_base and
+# so FSDP2's reduce_scatter_single call) clones the input, all-reduces the clone and copies out its own chunk
+# (pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp, at c194358), so it sends an all-reduce's
+# 2 (G-1) shards: on loopback with torch 2.13, 128 MiB for a 64 MiB reduce-scatter at G=2 (docs/findings.md).
+REDUCE_SCATTER_STEPS = {"nccl": 1, "gloo": 2}
+
+
+def unit_comm_bytes(unit_bytes: int, world_size: int, backend: str = "nccl") -> dict[str, int]:
     """Bytes one rank sends in the ring all-gather ("params") and reduce-scatter ("grads") of one FSDP unit
-    of ``unit_bytes`` padded bytes: (G-1) shards of unit_bytes / G each."""
-    G = world_size
-    return {"params": unit_bytes // G * (G - 1), "grads": unit_bytes * (G - 1) // G}
+    of ``unit_bytes`` padded bytes: (G-1) shards of unit_bytes / G each, the reduce-scatter's twice on gloo
+    (``REDUCE_SCATTER_STEPS``)."""
+    if backend not in REDUCE_SCATTER_STEPS:
+        raise ValueError(f"backend={backend!r}: FSDP2's bytes are known for {tuple(REDUCE_SCATTER_STEPS)}")
+    shards = unit_bytes // world_size * (world_size - 1)
+    return {"params": shards, "grads": shards * REDUCE_SCATTER_STEPS[backend]}
 
 
-def step_bytes(units: int, world_size: int, *, reshard_after_forward: bool = True) -> dict[tuple[str, str], int]:
+def step_bytes(units: int, world_size: int, *, reshard_after_forward: bool = True,
+               backend: str = "nccl") -> dict[tuple[str, str], int]:
     """``{(phase, kind): bytes}`` one rank sends per step in FSDP2's collectives (``unit_comm_bytes``), from
     the padded bytes (``padded_bytes``) of all units together (the blocks and the root): every unit's
     all-gather before the forward, again before the backward when ``reshard_after_forward`` (``shard_weights``
@@ -120,25 +132,29 @@ def step_bytes(units: int, world_size: int, *, reshard_after_forward: bool = Tru
     performance model (``config_step_bytes``, ``experiments/perfmodel/schedules/zero3.py``)."""
     if world_size == 1:
         return {}
-    every = unit_comm_bytes(units, world_size)
+    every = unit_comm_bytes(units, world_size, backend)
     out = {("forward", "fsdp.params"): every["params"], ("backward", "fsdp.grads"): every["grads"]}
     if reshard_after_forward:
         out[("backward", "fsdp.params")] = every["params"]
     return out
 
 
-def config_step_bytes(cfg, world_size: int, elem_size: int, *, reshard_after_forward: bool = True) -> dict:
+def config_step_bytes(cfg, world_size: int, elem_size: int, *, reshard_after_forward: bool = True,
+                      backend: str = "nccl") -> dict:
     """``step_bytes`` of a model config (no model built): what ``comm_bytes`` gives for ``build_model(cfg)``
     with parameters of ``elem_size`` bytes (tests/test_fsdp_bytes.py checks the two agree)."""
     block, root = unit_shapes(cfg)
     units = cfg.n_layers * padded_bytes(block, world_size, elem_size) + padded_bytes(root, world_size, elem_size)
-    return step_bytes(units, world_size, reshard_after_forward=reshard_after_forward)
+    return step_bytes(units, world_size, reshard_after_forward=reshard_after_forward, backend=backend)
 
 
-def comm_bytes(model, *, reshard_after_forward: bool = True) -> dict[tuple[str, str], int]:
+def comm_bytes(model, *, reshard_after_forward: bool = True, backend: str | None = None) -> dict[tuple[str, str], int]:
     """Bytes one rank sends per step in FSDP2's collectives (``step_bytes``) of a sharded (or to be
-    sharded) sequence-parallel ``model``, from its parameters' shapes and element sizes."""
-    G = plan_of(model).world_size
-
+    sharded) sequence-parallel ``model``, from its parameters' shapes and element sizes; ``backend``: the
+    process group's (None: its group's when initialised, else "nccl")."""
+    plan = plan_of(model)
+    G = plan.world_size
+    if backend is None:
+        backend = str(dist.get_backend(plan.group)) if dist.is_initialized() else "nccl"
     units = sum(padded_bytes([(p.shape[0], p.numel())], G, p.element_size()) for p in model.parameters())
-    return step_bytes(units, G, reshard_after_forward=reshard_after_forward)
+    return step_bytes(units, G, reshard_after_forward=reshard_after_forward, backend=backend)

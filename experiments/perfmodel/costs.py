@@ -62,6 +62,9 @@ class CostModel:
     # A collective issued on a side stream runs beside the compute stream (CUDA streams + NCCL), so FSDP2's
     # prefetched all-gathers and its reduce-scatters can hide under compute (``schedules/zero3.py``).
     side_streams: ClassVar[bool] = True
+    # The process group's backend, for collectives whose algorithm differs by backend (gloo has no
+    # reduce-scatter: burst_impl.model.fsdp.REDUCE_SCATTER_STEPS)
+    collectives_backend: ClassVar[str] = "nccl"
 
     def __post_init__(self):
         if self.dtype not in self.hw.accelerator.peak_tflops:

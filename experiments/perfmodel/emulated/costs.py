@@ -36,6 +36,7 @@ class EmulatedCosts(CostModel):
     # Python thread (FSDP2's all-gathers and reduce-scatters, ``parallel.sync_grads``' all-reduce after the
     # backward), so ``schedules/zero3.py`` and the gradient sync expose every such collective.
     side_streams: ClassVar[bool] = False
+    collectives_backend: ClassVar[str] = "gloo"     # the emulated cluster's ranks run gloo
 
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s

@@ -170,9 +170,9 @@ def parts_lines(rows: list[dict]) -> list[str]:
     model = [r for r in rows if r.get("parts_s")]
     if not model:
         return []
-    out = ["whole-model steps (model_level.predict_model; not in it: FSDP2's all-gathers and reduce-scatters "
-           "beyond the gradient all-reduce it is timed as, the optimizer step, the embedding, the loss's "
-           "elementwise work), predicted seconds by part:"]
+    out = ["whole-model steps (model_level.predict_model; FSDP2's collectives blocking, zero3_exposed; not in "
+           "it: FSDP2's hooks' host work, the optimizer step, the embedding, the loss's elementwise work), "
+           "predicted seconds by part:"]
     for r in model:
         out.append(f"{r['seqlen']:>6} {r['method']:<{_width(rows)}} " + ", ".join(
             f"{k} {v:.3f}" for k, v in r["parts_s"].items() if v))

@@ -26,15 +26,16 @@ bytes taken from the formula). While a compute op runs, the method's own transfe
 bottleneck channel for ``Window.busy`` of its seconds, and a collective advances at the rest of the rate
 (a fluid share, the attention's transfers first). The copies FSDP2 makes around each collective
 (``foreach_all_gather``'s copy-in, ``foreach_all_gather_copy_out``, ``foreach_reduce``'s chunk-cat copy-in)
-are memory traffic on the compute stream. Without side streams (a CPU rank: ``torch.cpu.Stream`` is a stub
-and gloo's synchronous collectives block the Python thread, ``CostModel.side_streams``) every collective
-is exposed.
+are memory traffic on the compute stream. On gloo (the emulated cluster, ``CostModel.collectives_backend``)
+a reduce-scatter is a ring all-reduce of the whole unit (``fsdp.REDUCE_SCATTER_STEPS``). Without side
+streams (a CPU rank: ``torch.cpu.Stream`` is a stub and gloo's synchronous collectives block the Python
+thread, ``CostModel.side_streams``) every collective is exposed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from burst_impl.model.fsdp import padded_bytes, unit_comm_bytes, unit_shapes
+from burst_impl.model.fsdp import REDUCE_SCATTER_STEPS, padded_bytes, unit_comm_bytes, unit_shapes
 
 from ..simulator import Schedule
 from .common import Ctx, ring_collective
@@ -65,12 +66,12 @@ class Collectives:
     bytes: dict                           # {(phase, kind): bytes} one rank sends per step
 
 
-def _ring(cost, place, shape, kind: str, nbytes: int) -> Schedule:
+def _ring(cost, place, shape, kind: str, nbytes: int, steps: int) -> Schedule:
     G = shape.world_size
     phase = "forward" if kind == "params" else "backward"
     ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=phase, level="layer",
               table={(phase, f"fsdp.{kind}"): nbytes})
-    ring_collective(ctx, list(range(G)), phase=phase, name=f"fsdp.{kind}", steps=G - 1,
+    ring_collective(ctx, list(range(G)), phase=phase, name=f"fsdp.{kind}", steps=steps,
                     nbytes=ctx.take(phase, (f"fsdp.{kind}",)), ready={g: None for g in range(G)})
     return ctx.sch
 
@@ -78,22 +79,25 @@ def _ring(cost, place, shape, kind: str, nbytes: int) -> Schedule:
 def collectives(cfg, shape, cost, place) -> Collectives:
     """One block's and the root's all-gather and reduce-scatter over the G ranks (bytes: ``unit_comm_bytes``
     of the units' padded bytes, parameters and gradients in the shape's dtype, as ``shard_weights`` keeps
-    them), and their copies (read + write of the gathered unit and of the shard)."""
-    G, e = shape.world_size, shape.elem_size
+    them, on the cost model's ``collectives_backend``: gloo runs the reduce-scatter as a ring all-reduce,
+    ``fsdp.REDUCE_SCATTER_STEPS``), and their copies (read + write of the gathered unit and of the shard;
+    on gloo also its all-gather's flat output copied out and its reduce-scatter's clone of the input)."""
+    G, e, backend = shape.world_size, shape.elem_size, cost.collectives_backend
     block, root = (padded_bytes(s, G, e) for s in unit_shapes(cfg))
     out, sent, channel = {}, {}, ("", -1.0)
     for name, unit, count in (("block", block, cfg.n_layers), ("root", root, 1)):
-        b = unit_comm_bytes(unit, G)
+        b = unit_comm_bytes(unit, G, backend)
         for kind, label in (("params", "gather"), ("grads", "scatter")):
-            sch = _ring(cost, place, shape, kind, b[kind])
+            steps = (G - 1) * (REDUCE_SCATTER_STEPS[backend] if kind == "grads" else 1)
+            sch = _ring(cost, place, shape, kind, b[kind], steps)
             out[f"{name}_{label}"] = sch.makespan
             busy = {k: v for k, v in sch.breakdown()["busy_max_s"].items() if k.startswith("send")}
             top = max(busy.items(), key=lambda kv: kv[1], default=("", 0.0))
             channel = max(channel, top, key=lambda kv: kv[1])
             for phase in ("forward", "backward") if kind == "params" else ("backward",):
                 sent[(phase, f"fsdp.{kind}")] = sent.get((phase, f"fsdp.{kind}"), 0) + count * b[kind]
-        copies = (cost.op_seconds(cost.hbm(2 * (unit + unit // G))),) * 2
-        out[f"{name}_copies"] = copies
+        own = 2 * unit if backend == "gloo" else 0
+        out[f"{name}_copies"] = (cost.op_seconds(cost.hbm(2 * (unit + unit // G) + own)),) * 2
     return Collectives(**out, channel=channel[0], bytes=sent)
 
 
