@@ -9,7 +9,9 @@ predicts the record's step with a given cost model (``costs.EmulatedCosts`` for 
 * ``TrainCase``: a whole model's training step (``level`` "model", ``mode`` "train"),
   ``model_level.predict_model`` with the record's model, loss, checkpoint mode and weights
   (FSDP2 when ``zero``), i.e. the layers' attention and MLP schedules, the LM head, the recompute
-  of the checkpoint mode and the exposed gradient sync, as the model predicts the papers' runs.
+  of the checkpoint mode and the exposed weight sync (the gradient all-reduce, or FSDP2's all-gathers and
+  reduce-scatters: ``schedules/zero3.py``, all blocking on the CPU ranks' ``EmulatedCosts``), as the model
+  predicts the papers' runs.
 
 Another kind (a decode step, say) is a class with ``accepts(rec)``, ``__init__(rec)`` and
 ``predict(hardware, costs)``, listed in ``KINDS`` before the ones it must win over.
