@@ -45,3 +45,15 @@ def write_rows(path, rows: list[dict]) -> None:
         rec = record.Record.from_row({"status": "ok", **{k: v for k, v in row.items() if k not in cfg}})
         rec["config"] = {**cfg, **(row.get("config") or {})}
         record.write(path, rec)
+
+
+def deepspeed_comm_without_shm_op() -> None:
+    """On this rank, DeepSpeed's comm backend starts without its shared-memory op. DeepSpeed 0.19.8's
+    ``TorchBackend`` JIT-compiles that C++ op (csrc/cpu/comm/shm*.cpp, about 90 CPU-seconds: 35-45 s of a
+    fresh checkout's suite on 2 cores) when its comm starts, and uses it only in ``inference_all_reduce``;
+    ``DistributedAttention``'s all-to-alls go through torch.distributed with or without it
+    (deepspeed/comm/torch.py). Call it in a rank before its first DeepSpeed call."""
+    import importlib
+
+    # by module path: the package attribute deepspeed.comm.torch is torch itself (its ``from .comm import *``)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None

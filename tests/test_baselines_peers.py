@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from burst_impl import burst_attn_func
 from burst_impl.layout import shard
+from tests._helpers import deepspeed_comm_without_shm_op
 from tests.refs import attention_reference, make_inputs, max_err
 
 from baselines.methods.deepspeed_ulysses import deepspeed_available
@@ -24,16 +25,6 @@ from baselines.methods.deepspeed_ulysses import deepspeed_available
 needs_deepspeed = pytest.mark.skipif(not deepspeed_available(),
                                      reason="deepspeed not installed (make venv installs it)")
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _deepspeed_extension_built():
-    """DeepSpeed JIT-compiles its shared-memory comm extension when its comm starts (tens of seconds on
-    a fresh checkout, minutes on a busy machine). Build it here, once, in the test process, so that the
-    ranks only load it and the pool's per-call timeout bounds the test, not the compiler."""
-    if deepspeed_available():
-        from deepspeed.comm.torch import build_shm_op
-
-        build_shm_op()
 
 B, D = 2, 16
 # Both sides are fp32 with the same local kernel: a peer's result may differ
@@ -46,6 +37,7 @@ def _ours_vs_deepspeed(z, zkv, causal, mask=None):
     from baselines.methods.deepspeed_ulysses import deepspeed_ulysses_adapter
     from baselines.methods.ulysses import ulysses_attn_func
 
+    deepspeed_comm_without_shm_op()        # the all-to-alls compared do not use it; its build costs ~40 s
     rank, G = dist.get_rank(), dist.get_world_size()
     q, k, v, do = make_inputs(B, 8 * G, z, zkv, D)
     res = {}
@@ -94,6 +86,7 @@ def _deepspeed_uneven_heads(z):
     from deepspeed.sequence.layer import DistributedAttention
     from deepspeed.utils import groups
 
+    deepspeed_comm_without_shm_op()
     _ensure_deepspeed_comm()
     rank, G = dist.get_rank(), dist.get_world_size()
     # A fresh group of all ranks with a short timeout: the failing all-to-all breaks
