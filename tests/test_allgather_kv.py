@@ -1,7 +1,7 @@
 """``allgather_kv`` (baselines/methods/allgather_kv.py): all-gather K/V, local attention, reduce-scatter dK/dV.
 
-In fp64 against the fp64 reference: out, lse, dq, dk, dv within 1e-12 relative (the bound and its
-reasoning: tests/test_uneven.py), at W = 1..5 (3 and 5 odd), every layout, causal and full, MHA and GQA,
+In fp64 against the fp64 reference: out, lse, dq, dk, dv within 1e-12 relative (``tests/_helpers.fp64_case``,
+the bound and its reasoning there), at W = 1..5 (3 and 5 odd), every layout, causal and full, MHA and GQA,
 even and uneven N, the window, document and block-sparse masks, non-contiguous inputs, both backward
 K/V schemes (``regather``), and the bytes counted on every rank (by kind and by link class) equal to the
 formula exactly. Then: what autograd keeps equals the memory formula, bad options are a ValueError on
@@ -18,10 +18,9 @@ from burst_impl import comm, masks
 from burst_impl.flops import attention_flops
 from experiments.perfmodel import predict_case
 from burst_impl.layout import shard
-from tests.refs import attention_reference, make_inputs, max_err
+from tests._helpers import FP64_D as D, fp64_failures, rel_err as _rel
+from tests.refs import attention_reference, make_inputs
 
-FP64_RTOL = 1e-12
-D = 8
 LAYOUTS = ("contiguous", "zigzag", "striped", "balanced:2")
 MASKS = ((True, ""), (False, ""), (True, "window:3:0"), (False, "window:2:3"), (True, "docs:4:1"),
          (False, "bsparse:2:0.5:3"))
@@ -30,50 +29,6 @@ MASKS = ((True, ""), (False, ""), (True, "window:3:0"), (False, "window:2:3"), (
 def _heads(world_size: int) -> dict[str, tuple[int, int]]:
     z = {1: 2, 2: 4, 3: 3, 4: 4, 5: 5}[world_size]
     return {"mha": (z, z), "gqa": (z, 1)}
-
-
-def _rel(got, want, full) -> float:
-    scale = full.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max().item()
-    return max_err(got, want) / max(scale, 1e-300)
-
-
-def _strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values with non-contiguous strides (heads and positions swapped in memory)."""
-    return t.transpose(1, 2).contiguous().transpose(1, 2)
-
-
-def _one(n, layout, causal, mask, heads, opts, refs) -> tuple[float, tuple, tuple]:
-    rank, G = comm.world()
-    z, zkv = heads
-    key = (n, heads, causal, mask)
-    if key not in refs:
-        inputs = make_inputs(1, n, z, zkv, D, torch.float64, seed=n)
-        refs[key] = inputs, attention_reference(*inputs, causal, mask=mask or None)
-    (q, k, v, do), ref = refs[key]
-    shape = AttnShape(1, n, z, zkv, D, G, dtype="float64", causal=causal, layout=layout, mask=mask)
-    lay = shape.resolved_layout
-    ql, kl, vl = (_strided(shard(t, lay, rank, G)).requires_grad_() for t in (q, k, v))
-    assert not ql.is_contiguous()
-    method = get("allgather_kv")
-    with comm.count_bytes() as counts:
-        out, lse = method.call(ql, kl, vl, causal=causal, layout=layout, mask=mask, return_lse=True, **opts)
-        out.backward(shard(do, lay, rank, G))
-    got = dict(out=out, dq=ql.grad, dk=kl.grad, dv=vl.grad)
-    err = max(_rel(got[name], shard(ref[name], lay, rank, G), ref[name]) for name in got)
-    err = max(err, _rel(lse, shard(ref["lse"], lay, rank, G, dim=2), ref["lse"]))
-    link_opts = {name: x for name, x in opts.items() if name != "node_size"}
-    formula = (method.bytes(shape, rank=rank, **opts), method.links(shape, rank, opts.get("node_size"), **link_opts))
-    return err, (dict(counts), counts.link_dict()), formula
-
-
-def _matrix(cases: list[tuple]) -> list:
-    refs: dict = {}
-    bad = []
-    for case in cases:
-        err, counted, formula = _one(*case, refs)
-        if not err <= FP64_RTOL or counted != formula:
-            bad.append((case, err, counted, formula))
-    return bad
 
 
 def _cases(world_size: int) -> list[tuple]:
@@ -91,7 +46,7 @@ def _cases(world_size: int) -> list[tuple]:
             for kind in kinds:
                 for n in ((even,) if mask.startswith("bsparse") else (even, uneven) if not mask else (uneven,)):
                     for regather in (True, False):
-                        out.append((n, layout, causal, mask, _heads(world_size)[kind],
+                        out.append(("allgather_kv", n, layout, causal, _heads(world_size)[kind], mask,
                                     {"regather": regather, **node}))
     return out
 
@@ -99,7 +54,7 @@ def _cases(world_size: int) -> list[tuple]:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 def test_every_layout_mask_and_uneven_n_against_fp64_and_bytes_equal_the_formula(pools, world_size):
     cases = _cases(world_size)
-    for rank, bad in enumerate(pools.run(world_size, _matrix, cases, timeout=600)):
+    for rank, bad in enumerate(pools.run(world_size, fp64_failures, cases, True, timeout=600)):
         assert not bad, f"W={world_size} rank {rank}: {len(bad)} of {len(cases)} cases fail, first: {bad[:2]}"
 
 

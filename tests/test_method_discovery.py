@@ -2,7 +2,7 @@
 
 Fake methods are registered (``registry.add_module``, in process; ``BURST_METHOD_MODULES`` for a
 pytest collection in a child process) with a chosen capability, and the case lists of
-tests/test_defects.py, test_masks_ring.py, test_hf_parity.py and test_double_ring.py must include
+tests/test_defects.py, test_masks_ring.py, test_hf_parity.py, test_double_ring.py and test_uneven.py must include
 each one where its capability says, and leave it out where it does not. Nothing runs the fakes:
 only the lists are checked, so this stays cheap. With hard-coded method lists it fails.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from baselines import registry
-from tests import test_defects, test_double_ring, test_hf_parity, test_masks_ring
+from tests import test_defects, test_double_ring, test_hf_parity, test_masks_ring, test_uneven
 from tests._helpers import method_params
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +71,12 @@ def test_the_case_lists_take_new_methods_by_capability(fakes):
     # bytes per link class: every method we implement that runs here, timing variants and layers too
     links = _names(test_double_ring._method_cases(4, 2), "method")
     assert links & fakes == {"fake_qring", "fake_nomask", "fake_qring_no_overlap", "fake_tp"}
+    # uneven N: every sequence-parallel method that runs here, on every layout it accepts; the masked
+    # cases only for methods that take masks
+    uneven = [c for c in test_uneven._cases(2) if c[0] in fakes]
+    assert _names(uneven) == {"fake_qring", "fake_nomask"}
+    assert {c[2] for c in uneven if c[0] == "fake_qring"} == {"contiguous", "zigzag", "striped", "balanced:2"}
+    assert _names(test_uneven._mask_cases(3)) & fakes == {"fake_qring"}
 
 
 def test_a_method_that_cannot_run_here_is_a_skipped_case_with_its_reason(fakes):

@@ -1,42 +1,45 @@
 """Any sequence length on any number of ranks (issue 22), and ranks that disagree get the same ValueError.
 
-Every sequence-parallel method x every layout it accepts x causal and full x MHA and GQA, at
-W = 1..5 and N = 2W + r for every r in 0..W-1 (plus N = 4W - 1, so zigzag's 2W chunks get their extra
-tokens on the second chunks too; what repeats a code path is left out, see ``_cases``), in fp64
-against the fp64 reference: out, lse (where
-the method returns it), dq, dk, dv within 1e-12 relative, and the bytes counted on every rank equal
-the method's formula for that rank exactly. Windows and documents at uneven N; the model's loss and
-gradients at an uneven N; a disagreement test for each agreed parameter. Cases are looped inside one
-submitted function per world size (tests/distpool.py), tiny shapes (d = 8, 1-5 heads).
+Every sequence-parallel method of the registry (``op_methods``: a method added there is covered without an
+edit) x every layout it accepts x causal and full x MHA and GQA, at W = 1..5 and N = 2W + r for every r in
+0..W-1 (plus N = 4W - 1, so zigzag's 2W chunks get their extra tokens on the second chunks too; what
+repeats a code path is left out, see ``_cases``), in fp64 against the fp64 reference: out, lse (where the
+method returns it), dq, dk, dv within 1e-12 relative, and the bytes counted on every rank equal the
+method's formula for that rank exactly (``tests/_helpers.fp64_case``). A case a method cannot run
+(``Method.problem``) is left out with its reason printed. Windows and documents at uneven N; the model's
+loss and gradients at an uneven N; a disagreement test for each agreed parameter. Cases are looped inside
+one submitted function per world size (tests/distpool.py), tiny shapes (d = 8, 1-5 heads).
 
-fp64 tolerance: the reference and the methods both accumulate in fp64 (u = 1.1e-16) over at most
-N = 19 keys and W merges; 1e-12 relative leaves a factor ~100 over the worst case seen (1e-15) and is
-10^10 below a wrong mask or a misplaced block.
+fp64 tolerance (``_helpers.FP64_RTOL``): the reference and the methods both accumulate in fp64 (u = 1.1e-16)
+over at most N = 19 keys and W merges; 1e-12 relative leaves a factor ~100 over the worst case seen (1e-15)
+and is 10^10 below a wrong mask or a misplaced block.
 """
 from __future__ import annotations
+
+import inspect
 
 import pytest
 import torch
 
 from baselines import AttnShape, get
+from baselines.registry import methods_with
 from burst_impl import burst_attn_func, comm
 from burst_impl.layout import lengths, shard
-from tests.refs import attention_reference, make_inputs, max_err
+from tests._helpers import FP64_D as D, FP64_RTOL, fp64_failures, rel_err as _rel
+from tests.refs import attention_reference, make_inputs
 
-FP64_RTOL = 1e-12
-D = 8
-# Every method (op level, ours) and the layouts it accepts (balanced with K = 2 chunks per rank, so
-# that N >= 2W suffices); options per world size.
-METHOD_LAYOUTS = {
-    "burst": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "burst_qring": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "ring": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "burst_double_ring": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "ring_rsa": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "ulysses": ("contiguous", "zigzag", "striped", "balanced:2"),
-    "usp": ("contiguous", "zigzag", "balanced:2"),
-}
-RETURNS_LSE = ("burst", "burst_qring", "burst_double_ring", "burst_no_overlap", "burst_double_ring_no_overlap")
+
+def op_methods() -> tuple[str, ...]:
+    """Every sequence-parallel method of the registry: op level, no timing variant (their method's numerics:
+    ``test_timing_variants_at_uneven_n``), no peer adapter (its sends happen inside the peer's package:
+    tests/test_baselines_peers.py)."""
+    return methods_with(level="op", variants=False, adapters=False, available=True)
+
+
+def method_layouts(method: str) -> tuple[str, ...]:
+    """The layouts ``method`` accepts (the registry's), balanced with K = 2 chunks per rank so that N >= 2W
+    suffices."""
+    return tuple("balanced:2" if lay == "balanced" else lay for lay in get(method).layouts)
 
 
 def heads_for(world_size: int) -> dict[str, tuple[int, int]]:
@@ -45,13 +48,17 @@ def heads_for(world_size: int) -> dict[str, tuple[int, int]]:
     return {"mha": (z, z), "gqa": (z, 1 if z % 2 else z // 2)}
 
 
+def _takes_degree(method: str) -> bool:
+    return "ulysses_degree" in inspect.signature(get(method).fn).parameters
+
+
 def options_for(method: str, world_size: int) -> dict:
-    """At W = 4: 2 nodes of 2 ranks for every method (bytes per link class: intra and inter), so
-    burst_double_ring is a real 2 x 2 double ring (elsewhere its flat fallback) and usp runs its
-    all-to-all of 2 inside a node and its ring of 2 across."""
+    """At W = 4: 2 nodes of 2 ranks for every method (bytes per link class: intra and inter), so the
+    double rings are real 2 x 2 double rings (elsewhere their flat fallback) and the USPs (the methods with
+    a ``ulysses_degree``) run their all-to-all of 2 inside a node and their ring of 2 across."""
     if world_size != 4:
         return {}
-    return {"node_size": 2, **({"ulysses_degree": 2} if method == "usp" else {})}
+    return {"node_size": 2, **({"ulysses_degree": 2} if _takes_degree(method) else {})}
 
 
 def seqlens(world_size: int) -> list[int]:
@@ -60,111 +67,106 @@ def seqlens(world_size: int) -> list[int]:
     return [2 * world_size + r for r in range(world_size)] + extra
 
 
-def _rel(got, want, full) -> float:
-    """Error relative to the largest finite value of the whole reference tensor ``full`` (a shard may be
-    all zeros: dk, dv of keys in length-1 documents)."""
-    scale = full.double().abs().nan_to_num(posinf=0.0, neginf=0.0).max().item()
-    return max_err(got, want) / max(scale, 1e-300)
+def _head_kinds(method: str, world_size: int) -> tuple[str, ...]:
+    """``burst`` (auto) is ``burst_qring``'s code for MHA and ``ring``'s for GQA (auto picks by bytes), so it
+    runs GQA only; a USP below W = 4 (no nodes given: its Ulysses degree is 1) is its ring alone, so GQA
+    only there."""
+    if method == "burst" or _takes_degree(method) and world_size != 4:
+        return ("gqa",)
+    return ("mha", "gqa")
 
 
-def _one(method, n, layout, causal, heads, mask, opts, refs):
-    """One case on this rank -> (worst relative error, counted bytes by kind and by link class, the
-    formulas of both)."""
-    rank, G = comm.world()
-    z, zkv = heads
-    key = (n, heads, causal, mask)
-    if key not in refs:
-        inputs = make_inputs(1, n, z, zkv, D, torch.float64, seed=n)
-        refs[key] = inputs, attention_reference(*inputs, causal, mask=mask or None)
-    (q, k, v, do), ref = refs[key]
-    shape = AttnShape(1, n, z, zkv, D, G, dtype="float64", causal=causal, layout=layout, mask=mask)
-    lay = shape.resolved_layout
-    ql, kl, vl, dol = (shard(t, lay, rank, G).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do)))
-    kw = dict(causal=causal, layout=layout, mask=mask, **opts)
-    with comm.count_bytes() as counts:
-        if method in RETURNS_LSE:
-            out, lse = get(method).call(ql, kl, vl, return_lse=True, **kw)
+def _candidates(method: str, world_size: int):
+    """The matrix of one method, less what repeats a code path: a double ring (``topology='double'``)
+    below W = 4 is the flat ring's code (its fallback), so contiguous only there; at W = 1 every layout
+    is the identity (contiguous only); the N = 4W - 1 value only for the layouts with 2 chunks per rank
+    (zigzag, balanced:2); MHA and GQA alternate over (layout, causal, N), so every (layout, causal) of a
+    method sees both (as tests/test_masks_ring.py alternates them)."""
+    opts = options_for(method, world_size)
+    double = get(method).options.get("topology") == "double"
+    kinds = _head_kinds(method, world_size)
+    for li, layout in enumerate(method_layouts(method)):
+        if (world_size == 1 or double and world_size != 4) and layout != "contiguous":
+            continue
+        for ci, causal in enumerate((False, True)):
+            for ni, n in enumerate(seqlens(world_size)):
+                if n > 3 * world_size and layout not in ("zigzag", "balanced:2"):
+                    continue
+                kind = kinds[(li + ci + ni) % len(kinds)]
+                yield (method, n, layout, causal, heads_for(world_size)[kind], "", opts)
+
+
+def runnable(candidates, world_size: int) -> list[tuple]:
+    """The cases their method can run at ``world_size`` (``Method.problem``); each method's reason for the
+    ones left out is printed (pytest -s or -rP shows it)."""
+    out, why = [], {}
+    for case in candidates:
+        method, n, layout, causal, (z, zkv), mask, opts = case
+        shape = AttnShape(1, n, z, zkv, D, world_size, dtype="float64", causal=causal, layout=layout, mask=mask)
+        problem = get(method).problem(shape, "op", **opts)
+        if problem is None:
+            out.append(case)
         else:
-            out, lse = get(method).call(ql, kl, vl, **kw), None
-        out.backward(dol)
-    got = dict(out=out, dq=ql.grad, dk=kl.grad, dv=vl.grad)
-    err = max(_rel(got[name], shard(ref[name], lay, rank, G), ref[name]) for name in got)
-    if lse is not None:
-        err = max(err, _rel(lse, shard(ref["lse"], lay, rank, G, dim=2), ref["lse"]))
-    m = get(method)
-    link_opts = {n: x for n, x in opts.items() if n != "node_size"}
-    formula = (m.bytes(shape, rank=rank, **opts), m.links(shape, rank, opts.get("node_size"), **link_opts))
-    return err, (dict(counts), counts.link_dict()), formula
-
-
-def _matrix(cases: list[tuple]) -> list:
-    """Every case on every rank; the failures (worst error above tolerance, or counted != formula)."""
-    refs: dict = {}
-    bad = []
-    for case in cases:
-        err, counted, formula = _one(*case, refs)
-        if not err <= FP64_RTOL or counted != formula:
-            bad.append((case[:6], err, counted, formula))
-    return bad
+            why.setdefault(method, problem)
+    for method, problem in why.items():
+        print(f"W={world_size}: cases of {method} left out: {problem}")
+    return out
 
 
 def _cases(world_size: int) -> list[tuple]:
-    """The matrix, less what repeats a code path: ``burst`` (auto) is ``burst_qring``'s code for MHA and
-    ``ring``'s for GQA (auto picks by bytes), so it runs GQA only; ``burst_double_ring`` is the flat
-    ring's code below W = 4 (its fallback, noted), so it runs contiguous only there; ``usp`` with a
-    Ulysses degree of 1 (its default at W = 2, 3, 5) is the Burst ring itself, so it runs GQA only there;
-    at W = 1 every layout is the identity (contiguous only); the N = 4W - 1 value only for the layouts
-    with 2 chunks per rank (zigzag, balanced:2)."""
-    out = []
-    for method, layouts in METHOD_LAYOUTS.items():
-        opts = options_for(method, world_size)
-        for layout in layouts:
-            if method == "burst_double_ring" and world_size != 4 and layout != "contiguous":
-                continue
-            if world_size == 1 and layout != "contiguous":
-                continue
-            for causal in (False, True):
-                for kind, heads in heads_for(world_size).items():
-                    if kind == "mha" and (method == "burst" or method == "usp" and world_size != 4):
-                        continue
-                    for n in seqlens(world_size):
-                        if n > 3 * world_size and layout not in ("zigzag", "balanced:2"):
-                            continue
-                        out.append((method, n, layout, causal, heads, "", opts))
-    return out
+    return runnable((c for m in op_methods() for c in _candidates(m, world_size)), world_size)
+
+
+def test_every_method_has_uneven_cases_at_every_world_size():
+    """No method drops out of the matrix silently: each has cases at every W (a case a method cannot run is
+    left out with its reason printed, ``runnable``; none is today), every layout it accepts above W = 1,
+    both causal values and, unless ``_head_kinds`` says why not, both head kinds."""
+    for w in (1, 2, 3, 4, 5):
+        cases = _cases(w)
+        for m in op_methods():
+            mine = [c for c in cases if c[0] == m]
+            assert {c[3] for c in mine} == {False, True}, (w, m)
+            assert len({c[4] for c in mine}) == len(_head_kinds(m, w)), (w, m)
+        if w == 4:
+            assert all({c[2] for c in cases if c[0] == m} == set(method_layouts(m)) for m in op_methods())
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 def test_every_method_layout_and_uneven_n_against_fp64(pools, world_size):
     cases = _cases(world_size)
-    for rank, bad in enumerate(pools.run(world_size, _matrix, cases, timeout=300)):
+    for rank, bad in enumerate(pools.run(world_size, fp64_failures, cases, timeout=300)):
         assert not bad, f"W={world_size} rank {rank}: {len(bad)} of {len(cases)} cases fail, first: {bad[:3]}"
 
 
 # ---------------------------------------------------------------- masks at uneven N
 
 
+MASKS = ((True, "window:3:0"), (False, "window:2:3"), (True, "docs:4:1"))
+
+
 def _mask_cases(world_size: int) -> list[tuple]:
     """A causal and a bidirectional window narrower than a shard, and seeded documents (spec strings:
-    the same on every rank and in the formula's AttnShape), at two uneven N, GQA, every mask method and
-    layout (balanced:2 resolved for each mask: its chunks differ by a token)."""
+    the same on every rank and in the formula's AttnShape), at two uneven N, GQA, every mask method but
+    ``burst`` (auto: ``ring``'s code for GQA) and every layout it accepts (balanced:2 resolved for each mask:
+    its chunks differ by a token); the two N alternate over (layout, mask), so every (layout, mask) of a
+    method runs one of them and every layout and every mask both."""
     out = []
     heads = heads_for(world_size)["gqa"]
-    for method, layouts in METHOD_LAYOUTS.items():
+    ns = (3 * world_size + 1, 4 * world_size - 1)
+    for method in methods_with(level="op", masks=True, variants=False, adapters=False, available=True):
         if method == "burst":
             continue
         opts = options_for(method, world_size)
-        for layout in layouts:
-            for n in (3 * world_size + 1, 4 * world_size - 1):
-                for causal, mask in ((True, "window:3:0"), (False, "window:2:3"), (True, "docs:4:1")):
-                    out.append((method, n, layout, causal, heads, mask, opts))
-    return out
+        for li, layout in enumerate(method_layouts(method)):
+            for mi, (causal, mask) in enumerate(MASKS):
+                out.append((method, ns[(li + mi) % 2], layout, causal, heads, mask, opts))
+    return runnable(out, world_size)
 
 
 @pytest.mark.parametrize("world_size", [3, 4])
 def test_windows_and_documents_at_uneven_n(pools, world_size):
     cases = _mask_cases(world_size)
-    for rank, bad in enumerate(pools.run(world_size, _matrix, cases, timeout=300)):
+    for rank, bad in enumerate(pools.run(world_size, fp64_failures, cases, timeout=300)):
         assert not bad, f"W={world_size} rank {rank}: {len(bad)} of {len(cases)} cases fail, first: {bad[:3]}"
 
 
@@ -437,13 +439,14 @@ def test_a_method_rule_failing_on_one_rank_raises_on_every_rank(pools):
 
 
 def test_timing_variants_at_uneven_n(pools):
-    """The ``*_no_overlap`` variants (every transfer waited for before computing) at W = 4, 2 x 2 nodes,
-    N = 4W + 1 and 4W + 3, causal, GQA: the same numerics and bytes as their method."""
+    """The registry's timing variants (``variant_of``: the ``*_no_overlap`` ones, every transfer waited for
+    before computing) at W = 4, 2 x 2 nodes, N = 4W + 1 and 4W + 3, causal, GQA: the same numerics and bytes
+    as their method."""
     heads = heads_for(4)["gqa"]
-    cases = [(m, n, layout, True, heads, "", {"node_size": 2, **({"ulysses_degree": 2} if "usp" in m else {})})
-             for m in ("burst_no_overlap", "burst_double_ring_no_overlap", "usp_no_overlap", "ring_rsa_no_overlap")
-             for layout in ("contiguous", "zigzag") for n in (17, 19)]
-    for rank, bad in enumerate(pools.run(4, _matrix, cases, timeout=300)):
+    variants = [m for m in methods_with(level="op", adapters=False, available=True) if get(m).variant_of]
+    cases = [(m, n, layout, True, heads, "", options_for(m, 4))
+             for m in variants for layout in ("contiguous", "zigzag") for n in (17, 19)]
+    for rank, bad in enumerate(pools.run(4, fp64_failures, cases, timeout=300)):
         assert not bad, f"rank {rank}: {bad[:3]}"
 
 
@@ -453,7 +456,7 @@ def test_double_ring_on_2x3_and_3x2_at_uneven_n(pools):
     heads = (6, 2)
     cases = [(m, n, "zigzag", True, heads, "", {"node_size": ns})
              for m in ("burst_double_ring", "burst_double_ring_no_overlap") for ns in (3, 2) for n in (13, 23)]
-    for rank, bad in enumerate(pools.run(6, _matrix, cases + _forced_backwards(), timeout=300)):
+    for rank, bad in enumerate(pools.run(6, fp64_failures, cases + _forced_backwards(), timeout=300)):
         assert not bad, f"rank {rank}: {bad[:3]}"
 
 
