@@ -182,7 +182,7 @@ def _start_holder(profile: Path) -> tuple[subprocess.Popen, str]:
     raise AssertionError("the cluster did not come up")
 
 
-def test_sigterm_tears_down_and_sigkill_leaves_stale_that_down_removes(tmp_path):
+def test_sigterm_tears_down_and_sigkill_leaves_stale_that_down_removes(tmp_path, capsys):
     prof = _profile(tmp_path)
     proc, rid = _start_holder(prof)
     proc.send_signal(signal.SIGTERM)
@@ -192,15 +192,16 @@ def test_sigterm_tears_down_and_sigkill_leaves_stale_that_down_removes(tmp_path)
     proc.kill()                                   # no chance to clean up
     proc.wait(timeout=30)
     assert rid in netns.stale()
-    out = subprocess.run([sys.executable, "-m", "experiments.cluster", "down", "--stale"], cwd=REPO,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert rid in out.stdout, out.stdout + out.stderr
+    capsys.readouterr()
+    assert run_cli(cluster_main, ["down", "--stale"]) == 0      # the CLI in this process: no second start-up
+    out = capsys.readouterr()
+    assert rid in out.out, out.out + out.err
     _assert_gone(rid)
 
 
 def _spec(tmp_path: Path, name: str, target: Path, **over) -> Path:
     raw = {"name": name, "methods": ["ring", "burst"], "baseline": "ring",
-           "sweep": {"seqlen": [1024], "world_size": 4, "heads": 2, "head_dim": 16, "layout": "zigzag",
+           "sweep": {"seqlen": [512], "world_size": 4, "heads": 2, "head_dim": 16, "layout": "zigzag",
                      "dtype": "float32"},
            "measure": {"modes": ["fwd_bwd"], "level": "op", "memory": False},
            "warmup": 1, "repeats": 2, "seed": 1, "cluster": str(target), "timeouts": {"case_s": 90, "pg_s": 30},
@@ -214,7 +215,7 @@ def test_torchrun_across_namespaces_shaped_and_a_rank_that_dies(tmp_path, monkey
     """Two nodes x two ranks: gloo rendezvous across namespaces, the ring's bytes pass the shaped links (its
     time is at least bytes / inter rate), and a rank that dies mid-run fails its case only; nothing is left."""
     target = _profile(tmp_path, link_rates={"intra": 2e6, "inter": 5e5})
-    monkeypatch.setenv("EXPERIMENTS_INJECT_FAULT", "burst.op.fwd_bwd.N1024.:error:3")
+    monkeypatch.setenv("EXPERIMENTS_INJECT_FAULT", "burst.op.fwd_bwd.N512.:error:3")
     before = set(netns.run_ids())
     assert run_main([str(_spec(tmp_path, "t_emu", target)), "--results", str(tmp_path / "r"), "--no-plots"]) == 0
     recs = R.latest_by_case(R.read_records(tmp_path / "r" / "t_emu" / "results.jsonl"))
