@@ -602,8 +602,9 @@ def test_shape_check_switch():
 def test_a_killed_worker_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
     """Rank 1 is SIGKILLed at the start of the second case. Rank 0 then fails in gloo with a message
     that holds "[/__w/pytorch/.../pair.cc:...]", which rich used to read as a closing markup tag and
-    crash the driver on. Now: the case is recorded as failed with that text, the other three cases
-    run, and the figures are drawn."""
+    crash the driver on. Now: the case is recorded as failed with that text and the killed rank's name, the
+    other three cases run (the executor's relaunch; through a SLURM job: tests/test_executor.py), and the
+    figures are drawn."""
     from experiments.harness import results as R
     from experiments.run import main as run_main
 
@@ -621,5 +622,8 @@ def test_a_killed_worker_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch
                       "burst.op.fwd_bwd.N64": "ok", "ring.op.fwd_bwd.N64": "ok"}, status
     reason = next(r["reason"] for r in recs.values() if r["status"] == "failed")
     assert "[/" in reason, reason  # text rich would read as markup (gloo: "[/__w/pytorch/...]")
+    # the killed rank is named (torchrun may have stopped the other before it saw the loss: then both)
+    who = reason.split(" ended while running this case")[0]
+    assert who == "rank 1" or (who.startswith("ranks ") and "1" in who), who
     figures = {p.name for p in (tmp_path / "plots" / "t_kill").glob("*.png")}
     assert {"speedup_vs_seqlen.png", "comm_volume.png"} <= figures, figures
