@@ -77,16 +77,28 @@ def heads(world: int, kind: str) -> tuple[int, int]:
     return (z, z) if kind == "mha" else (z, z // 2)
 
 
+def _options(method: str, world: int) -> dict | None:
+    """A double ring (``topology='double'``) runs as one at W = 4, 2 nodes x 2 ranks; below that it would be
+    its flat fallback, the code of the flat methods already in the batch, so it is left out there (None)."""
+    if get(method).options.get("topology") != "double":
+        return {}
+    return {"node_size": 2} if world == 4 else None
+
+
 def cases(world: int) -> list[dict]:
     """masks x methods x their layouts; MHA and GQA alternate over (mask, layout) so every (mask, method)
-    sees both."""
+    sees both. At W = 1 every layout is the identity: contiguous only there."""
     out = []
     for (m, (name, (causal, mask))), method, (l, layout) in itertools.product(
             enumerate(mask_cases(seqlen(world)).items()), mask_methods(), enumerate(LAYOUTS)):
-        if layout not in method_layouts(method):
+        if layout not in method_layouts(method) or world == 1 and layout != "contiguous":
+            continue
+        options = _options(method, world)
+        if options is None:
             continue
         hk = ("mha", "gqa")[(m + l) % 2]
-        out.append(dict(name=name, causal=causal, mask=mask, method=method, layout=layout, heads=heads(world, hk)))
+        out.append(dict(name=name, causal=causal, mask=mask, method=method, layout=layout, heads=heads(world, hk),
+                        options=options))
     return out
 
 
@@ -114,11 +126,11 @@ def _run_cases(batch: list[dict]) -> list[dict]:
             if method.operator_backward is not None:   # the operator itself, with the backward it binds: its lse too
                 out, lse = burst_attn_func(ql, kl, vl, causal=cfg["causal"], mask=cfg["mask"], layout=cfg["layout"],
                                            **{**method.options, "backward": method.operator_backward},
-                                           return_lse=True)
+                                           **cfg["options"], return_lse=True)
                 lse = lse.detach()
             else:
                 out = get(cfg["method"]).call(ql, kl, vl, causal=cfg["causal"], mask=cfg["mask"],
-                                              layout=cfg["layout"])
+                                              layout=cfg["layout"], **cfg["options"])
             out.backward(dol)
         results.append(dict(out=out.detach(), lse=lse, dq=ql.grad, dk=kl.grad, dv=vl.grad, counts=dict(counts),
                             notes=dict(counts.notes)))
