@@ -321,7 +321,6 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
         meta["skipped_note"] = "not run: " + "; ".join(str(r) or m for m, r in reasons.items())
     out = plots_root / exp
     if "level" in df and (df["level"] == "model").all():
-
         return draw_model_experiment(df, meta, out)
     sfx = "_modelled" if source(df) == "modelled" else ""   # a modelled figure says so in its file name
     files: list[Path] = []
@@ -331,43 +330,8 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
     # would hold one point; the mask figures below and the table carry those cases
     with_g = df["world_size"].nunique() > 1 and df.groupby("world_size")["seqlen"].nunique().max() == 1
     if df["seqlen"].nunique() > 1 and not with_g:
-        if baseline in set(df["method"]):
-            files.append(_line_figure(df, "seqlen", "speedup", f"speedup over {baseline} (x)",
-                                      f"speedup over {baseline} vs sequence length"
-                                      + ("" if sfx else " (bars: 95% bootstrap interval)"),
-                                      meta, out / f"speedup_vs_seqlen{sfx}.png", logy=False,
-                                      transform=_speedup(baseline), ref_line=1.0, errbars=True))
-        files.append(_line_figure(df, "seqlen", "time_median_s", _time_label(df),
-                                  "time vs sequence length", meta, out / f"time_vs_seqlen{sfx}.png", logy=True,
-                                  errbars=True))
-        # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
-        # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
-
-        ok = df["status"] == "ok"
-        def flops_of(r: dict) -> tuple[float, str]:
-            try:   # a level without a formula here keeps its record's value
-                return case_flops(r["level"], axes.shape_from(r), r["mode"])
-            except ValueError:
-                return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
-                    str(r.get("flops_scope") or r["level"])
-
-        fl = [flops_of(r) if o else (math.nan, "") for r, o in zip(df.to_dict("records"), ok)]
-        df = df.assign(tflops_per_rank=[f / t / 1e12 / w if o else math.nan for (f, _), t, w, o in
-                                        zip(fl, df["time_median_s"] if "time_median_s" in df else [math.nan] * len(df),
-                                            df["world_size"], ok)])
-        scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
-        scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
-        files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
-                                  f"throughput: {scope} FLOPs / {scope} time"
-                                  + (" (QKV, output projections and attention)" if scope == "attention layer" else ""),
-                                  meta,
-                                  out / f"tflops_vs_seqlen{sfx}.png", logy=False))
-        if "mem_peak_bytes" in df:
-            dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
-            files.append(_line_figure(dfm, "seqlen", "mem_peak_mib",
-                                      f"peak memory per rank: inputs + peak increase (MiB, {source(df)})",
-                                      "peak memory per rank vs sequence length", meta,
-                                      out / f"memory_vs_seqlen{sfx}.png", logy=True))
+        seq_files, df = _seqlen_figures(df, meta, out, sfx, baseline)
+        files += seq_files
     varies_mask = "mask" in df and (df["mask"].fillna("").nunique() > 1 or df["layout"].nunique() > 1) \
         and (df["mask"].fillna("") != "").any()
     if varies_mask:
@@ -388,6 +352,50 @@ def draw_experiment(results_root: Path, plots_root: Path, exp: str) -> list[Path
                                   out / f"throughput_vs_batch{sfx}.png", logy=False))
     files.append(comm_figure(df, meta, out / f"comm_volume{sfx}.png"))
     return [f for f in files if f is not None]
+
+
+def _seqlen_figures(df: pd.DataFrame, meta: dict, out: Path, sfx: str,
+                    baseline: str | None) -> tuple[list[Path], pd.DataFrame]:
+    """The line figures over N (speedup, time, TFLOP/s, memory); the frame with TFLOP/s from the one formula."""
+    files: list[Path] = []
+    if baseline in set(df["method"]):
+        files.append(_line_figure(df, "seqlen", "speedup", f"speedup over {baseline} (x)",
+                                  f"speedup over {baseline} vs sequence length"
+                                  + ("" if sfx else " (bars: 95% bootstrap interval)"),
+                                  meta, out / f"speedup_vs_seqlen{sfx}.png", logy=False,
+                                  transform=_speedup(baseline), ref_line=1.0, errbars=True))
+    files.append(_line_figure(df, "seqlen", "time_median_s", _time_label(df),
+                              "time vs sequence length", meta, out / f"time_vs_seqlen{sfx}.png", logy=True,
+                              errbars=True))
+    # TFLOP/s from the one formula for what was timed (records written before flops_scope divided
+    # attention-only FLOPs by a layer's time): the layer's FLOPs at level "layer"
+
+    ok = df["status"] == "ok"
+    def flops_of(r: dict) -> tuple[float, str]:
+        try:   # a level without a formula here keeps its record's value
+            return case_flops(r["level"], axes.shape_from(r), r["mode"])
+        except ValueError:
+            return r.get("tflops_per_rank", math.nan) * 1e12 * r["time_median_s"] * r["world_size"], \
+                str(r.get("flops_scope") or r["level"])
+
+    fl = [flops_of(r) if o else (math.nan, "") for r, o in zip(df.to_dict("records"), ok)]
+    df = df.assign(tflops_per_rank=[f / t / 1e12 / w if o else math.nan for (f, _), t, w, o in
+                                    zip(fl, df["time_median_s"] if "time_median_s" in df else [math.nan] * len(df),
+                                        df["world_size"], ok)])
+    scope = next((sc for (_, sc), o in zip(fl, ok) if o), "attention")
+    scope = "attention layer" if "layer" in scope else scope      # the long form is in the records
+    files.append(_line_figure(df, "seqlen", "tflops_per_rank", f"TFLOP/s per rank ({scope} FLOPs)",
+                              f"throughput: {scope} FLOPs / {scope} time"
+                              + (" (QKV, output projections and attention)" if scope == "attention layer" else ""),
+                              meta,
+                              out / f"tflops_vs_seqlen{sfx}.png", logy=False))
+    if "mem_peak_bytes" in df:
+        dfm = df.assign(mem_peak_mib=df["mem_peak_bytes"] / 2 ** 20)
+        files.append(_line_figure(dfm, "seqlen", "mem_peak_mib",
+                                  f"peak memory per rank: inputs + peak increase (MiB, {source(df)})",
+                                  "peak memory per rank vs sequence length", meta,
+                                  out / f"memory_vs_seqlen{sfx}.png", logy=True))
+    return files, df
 
 
 def _origin(results_root: Path) -> str:
