@@ -15,8 +15,13 @@ every rank, so the logits are too. (A prompt too short for the layout's chunks i
 as one multi-token decode step.) Each token is drawn once, on rank 0 of the group, from a
 generator seeded with ``seed``, and broadcast, so the ranks cannot drift apart.
 
-Bad input (a prompt and new tokens past ``max_len``, an empty prompt, ranks that disagree on the
-seed, the prompt or the settings) is a ValueError on every rank before any byte.
+The model's mask (``ModelConfig.mask``, always intersected with causal) reaches the cache's
+attention when it is a sliding window (``window:L:R``: a query at position p attends keys p-L .. p,
+the ``window=`` of ``prefill`` and ``decode``); any other mask (documents, block-sparse) is refused.
+
+Bad input (a prompt and new tokens past ``max_len``, an empty prompt, a mask generation does not
+support, ranks that disagree on the seed, the prompt or the settings) is a ValueError on every rank
+before any byte.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm, layout as layouts
+from ..model.config import ModelConfig
 from ..model.layers import Attention
 from ..model.model import Transformer
 from .agree import agree
@@ -78,6 +84,19 @@ def _check(model, prompt, max_new_tokens, temperature, max_len, placement, seed)
     check_placement(placement)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed={seed!r} must be an int >= 0")
+    window_of(model.cfg)
+
+
+def window_of(cfg: ModelConfig) -> int | None:
+    """The sliding window L of the model's mask (keys p-L .. p), None for plain causal attention; a
+    ValueError naming the mask for any other (the spec itself was checked when the config was made)."""
+    kind, *args = cfg.mask.split(":") if cfg.mask else ("causal",)
+    if kind in ("causal", "full"):        # intersected with causal: plain causal
+        return None
+    if kind == "window" and args[0].isdigit():
+        return int(args[0])               # causal cuts the right side: keys p-L .. p
+    raise ValueError(f"mask={cfg.mask!r} (model {cfg.name!r}): generation on the sharded cache supports a "
+                     "causal sliding window ('window:L:R') or no mask, not this one")
 
 
 def fingerprint(prompt) -> str:
@@ -89,10 +108,12 @@ def fingerprint(prompt) -> str:
 
 @dataclass
 class _Step:
-    """What the bound cores do in the current forward: prefill a layout shard, or decode at ``positions``."""
+    """What the bound cores do in the current forward: prefill a layout shard, or decode at ``positions``, with
+    the sliding window ``window`` (None: causal)."""
 
     mode: str = "prefill"
     positions: Tensor | None = None
+    window: int | None = None
 
 
 @dataclass
@@ -107,10 +128,11 @@ class _CachedCore:
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.step.mode == "prefill":
-            out, _ = prefill(q, k, v, self.cache, self.layer, layout=self.layout, group=self.group)
+            out, _ = prefill(q, k, v, self.cache, self.layer, layout=self.layout, window=self.step.window,
+                             group=self.group)
         else:
             out, _ = decode(q, k, v, self.cache, self.layer, merge="all_gather", positions=self.step.positions,
-                            group=self.group)
+                            window=self.step.window, group=self.group)
         return out
 
 
@@ -161,11 +183,12 @@ def generate(model, prompt: Tensor, max_new_tokens: int, *, temperature: float =
     cache holds at most ``max_len`` tokens per sequence (None: N + max_new_tokens); ``layout``: the
     prefill's shard layout; ``placement``: where new tokens go (``ShardedKVCache``)."""
     agree(group, lambda: _check(model, prompt, max_new_tokens, temperature, max_len, placement, seed),
-          dict(op="generate", seed=seed, temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len,
+          dict(op="generate", mask=getattr(getattr(model, "cfg", None), "mask", None), seed=seed,
+               temperature=temperature, max_new_tokens=max_new_tokens, max_len=max_len,
                layout=str(layout), placement=placement, prompt=fingerprint(prompt),
                shape=tuple(getattr(prompt, "shape", ()))))
     rank, size = comm.world(group)
-    cfg, weight = model.cfg, model.output.weight
+    cfg, weight, window = model.cfg, model.output.weight, window_of(model.cfg)
     batch, n_prompt = prompt.shape
     cache = ShardedKVCache.empty(cfg.n_layers, batch, cfg.n_kv_heads, cfg.head_dim, dtype=weight.dtype,
                                  device=weight.device, placement=placement, group=group)
@@ -173,11 +196,13 @@ def generate(model, prompt: Tensor, max_new_tokens: int, *, temperature: float =
     step, tokens, logits = _Step(), [], []
     with _bound_cores(model, cache, step, layout, group):
         n_pre = _prefill_len(n_prompt, layout, size)
+        # a window as wide as the prefilled prompt is plain causal there (masks.SlidingWindow takes at most N-1)
+        step.window = window if window is not None and window < n_pre else None
         if n_pre:
             pos = layouts.positions(layout, rank, size, n_pre).to(prompt.device)
             model(prompt[:, pos], pos)
         feed = prompt[:, n_pre:]
-        step.mode = "decode"
+        step.mode, step.window = "decode", window
         for _ in range(max_new_tokens):
             start = cache.lengths(0)[0]
             pos = torch.arange(start, start + feed.shape[1], device=prompt.device)
