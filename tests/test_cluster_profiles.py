@@ -42,7 +42,8 @@ def test_shipped_profiles_load():
 
     assert all(s.profile.via_slurm for s in load_any("emulated_slurm").specs)
     cpu = load_any("cpu")
-    assert {s.cluster for s in cpu.specs} == {"cpu", "a100_roce_emu"}    # the CPU preset runs on both
+    # the CPU preset runs on loopback, the emulated 2 x 2 cluster and (decode) the emulated 2 x 4 one
+    assert {s.cluster for s in cpu.specs} == {"cpu", "a100_roce_emu", "a800_ib_emu_2x4"}
 
 
 @pytest.mark.parametrize("edit,key", [
