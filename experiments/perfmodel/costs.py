@@ -8,9 +8,16 @@ fitted to a paper's results.
   ``entries_flops(B, Z, d, entries, mode)`` FLOPs for its live score entries
   (the suite's convention: 4*entries*Z*d forward, a causal block counting
   rows*cols/2, a band, document or block-sparse tile its live entries, x2.5
-  backward) at ``peak x efficiency(sqrt(rows * cols))``: the profile's table is
-  measured on square problems, so a rectangular block is looked up at the
-  geometric mean of its sides. Forward uses the forward-only table when the
+  backward). Its time is that of the attention problems the call holds
+  (``kernel_problems``), each at ``peak x efficiency(its length)``: a plain
+  (full or causal) tile is one problem, padded to whole thread-block tiles
+  (``FLASH_BLOCKS``: a partial tile costs a whole one), looked up at the
+  geometric mean of its padded sides (the profile's table is measured on square
+  problems); a varlen tile (``TileMask`` kind varlen / varlen_full: packed
+  documents, ``burst_impl.plan``) is one such problem per document, each at its
+  own length, since the kernel runs every document as its own sequence; a band
+  tile (a sliding window) runs at the length of its longest row's keys, the keys
+  each query tile loops over. Forward uses the forward-only table when the
   profile has one; backward then gets the efficiency that makes forward +
   backward match the combined table: 2.5 / (3.5/e_fb - 1/e_f).
 * A materialised-scores attention (no flash kernel: ``ring_rsa``, TP without
@@ -42,13 +49,73 @@ fitted to a paper's results.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..profiles.hardware import Hardware, Link
 from burst_impl.flops import MODE_FACTOR, entries_flops
+from burst_impl.kernels.common import TileMask
 
 FP32 = 4
+# FlashAttention-2's thread-block tile (query rows, key columns) at head dim 128 on A100 and H100, the kernel whose
+# measured speed every GPU profile's efficiency table is: forward Flash_fwd_kernel_traits<128, 128, 64, 4>
+# (csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim128, the sm80 / sm90 branch), backward
+# Flash_bwd_kernel_traits<128, 64, 128, 8, ...> (flash_bwd_launch_template.h, run_mha_bwd_hdim128, >= 144 KB of
+# shared memory per block: A100, H100); Dao-AILab/flash-attention at 01afd16. A problem whose side is not a
+# multiple of its tile runs the last tile whole.
+FLASH_BLOCKS = {"forward": (128, 64), "backward": (64, 128)}
+VARLEN = ("varlen", "varlen_full")
+
+
+def padded_area(rows: int, cols: int, mode: str) -> float:
+    """Score entries a flash kernel sweeps on a rows x cols problem: both sides padded to whole
+    ``FLASH_BLOCKS`` tiles (``fwd_bwd``: the two passes weighted by the convention's factors)."""
+    def area(m: str) -> int:
+        bm, bn = FLASH_BLOCKS[m]
+        return -(-rows // bm) * bm * (-(-cols // bn) * bn)
+    if mode != "fwd_bwd":
+        return float(area(mode))
+    return (MODE_FACTOR["forward"] * area("forward") + MODE_FACTOR["backward"] * area("backward")) / MODE_FACTOR[mode]
+
+
+def band_span(mask: TileMask) -> int:
+    """Live keys of the longest row of a band ``lo <= j - i <= hi`` on its (n_rows x n_cols) tile: the keys a
+    query tile loops over. A row's count min(n_cols - 1, i + hi) - max(0, i + lo) + 1 is concave in i, so its
+    maximum is at an end of the rows or where a bound starts to bind."""
+    nr, nc, lo, hi = mask.n_rows, mask.n_cols, mask.lo, mask.hi
+
+    def width(i: int) -> int:
+        last = nc - 1 if hi is None else min(nc - 1, i + hi)
+        return last - (0 if lo is None else max(0, i + lo)) + 1
+    cands = {0, nr - 1} | {min(nr - 1, max(0, x)) for x in (None if lo is None else -lo,
+                                                            None if hi is None else nc - 1 - hi) if x is not None}
+    return max(0, max(width(i) for i in cands))
+
+
+def kernel_problems(rows: int, cols: int, causal: bool, mode: str, entries: float,
+                    mask: TileMask | None = None) -> list[tuple[float, float]]:
+    """(score entries it costs, length its efficiency is read at) of each attention problem in one flash call on
+    a rows x cols tile under ``mask`` (``burst_impl.plan``'s tile mask; None or causal: the plain kernel):
+
+    * plain (full, causal): one problem, padded to whole tiles, half when causal (the suite's convention);
+    * varlen, varlen_full: one per document of ``mask.cu``, each a plain problem of its own length: the
+      varlen kernel runs each document as its own sequence (its own query tiles, its last tile partial);
+    * band: its live entries at the length of its longest row (``band_span``), never above the tile's;
+    * dense: its live entries at the tile's size (on a GPU the exact path's plain math, not a flash call)."""
+    kind = mask.kind if mask is not None else ("causal" if causal else "full")
+    if kind in ("full", "causal"):
+        area = padded_area(rows, cols, mode)
+        return [(area / (2.0 if kind == "causal" else 1.0), math.sqrt(area))]
+    if kind in VARLEN:
+        half = 2.0 if kind == "varlen" else 1.0
+        out = []
+        for length, n in Counter(b - a for a, b in zip(mask.cu, mask.cu[1:])).items():
+            area = padded_area(length, length, mode)
+            out.append((n * area / half, math.sqrt(area)))
+        return out
+    size = math.sqrt(rows * cols)
+    return [(entries, min(size, band_span(mask)) if kind == "band" else size)]
 
 
 @dataclass(frozen=True)
@@ -89,24 +156,31 @@ class CostModel:
         return MODE_FACTOR["backward"] / (MODE_FACTOR["fwd_bwd"] / fb - MODE_FACTOR["forward"] / f)
 
     def attention(self, batch: int, heads: int, head_dim: int, rows: int, cols: int, causal: bool,
-                  mode: str, entries: float | None = None) -> tuple[float, float]:
+                  mode: str, entries: float | None = None, mask: TileMask | None = None) -> tuple[float, float]:
         """(seconds, FLOPs) of a flash kernel on a rows x cols block pair with ``entries`` live score
-        entries (default: all of them, half when ``causal``: the suite's convention)."""
+        entries (default: all of them, half when ``causal``: the suite's convention) under the plan's tile
+        ``mask`` (None: the plain kernel; its time from ``kernel_problems``)."""
         if rows <= 0 or cols <= 0:
             return 0.0, 0.0
         if entries is None:
             entries = rows * cols / (2.0 if causal else 1.0)
         flops = entries_flops(batch, heads, head_dim, entries, mode)
-        eff = self.attn_efficiency(math.sqrt(rows * cols), mode) * self.wave_efficiency(batch, heads, rows)
-        return flops / (self.peak * eff), flops
+        seconds = sum(entries_flops(batch, heads, head_dim, work, mode) / (self.peak * self.attn_efficiency(n, mode))
+                      for work, n in kernel_problems(rows, cols, causal, mode, entries, mask))
+        return seconds / self.wave_efficiency(batch, heads, rows, mask), flops
 
-    def wave_efficiency(self, batch: int, heads: int, rows: int) -> float:
+    def wave_efficiency(self, batch: int, heads: int, rows: int, mask: TileMask | None = None) -> float:
         """The busy fraction of the GPU under a flash kernel's grid on (B, heads, rows) queries (1 without
-        the profile's ``attn_grid``): ``Accelerator.wave_efficiency`` of B x heads x ceil(rows / tile_rows)."""
+        the profile's ``attn_grid``): ``Accelerator.wave_efficiency`` of B x heads x ceil(rows / tile_rows),
+        summed over the documents of a varlen tile (each its own query tiles)."""
         grid = self.hw.accelerator.attn_grid
         if grid is None:
             return 1.0
-        return self.hw.accelerator.wave_efficiency(batch * heads * math.ceil(rows / grid.tile_rows))
+        if mask is not None and mask.kind in VARLEN:
+            tiles = sum(math.ceil((b - a) / grid.tile_rows) for a, b in zip(mask.cu, mask.cu[1:]))
+        else:
+            tiles = math.ceil(rows / grid.tile_rows)
+        return self.hw.accelerator.wave_efficiency(batch * heads * tiles)
 
     def gemm_efficiency(self) -> float:
         g = self.hw.accelerator.gemm_efficiency

@@ -2,8 +2,9 @@
 
 Three things differ from an accelerator, each measured on this machine apart from the run:
 
-* compute: every kernel, GEMM, score block, softmax and byte of memory traffic a schedule asks for
-  is read from a ``KernelTimes`` table (``measured.py``) x ``scale`` (``validate.load_scale``: the
+* compute: every kernel (a band or varlen tile as itself, ``measured.masked_key``), GEMM, score block,
+  softmax and byte of memory traffic a schedule asks for is read from a ``KernelTimes`` table
+  (``measured.py``) x ``scale`` (``validate.load_scale``: the
   run's own calibration over the table's time for the same work; the machine's load differs);
 * host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels;
@@ -22,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..costs import CostModel
-from .measured import HBM, KernelTimes
+from .measured import HBM, KernelTimes, masked_key
+from burst_impl.flops import entries_flops
 
 
 @dataclass(frozen=True)
@@ -52,18 +54,21 @@ class EmulatedCosts(CostModel):
             raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.emulated.measured)")
         return self.times.seconds[key] * self.scale
 
-    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None, mask=None):
         if rows <= 0 or cols <= 0:
             return 0.0, 0.0
-        _, flops = super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
+        if entries is None:
+            entries = rows * cols / (2.0 if causal else 1.0)
+        flops = entries_flops(batch, heads, head_dim, entries, mode)
+        # a band or varlen tile (burst_impl.plan): its own measured time, the exact masked path on its mask
+        key = masked_key(batch, heads, head_dim, rows, cols, mask, mode, self.dtype)
+        if key is not None:
+            return self._get(key), flops
         t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
-        # a masked tile (burst_impl.plan): the measured tile, scaled to its live entries (an
+        # a plain tile, or a dense one: the measured tile scaled to its live entries (for a dense tile an
         # approximation: the exact masked path is slower per entry than the fused kernel). The key was
         # timed with this ``causal``, so the scale is against the live entries of THAT work (half the
-        # tile when causal): a causal call with the default entries (ulysses' whole-sequence kernel
-        # passes mask_area = N^2/2) is the measured time itself, not half of it.
-        if entries is None:
-            return t, flops
+        # tile when causal): a causal call with its convention's entries is the measured time itself.
         return t * entries / (rows * cols / (2.0 if causal else 1.0)), flops
 
     def gemm(self, m, n, k, *, dtype=None):

@@ -10,7 +10,9 @@ prediction. Instead:
 1. ``needed(cases, hardware)`` runs each case's schedule once with a
    recording cost model and collects every distinct piece of work it asks
    for: flash-kernel calls ``("attention", B, Z, d, rows, cols, causal, mode,
-   dtype)``, GEMMs ``("gemm", m, n, k, dtype)``, materialised score blocks
+   dtype)``, masked tiles ``("masked", B, Z, d, rows, cols, kind, lo, hi, cu, mode,
+   dtype)`` (a plan's band and varlen tiles, ``masked_key``), GEMMs
+   ``("gemm", m, n, k, dtype)``, materialised score blocks
    ``("scores", B*Z, rows, cols, d, N, dtype)`` and softmaxes
    ``("softmax", batch, rows, cols, mode, dtype)`` (on a CPU the exp and row
    sums, not the memory, set their time), and the memory bandwidth
@@ -46,6 +48,7 @@ from ...harness import cpuquota
 from ..costs import CostModel
 from burst_impl import kernels, masks
 from burst_impl.inference import partial_attention
+from burst_impl.kernels.common import TileMask
 from burst_impl.shape import DTYPES
 
 HBM = ("hbm",)
@@ -53,7 +56,21 @@ HBM_ELEMENTS = 1 << 23            # 32 MiB fp32 per operand: far larger than any
 
 
 def _key(k) -> tuple:
-    return tuple(k)
+    """A key as a tuple, lists inside it too (a masked tile's document boundaries, read back from JSON)."""
+    return tuple(_key(x) if isinstance(x, list) else x for x in k)
+
+
+def masked_key(batch: int, heads: int, head_dim: int, rows: int, cols: int, mask: TileMask | None, mode: str,
+               dtype: str) -> tuple | None:
+    """The key of a masked tile timed as itself: ``("masked", B, Z, d, rows, cols, kind, lo, hi, cu, mode,
+    dtype)`` for a band, varlen or varlen_full tile (``burst_impl.plan``; the CPU's exact masked path runs it
+    in row blocks over each block's live span, so its time is not the unmasked kernel's per live entry).
+    None for the plain kernel (no mask, causal: the ``"attention"`` key) and for a dense tile, whose mask is
+    a function of positions; it keeps the unmasked tile scaled to its live entries."""
+    if mask is None or mask.kind not in ("band", "varlen", "varlen_full"):
+        return None
+    return ("masked", batch, heads, head_dim, rows, cols, mask.kind, mask.lo, mask.hi,
+            None if mask.cu is None else tuple(mask.cu), mode, dtype)
 
 
 @dataclass(frozen=True)
@@ -62,11 +79,12 @@ class RecordingCosts(CostModel):
 
     seen: set = field(default_factory=set, compare=False, hash=False)
 
-    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None):
-        # a masked tile (``entries`` given, burst_impl.plan) is timed as its whole unmasked tile, scaled
+    def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None, mask=None):
+        # a band or varlen tile is timed as itself (``masked_key``); a dense one as its whole unmasked tile, scaled
         if rows > 0 and cols > 0:
-            self.seen.add(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
-        return super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries)
+            self.seen.add(masked_key(batch, heads, head_dim, rows, cols, mask, mode, self.dtype)
+                          or ("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
+        return super().attention(batch, heads, head_dim, rows, cols, causal, mode, entries=entries, mask=mask)
 
     def gemm(self, m, n, k, *, dtype=None):
         self.seen.add(("gemm", m, n, k, dtype or self.dtype))
@@ -146,21 +164,13 @@ def _runner(key: tuple):
     g = torch.Generator().manual_seed(0)
     if key[0] == "attention":
         _, b, z, d, rows, cols, causal, mode, dtype = key
-        dt = DTYPES[dtype]
-        q, do = (torch.randn(b, rows, z, d, generator=g).to(dt) for _ in range(2))
-        k, v = (torch.randn(b, cols, z, d, generator=g).to(dt) for _ in range(2))
-        sc = kernels.default_scale(d, None)
-        if mode == "forward":
-            return lambda: kernels.attn_forward(q, k, v, causal=causal, scale=sc)
-        out, lse = kernels.attn_forward(q, k, v, causal=causal, scale=sc)
-        delta = kernels.compute_delta(do, out)
-        if mode == "backward":
-            return lambda: kernels.attn_backward(do, q, k, v, lse, delta, causal=causal, scale=sc)
-
-        def fwd_bwd():
-            o, l_ = kernels.attn_forward(q, k, v, causal=causal, scale=sc)
-            kernels.attn_backward(do, q, k, v, l_, kernels.compute_delta(do, o), causal=causal, scale=sc)
-        return fwd_bwd
+        return _attention_runner(g, b, z, d, rows, cols, mode, dtype, causal=causal, mask=None)
+    if key[0] == "masked":
+        # the plan's tile mask, as the ring methods pass it to the kernels (its row segments made once, in the
+        # warm-up: plans are cached, so a run derives them once per tile too)
+        _, b, z, d, rows, cols, kind, lo, hi, cu, mode, dtype = key
+        tm = TileMask(kind, rows, cols, lo=lo, hi=hi, cu=cu)
+        return _attention_runner(g, b, z, d, rows, cols, mode, dtype, causal=False, mask=tm)
     if key[0] == "gemm":
         _, m, n, kk, dtype = key
         dt = DTYPES[dtype]
@@ -207,7 +217,28 @@ def _runner(key: tuple):
     if key == HBM:
         x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
         return lambda: x.add_(y)            # reads two fp32 arrays, writes one
-    raise ValueError(f"key={key!r}: unknown kind of work; expected attention, gemm, scores, softmax, decode or hbm")
+    raise ValueError(f"key={key!r}: unknown kind of work; expected attention, masked, gemm, scores, softmax, decode "
+                     "or hbm")
+
+
+def _attention_runner(g, b, z, d, rows, cols, mode, dtype, *, causal: bool, mask: TileMask | None):
+    """The flash kernel (``burst_impl.kernels``) of one tile in ``mode``, its inputs made here."""
+    dt = DTYPES[dtype]
+    q, do = (torch.randn(b, rows, z, d, generator=g).to(dt) for _ in range(2))
+    k, v = (torch.randn(b, cols, z, d, generator=g).to(dt) for _ in range(2))
+    sc = kernels.default_scale(d, None)
+    kw = dict(causal=causal, scale=sc, mask=mask)
+    if mode == "forward":
+        return lambda: kernels.attn_forward(q, k, v, **kw)
+    out, lse = kernels.attn_forward(q, k, v, **kw)
+    delta = kernels.compute_delta(do, out)
+    if mode == "backward":
+        return lambda: kernels.attn_backward(do, q, k, v, lse, delta, **kw)
+
+    def fwd_bwd():
+        o, l_ = kernels.attn_forward(q, k, v, **kw)
+        kernels.attn_backward(do, q, k, v, l_, kernels.compute_delta(do, o), **kw)
+    return fwd_bwd
 
 
 def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float, rounds: int) -> list[list[float]]:

@@ -17,10 +17,7 @@ from burst_impl.masks import Causal, Full
 
 from ..costs import FP32
 from .common import Ctx, accumulate_bytes, merge_bytes, ring_collective, sequence_parallel
-
-
-def _size(sel, n: int) -> int:
-    return len(range(n)[sel]) if isinstance(sel, slice) else int(sel.numel())
+from .tiles import tile_cost
 
 
 def _tiles(ctx: Ctx, rank: int, mode: str) -> tuple[float, float, float]:
@@ -38,9 +35,7 @@ def _tiles(ctx: Ctx, rank: int, mode: str) -> tuple[float, float, float]:
         plain = isinstance(s.attn_mask, (Causal, Full))
         t = f = hbm = 0.0
         for i, tile in enumerate(plan.tiles):
-            rows, cols = _size(tile.rows, plan.n_rows), _size(tile.cols, n)
-            dt, df = ctx.cost.attention(b, z, d, rows, cols, tile.kind == "causal", mode,
-                                        entries=None if plain else tile.entries)
+            dt, df, rows, cols = tile_cost(ctx, tile, heads=z, mode=mode, n_rows=plan.n_rows, n_cols=n, exact=not plain)
             t, f = t + dt, f + df
             if mode == "forward" and i > 0:
                 hbm += ctx.cost.hbm(merge_bytes(b, rows, z, d, ctx.elem))

@@ -24,13 +24,10 @@ from burst_impl.plan import StepPlan, step_plan
 from ..costs import FP32
 from .common import Ctx, accumulate_bytes, hbm_step, merge_bytes, sequence_parallel
 from .double_ring import pass_for
+from .tiles import tile_cost, tile_size
 
 QSIDE = ("q", "dout", "lse", "delta")
 KVSIDE = ("k", "v")
-
-
-def _size(sel, n: int) -> int:
-    return len(range(n)[sel]) if isinstance(sel, slice) else int(sel.numel())
 
 
 def _plan(ctx: Ctx, q_idx: int, kv_idx: int, local: int, n: int) -> StepPlan:
@@ -45,18 +42,18 @@ def _plan(ctx: Ctx, q_idx: int, kv_idx: int, local: int, n: int) -> StepPlan:
 
 def _kernel(ctx: Ctx, *, heads: int, plan: StepPlan, local: int, mode: str, materialised: bool):
     """(seconds, FLOPs) of the tiles of one step: a flash kernel per tile on its live entries (a
-    causal tile at the convention's half), or materialised scores over each tile."""
+    causal tile at the convention's half) under its tile mask (``tiles.tile_cost``), or materialised
+    scores over each tile."""
     s = ctx.shape
     t = f = 0.0
     for tile in plan.tiles:
-        rows, cols = _size(tile.rows, local), _size(tile.cols, local)
         if materialised:
+            rows, cols = tile_size(tile.rows, local), tile_size(tile.cols, local)
             # forward: write S, read S (softmax), write P, read P (PV); backward adds dP, dS and rereads
             dt, df = ctx.cost.materialised_attention(s.batch, heads, s.head_dim, rows, cols, mode, elem=ctx.elem,
                                                      score_passes=4 if mode == "forward" else 8)
         else:
-            dt, df = ctx.cost.attention(s.batch, heads, s.head_dim, rows, cols, tile.kind == "causal", mode,
-                                        entries=None if tile.kind in ("full", "causal") else tile.entries)
+            dt, df, _, _ = tile_cost(ctx, tile, heads=heads, mode=mode, n_rows=local, n_cols=local, exact=False)
         t, f = t + dt, f + df
     return t, f
 
@@ -77,8 +74,8 @@ def _step_cost(ctx: Ctx, q_idx: int, kv_idx: int, *, local: int, n: int, heads: 
             memo[key] = None
         else:
             t, f = _kernel(ctx, heads=heads, plan=plan, local=local, mode=mode, materialised=materialised)
-            memo[key] = (t, f, min(local, sum(_size(x.rows, local) for x in plan.tiles)),
-                         min(local, sum(_size(x.cols, local) for x in plan.tiles)))
+            memo[key] = (t, f, min(local, sum(tile_size(x.rows, local) for x in plan.tiles)),
+                         min(local, sum(tile_size(x.cols, local) for x in plan.tiles)))
     return memo[key]
 
 

@@ -27,10 +27,9 @@ traffic is paid and, for training, the probabilities are kept.
 """
 from __future__ import annotations
 
-from burst_impl.flops import mask_area
-
 from ..costs import FP32
 from .common import Ctx, projections, ring_collective
+from .tiles import whole_sequence
 
 
 def _tp(ctx: Ctx, version: str, *, flash: bool) -> dict:
@@ -45,7 +44,7 @@ def _tp(ctx: Ctx, version: str, *, flash: bool) -> dict:
 
     def kernel(mode):
         if flash:
-            return ctx.cost.attention(b, zq, d, N, N, s.causal, mode, entries=mask_area(s))
+            return whole_sequence(ctx, zq, mode)
         return ctx.cost.materialised_attention(b, zq, d, N, N, mode, elem=e,
                                                score_passes=4 if mode == "forward" else 8)
 

@@ -15,10 +15,9 @@ per group), with Z/u query heads on N/r tokens per ring rank.
 """
 from __future__ import annotations
 
-from burst_impl.flops import mask_area
-
 from .common import Ctx, all_to_all, sequence_parallel
 from .ring_family import ring_backward, ring_forward
+from .tiles import whole_sequence
 from baselines.methods.ulysses import a2a_bytes
 from baselines.registry import get
 
@@ -60,7 +59,7 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str, topology: str = "flat", 
         ready = _a2a_phase(ctx, groups, ready, phase="forward", kinds=("q", "k", "v"), prefix=prefix)
         ready = _reorder(ctx, ready, phase="forward", tensors=qkv, name="reorder_qkv")
         if r == 1:
-            t, f = _kernel(ctx, z, s.seqlen, "forward")
+            t, f = whole_sequence(ctx, z, "forward")
             ready = {g: ctx.compute(g, f"attn_fwd[r{g}]", t, deps=[ready[g]], phase="forward", flops=f)
                      for g in ready}
         else:
@@ -73,7 +72,7 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str, topology: str = "flat", 
     def backward(ready):
         ready = _a2a_phase(ctx, groups, ready, phase="backward", kinds=("dout",), prefix=prefix)
         if r == 1:
-            t, f = _kernel(ctx, z, s.seqlen, "backward")
+            t, f = whole_sequence(ctx, z, "backward")
             ready = {g: ctx.compute(g, f"attn_bwd[r{g}]", t, deps=[ready[g]], phase="backward", flops=f)
                      for g in ready}
         else:
@@ -83,11 +82,6 @@ def _ulysses_schedule(ctx: Ctx, u: int, *, prefix: str, topology: str = "flat", 
         return _a2a_phase(ctx, groups, ready, phase="backward", kinds=("dq", "dk", "dv"), prefix=prefix)
 
     return sequence_parallel(ctx, forward, backward)
-
-
-def _kernel(ctx: Ctx, heads: int, n: int, mode: str) -> tuple[float, float]:
-    s = ctx.shape
-    return ctx.cost.attention(s.batch, heads, s.head_dim, n, n, s.causal, mode, entries=mask_area(s))
 
 
 def ulysses(ctx: Ctx) -> dict:
