@@ -6,6 +6,7 @@
     burst-bench cluster selftest a100_roce_emu      # bring up, measure each link class, tear down
     burst-bench cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
     burst-bench cluster overlap a800_ib_emu_3x2 --out F.json   # what overlap hides (overlap_probe.py)
+    burst-bench cluster messages a800_ib_emu_2x4 --out F.json  # what a small blocking message costs (message_probe.py)
     burst-bench cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
@@ -30,7 +31,7 @@ from pathlib import Path
 from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
 from ..harness.launch import run_launch
-from .emulator import netns, overlap_probe, selftest, shaping
+from .emulator import message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from .report import ratios_of, report, with_model, write_report
@@ -136,37 +137,60 @@ def _message_lines(cl, nbytes: int = 1 << 19) -> list[str]:
     return out
 
 
-def _overlap(prof, repeats: int, cases_text: str, out: str | None) -> int:
-    """Bring a cluster up, run ``overlap_probe`` on every rank at once, print its table (and write it)."""
-    cases = overlap_probe.parse_cases(cases_text)
-    if repeats < 1:
-        raise ValueError(f"repeats={repeats} must be >= 1")
-    overlap_probe.check_shape(cases, prof.nodes, prof.ranks_per_node)     # before minutes of bring-up
+def _launch_probe(prof, module: str, marker: str, worker_args: list[str]) -> tuple[list, dict]:
+    """Bring a cluster up, run ``emulator/<module>.py`` on every rank at once, tear it down: (its per-rank
+    JSON, the cluster's info). Rank 0 prints ``<marker> <json>``."""
     world = prof.nodes * prof.ranks_per_node
-    with EmulatedCluster(prof) as cl, tempfile.TemporaryDirectory(prefix="bemu-overlap-") as work:
+    with EmulatedCluster(prof) as cl, tempfile.TemporaryDirectory(prefix="bemu-probe-") as work:
         if not cl.emulated:
             raise ToolFailed(f"cannot probe {prof.name}: {cl.fallback}")
         env = dict(os.environ, **cl.env(world), OMP_NUM_THREADS="1")
-        cmds = cl.launches(world, [str(repeats), cases_text], port=29590,
-                           module="experiments.cluster.emulator.overlap_probe")
-        rc, logs = run_launch([(c, env) for c in cmds], provenance.REPO, Path(work) / "overlap.log", timeout_s=900)
+        cmds = cl.launches(world, worker_args, port=29590, module=f"experiments.cluster.emulator.{module}")
+        rc, logs = run_launch([(c, env) for c in cmds], provenance.REPO, Path(work) / "probe.log", timeout_s=900)
         info = cl.info(world)
-    lines = [ln for ln in logs.splitlines() if ln.startswith("OVERLAP_PROBE ")]
+    lines = [ln for ln in logs.splitlines() if ln.startswith(marker + " ")]
     if rc != 0 or not lines:
-        raise ToolFailed(f"overlap probe failed (exit status {rc}); the ranks' log ends: {logs.strip()[-1200:]}")
-    per_rank = json.loads(lines[0].split(" ", 1)[1])
-    rows = overlap_probe.summarize(per_rank, cases)
+        raise ToolFailed(f"{module.replace('_', ' ')} failed (exit status {rc}); the ranks' log ends: "
+                         f"{logs.strip()[-1200:]}")
+    return json.loads(lines[0].split(" ", 1)[1]), info
+
+
+def _write_probe(out: str | None, prof, probe: str, info: dict, repeats: int, cases, rows, per_rank) -> None:
+    if not out:
+        return
+    world = prof.nodes * prof.ranks_per_node
+    rec = {"probe": probe, "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "git": provenance.git_info(), "versions": provenance.versions(),
+           "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats,
+           "cases": [c.name for c in cases], "rows": rows, "per_rank": per_rank}
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(rec, f, indent=1)
+    print(f"wrote {out}")
+
+
+PROBES = {"overlap": (overlap_probe, "OVERLAP_PROBE"), "messages": (message_probe, "MESSAGE_PROBE")}
+PROBE_HELP = {    # kind: (help, default repeats, case syntax)
+    "overlap": ("what overlap hides: compute, a transfer, and both at once on every rank", 5,
+                "<ring|pair|oneway>:<tokens>:<bytes>"),
+    "messages": ("what a small message costs a rank that waits for it (lone hops and gloo collectives)", 10,
+                 "<ring|pair|all_gather|all_reduce|all_to_all>:<bytes>")}
+
+
+def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None) -> int:
+    """Bring a cluster up, run the ``kind`` probe (``PROBES``: ``overlap_probe``, what overlap hides;
+    ``message_probe``, what a small blocking message costs) on every rank at once, print its table (and
+    write it)."""
+    mod, marker = PROBES[kind]
+    cases = mod.parse_cases(cases_text)
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1")
+    mod.check_shape(cases, prof.nodes, prof.ranks_per_node)     # before minutes of bring-up
+    per_rank, info = _launch_probe(prof, mod.__name__.rsplit(".", 1)[-1], marker, [str(repeats), cases_text])
+    rows = mod.summarize(per_rank, cases)
     print(info["summary"])
-    print(overlap_probe.table(rows))
-    if out:
-        rec = {"probe": "overlap", "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-               "git": provenance.git_info(), "versions": provenance.versions(),
-               "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats,
-               "cases": [c.name for c in cases], "rows": rows, "per_rank": per_rank}
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(rec, f, indent=1)
-        print(f"wrote {out}")
+    print(mod.table(rows))
+    _write_probe(out, prof, kind, info, repeats, cases, rows, per_rank)
     return 0
 
 
@@ -183,13 +207,14 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("profile")
     st.add_argument("--rates")
     st.add_argument("--seconds", type=float, default=3.0)
-    ov = sub.add_parser("overlap", help="what overlap hides: compute, a transfer, and both at once on every rank")
-    ov.add_argument("profile")
-    ov.add_argument("--rates")
-    ov.add_argument("--repeats", type=int, default=5)
-    ov.add_argument("--cases", default=",".join(c.name for c in overlap_probe.CASES),
-                    help="<ring|pair|oneway>:<tokens>:<bytes>, comma-separated")
-    ov.add_argument("--out", help="write the rows, raw samples and provenance as JSON")
+    for kind, (mod, _) in PROBES.items():
+        pr = sub.add_parser(kind, help=PROBE_HELP[kind][0])
+        pr.add_argument("profile")
+        pr.add_argument("--rates")
+        pr.add_argument("--repeats", type=int, default=PROBE_HELP[kind][1])
+        pr.add_argument("--cases", default=",".join(c.name for c in mod.CASES),
+                        help=f"{PROBE_HELP[kind][2]}, comma-separated")
+        pr.add_argument("--out", help="write the rows, raw samples and provenance as JSON")
     dn = sub.add_parser("down", help="tear clusters down")
     dn.add_argument("run_id", nargs="?")
     dn.add_argument("--stale", action="store_true", help="every cluster whose owner process is gone")
@@ -241,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "selftest":
         return _selftest(_profile(args.profile, args.rates), args.seconds)
-    if args.cmd == "overlap":
-        return _overlap(_profile(args.profile, args.rates), args.repeats, args.cases, args.out)
+    if args.cmd in PROBES:
+        return _probe(args.cmd, _profile(args.profile, args.rates), args.repeats, args.cases, args.out)
     if args.cmd == "down":
         ids = netns.run_ids() if args.all else netns.stale() if args.stale else [args.run_id] if args.run_id else []
         if not ids:

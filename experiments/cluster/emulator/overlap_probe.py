@@ -29,9 +29,6 @@ Measurements: docs/findings.md#overlap-on-the-emulated-cluster.
 """
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import statistics
 import sys
 import time
@@ -42,6 +39,7 @@ import torch.distributed as dist
 
 from ...harness.timing import RepeatPolicy, time_interleaved
 from .emulation import block_step
+from .probe_rank import rank_main
 
 HEADS, HEAD_DIM = 8, 32
 KINDS = ("compute", "transfer", "both")
@@ -185,21 +183,8 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(__doc__)
-        return 2
-    repeats, cases = int(argv[0]), parse_cases(argv[1])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
-    check_shape(cases, dist.get_world_size() // per_node, per_node)
-    mine = {c.name: _probe_case(c, repeats, per_node) for c in cases}
-    every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
-    if dist.get_rank() == 0:
-        print("OVERLAP_PROBE " + json.dumps(every), flush=True)
-    dist.destroy_process_group()
-    return 0
+    return rank_main(argv, marker="OVERLAP_PROBE", doc=__doc__, parse_cases=parse_cases, check_shape=check_shape,
+                     probe_case=_probe_case)
 
 
 if __name__ == "__main__":

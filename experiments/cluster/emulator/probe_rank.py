@@ -1,0 +1,35 @@
+"""What every rank of an emulator probe runs (``overlap_probe``, ``message_probe``): gloo, the cases, one line.
+
+Each rank joins the gloo group (one thread, as the runs' ranks), checks that the cluster's shape pairs every
+case, probes them all, and rank 0 prints ``<MARKER> <json>``: every rank's results, in rank order, which
+``burst-bench cluster`` reads from the ranks' log (``experiments/cluster/__main__.py``, ``_launch_probe``).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+def rank_main(argv: list[str], *, marker: str, doc: str, parse_cases: Callable, check_shape: Callable,
+              probe_case: Callable) -> int:
+    """``argv`` = [repeats, cases]; ``probe_case(case, repeats, per_node)`` -> this rank's JSON-able result."""
+    if len(argv) != 2:
+        print(doc)
+        return 2
+    repeats, cases = int(argv[0]), parse_cases(argv[1])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=180))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    check_shape(cases, dist.get_world_size() // per_node, per_node)
+    mine = {c.name: probe_case(c, repeats, per_node) for c in cases}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() == 0:
+        print(f"{marker} " + json.dumps(every), flush=True)
+    dist.destroy_process_group()
+    return 0
