@@ -262,6 +262,7 @@ class CostModel:
         """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
         return seconds
 
-    def sender_seconds(self, nbytes: float, same_node: bool) -> float:
-        """Compute-stream seconds a transfer of ``nbytes`` takes from its sender while it runs: none."""
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1) -> float:
+        """Compute-stream seconds a transfer of ``nbytes`` in ``messages`` equal messages (an all-to-all's
+        pieces to the peers on one link class) takes from its sender while it runs: none."""
         return 0.0

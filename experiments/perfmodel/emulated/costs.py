@@ -10,7 +10,10 @@ Three things differ from an accelerator, each measured on this machine apart fro
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels;
 * excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs
   (``excess.fit_excess``, per link class): gloo's threads and the kernel's TCP work run out of the
-  rank's capped share.
+  rank's capped share;
+* small messages: a transfer of messages no larger than the message probe measured holds its sender
+  ``held(bytes)`` per message instead (``message.fit_messages``): a rank that waits for a message of a
+  few KiB is held by its own send and receive path and its wake-up, not by the bytes.
 
 Host and excess reach the schedules through the hardware model's hooks (``CostModel.op_seconds``,
 ``CostModel.sender_seconds``), which are the work alone and nothing on every hardware profile.
@@ -24,6 +27,7 @@ from typing import ClassVar
 
 from ..costs import CostModel
 from .measured import HBM, KernelTimes, masked_key
+from .message import MessageCost
 from burst_impl.flops import entries_flops
 
 
@@ -34,6 +38,7 @@ class EmulatedCosts(CostModel):
     host_s: float = 0.0                  # host seconds per op on the compute stream
     # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
+    messages: MessageCost | None = None     # small blocking messages (message.py); None: the excess line for all
     # A CPU rank has no side streams: torch.cpu.Stream is a stub and gloo's synchronous collectives block the
     # Python thread (FSDP2's all-gathers and reduce-scatters, ``parallel.sync_grads``' all-reduce after the
     # backward), so ``schedules/zero3.py`` and the gradient sync expose every such collective.
@@ -43,9 +48,11 @@ class EmulatedCosts(CostModel):
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s
 
-    def sender_seconds(self, nbytes: float, same_node: bool) -> float:
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1) -> float:
         if nbytes <= 0:
             return 0.0
+        if self.messages is not None and self.messages.covers(nbytes / messages):
+            return messages * self.messages.held(nbytes / messages)
         a, k = self.excess.get("intra" if same_node or self.hw.inter is None else "inter", (0.0, 0.0))
         return a + k * nbytes
 

@@ -39,14 +39,23 @@ def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def load_excess(results_root, profile: str | None) -> dict | None:
-    """The fitted excess of ``results_root``'s overlap probe, when it was measured on ``profile``."""
-    path = Path(results_root) / OVERLAP_FILE
+def read_probe(results_root, name: str, profile: str | None) -> tuple[Path, dict] | None:
+    """(path, record) of the probe file ``name`` in ``results_root``, when it was measured on ``profile``."""
+    path = Path(results_root) / name
     if not path.exists():
         return None
     rec = json.loads(path.read_text())
     if profile is not None and rec.get("profile") != profile:
         return None
+    return path, rec
+
+
+def load_excess(results_root, profile: str | None) -> dict | None:
+    """The fitted excess of ``results_root``'s overlap probe, when it was measured on ``profile``."""
+    found = read_probe(results_root, OVERLAP_FILE, profile)
+    if found is None:
+        return None
+    path, rec = found
     if any("cpu_excess_s" not in r for r in rec["rows"]):
         raise ValueError(f"{path}: a probe record without cpu_excess_s (written before it was measured); "
                          f"re-run python -m experiments.cluster overlap {rec.get('profile')} --out {path}")

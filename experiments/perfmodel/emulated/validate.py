@@ -12,6 +12,10 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   under it, fitted per link class to the overlap probe's CPU excess
   (``excess.py``, from ``<results root>/overlap_probe.json``). Without that
   file hidden transfers are free, as on a GPU;
+* small messages: what a blocking message of up to tens of KiB holds its
+  rank for, fitted to the message probe (``message.py``, from ``<results
+  root>/message_probe.json``), in place of the overlap excess in its range.
+  Without that file the excess line covers every size;
 * host: the CPU a call costs each rank beside its kernels and transfers, per
   op (``host_cost.py``, from ``<results root>/call_cpu.json``, written by
   ``python -m benchmarks.cpu_per_call --out``). Without that file it is free.
@@ -44,6 +48,7 @@ from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
 from .host_cost import CALL_CPU_FILE, SmallCase, host_per_op, load_call_cpu, small_case
 from .measured import KernelTimes, measure, needed
+from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 __all__ = ["SHAPE_KEYS", "compare", "error_table", "needed_keys", "validate_experiment"]
@@ -97,11 +102,12 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
-            call: dict | None = None) -> list[dict]:
+            call: dict | None = None, messages: MessageCost | None = None) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
-    (``host_cost.load_call_cpu``; None: the host's work is free)."""
+    (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
+    messages (``message.fit_messages``; None: the excess line for every size)."""
     rows, hosts = [], {}
     excess = excess or {}
     for c in _cases(records):
@@ -111,12 +117,12 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=key[-1],
-                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k,
-                                                                            excess=excess))
+                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k, excess=excess,
+                                                                            messages=for_host(messages, key[-1])))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
-                                                                   excess=excess))
+                                                                   excess=excess, messages=messages))
         measured = float(c.rec["time_median_s"])
         rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
                      "case": " ".join(x for x in (c.shape.layout, "causal" if c.shape.causal else "full",
@@ -232,19 +238,28 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
-    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
+    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
+    rep["messages"] = msgs and msgs.path
     rep["call_cpu"] = call and call["path"]
     rep["text"] += "\n" + (
         "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): " + ", ".join(
             f"{k} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
+    rep["text"] += "\n" + messages_text(msgs)
     rep["text"] += "\n" + host_text(rep["rows"], call)
     rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
                            if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "
                            "or no cpu cgroup could be made here)")
     return rep
+
+
+def messages_text(msgs: MessageCost | None) -> str:
+    """One line: the small-message term and its file (``message.py``), or why there is none."""
+    return msgs.text if msgs else (f"no {MESSAGE_FILE} in the results root: small messages cost the overlap "
+                                   "excess line's, as large ones")
 
 
 def host_text(rows: list[dict], call: dict | None) -> str:

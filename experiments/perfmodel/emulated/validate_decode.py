@@ -4,7 +4,8 @@ The same terms as ``validate.py`` (nothing fitted for inference): this machine's
 work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
 ``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
 (``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
-excess per transfer (``excess.py``); and the host's work per op (``host_cost.py``) of ``burst``, the method
+excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
+rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``) of ``burst``, the method
 whose communicator and kernels a decode step runs (``call_cpu.json`` measures training methods only: no
 decode call is in it, and nothing is measured for decode to fit one).
 
@@ -32,7 +33,8 @@ from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
 from .host_cost import host_per_op, load_call_cpu, small_case
 from .measured import KernelTimes, needed
-from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, run_cpus
+from .message import MessageCost, for_host, load_messages
+from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, messages_text, run_cpus
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -80,7 +82,8 @@ def needed_keys(records, call: dict | None = None) -> set:
     return keys
 
 
-def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None) -> list[dict]:
+def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
+            messages: MessageCost | None = None) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring)."""
     rows, hosts = [], {}
     for c in cases_of(records):
@@ -90,12 +93,13 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         if key not in hosts:
             hosts[key] = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=run_cpus(c.rec["cluster"]),
-                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k,
-                                                                            excess=excess or {}))
+                                     costs=lambda h, dt, k=k: EmulatedCosts(
+                                         h, dt, times=times, scale=k, excess=excess or {},
+                                         messages=for_host(messages, run_cpus(c.rec["cluster"]))))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
-                                                                   excess=excess or {}))
+                                                                   excess=excess or {}, messages=messages))
         measured = float(c.rec["time_median_s"])
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
@@ -135,14 +139,17 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
-    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call))
+    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
+    rep["text"] += "\n" + messages_text(msgs)
     rep["text"] += "\n" + host_text([{**r, "method": HOST_METHOD} for r in rep["rows"]], call)
     summary = {"experiment": experiment, "target": TARGET, "met": rep["met"], "worst_abs_error": rep["worst_abs_error"],
                "rows": [{k: v for k, v in r.items() if k != "host"} for r in rep["rows"]],
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
-               "overlap_excess": ex and ex["path"], "call_cpu": call and call["path"], "text": rep["text"]}
+               "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
+               "text": rep["text"]}
     (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))
     return rep
 

@@ -98,15 +98,17 @@ class Ctx:
                             deps=deps, rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
-             crossing: dict[tuple[int, int], int] | None = None, step: bool = False) -> int:
+             crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1) -> int:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
         send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
-        (``CostModel.transfer``: the hop latency alone, where the profile has one)."""
+        (``CostModel.transfer``: the hop latency alone, where the profile has one). ``messages``: the
+        equal messages the transfer stands for (an all-to-all's pieces on one link class,
+        ``CostModel.sender_seconds``)."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
         seconds = self.cost.transfer(total, same, conc, step=step)
-        extra = self.cost.sender_seconds(total, same)
+        extra = self.cost.sender_seconds(total, same, messages)
         if extra > 0:   # a zero task would still hold the sender's stream until the send's deps are met
             self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}", duration=extra,
                          deps=deps, rank=src, phase=phase)
@@ -248,7 +250,7 @@ def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbyt
                 b = {k: sum(pieces[j][k] for j in idx) for k in nbytes}
                 dst = others[idx[0]]
                 sent.append(ctx.send(g, dst, f"{name}.{'intra' if same else 'inter'}[r{g}]", b, deps=[start],
-                                     phase=phase, crossing=crossing))
+                                     phase=phase, crossing=crossing, messages=len(idx)))
         done = ctx.sch.marker(f"{name}.done[g{grp[0]}]", sent, phase=phase)
         end.update({g: done for g in grp})
     return end
