@@ -17,7 +17,8 @@ MODELLED = ROOT / "results" / "modelled"
 # one experiment per drawing function: lines and bars (attention level), masks, model level, model summary
 # bars (one sequence length), batch, and the emulated-vs-modelled bars of experiments.cluster.report
 CASES = [(REF, "cpu_fig2_train"), (REF, "cpu_sparse_masks"), (REF, "cpu_model_fig2_train"),
-         (REF, "cpu_fig4b_batch"), (MODELLED, "model_burstengine_ablation_14b_1m")]
+         (REF, "cpu_fig4b_batch"), (MODELLED, "model_burstengine_ablation_14b_1m"),
+         (REF.parent / "cpu2-amd-epyc+a800_ib_emu_2x4", "cpu_decode_emulated_2x4")]     # inference records
 
 
 def test_every_method_has_its_own_colour_and_style():
