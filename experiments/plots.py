@@ -45,7 +45,9 @@ from burst_impl.flops import case_flops
 from .harness.env import REPO, repo_relative
 from .harness.speedup import speedup
 
-MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward"}
+MODE_LABEL = {"forward": "forward", "backward": "backward", "fwd_bwd": "forward+backward",
+              # inference records (experiments/harness/inference_cases.py INFERENCE_MODES)
+              "ttft": "prefill to the first token", "decode": "decode step", "kv_capacity": "KV capacity"}
 FACET_AXES = ("mode", *axes.NEST_ORDER)   # panels split by every one of these that varies
 
 
@@ -220,7 +222,7 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     legend_outside(ax)
     r = sel.reset_index().iloc[0]
     ax.set_title(f"{df['experiment'].iloc[0]}: bytes per rank, {word} (solid) vs formula (hatched)\n"
-                 f"{', '.join(x for x in (axes.label(a, r[a]) for a in axes.ID_ORDER) if x)}, {MODE_LABEL[mode]}",
+                 f"{', '.join(x for x in (axes.label(a, r[a]) for a in axes.ID_ORDER) if x)}, {MODE_LABEL.get(mode, mode)}",
                  fontsize=9)
     fig.tight_layout()
     footer(fig, df, meta)

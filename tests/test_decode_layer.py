@@ -98,6 +98,26 @@ def test_fill_cache_places_the_prompt_as_prefill_would(pools):
     assert all(pos == list(range(8)) for pos, _, _ in tp) and tp[0][2] == 8 * 2 * 1 * 4 * 4
 
 
+@pytest.mark.parametrize("row", ROWS)
+def test_reserved_cache_is_written_in_place(row):
+    """fill_cache reserves before its first write: the prompt and every decode step then write into the
+    reserved buffers, never a copy of the shard (an empty view's data_ptr() is 0, which once sent every append
+    of a filled cache to torch.cat: TP decode at 128K cost 10x its kernel)."""
+    shape = AttnShape(1, 64, 4, 2, 4, 1, dtype="float32")
+    lay = make_decode_layer(row, shape)
+    fill_cache(lay, 64, reserve=2)
+    s = lay.cache.shard(0, 0)
+    buf = s.spare[0].untyped_storage().data_ptr()
+    assert s.k.untyped_storage().data_ptr() == buf
+    x = torch.randn(1, 1, 16)
+    for _ in range(2):
+        decode_step(lay, x)
+        s = lay.cache.shard(0, 0)
+        assert s.spare is not None and s.k.untyped_storage().data_ptr() == buf and s.k.shape[0] == s.pos.numel()
+    decode_step(lay, x)       # past the reserve: concatenates, still correct
+    assert lay.cache.shard(0, 0).spare is None and lay.cache.shard(0, 0).k.shape[0] == 67
+
+
 def test_bad_rows_are_refused():
     shape = AttnShape(1, 8, 4, 2, 4, 1, dtype="float32")
     with pytest.raises(ValueError, match="row='ring' is unknown"):

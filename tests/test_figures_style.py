@@ -17,7 +17,8 @@ MODELLED = ROOT / "results" / "modelled"
 # one experiment per drawing function: lines and bars (attention level), masks, model level, model summary
 # bars (one sequence length), batch, and the emulated-vs-modelled bars of experiments.cluster.report
 CASES = [(REF, "cpu_fig2_train"), (REF, "cpu_sparse_masks"), (REF, "cpu_model_fig2_train"),
-         (REF, "cpu_fig4b_batch"), (MODELLED, "model_burstengine_ablation_14b_1m")]
+         (REF, "cpu_fig4b_batch"), (MODELLED, "model_burstengine_ablation_14b_1m"),
+         (REF.parent / "cpu2-amd-epyc+a800_ib_emu_2x4", "cpu_decode_emulated_2x4")]     # inference records
 
 
 def test_every_method_has_its_own_colour_and_style():
@@ -45,17 +46,21 @@ def figures(tmp_path_factory):
     from experiments.cluster.report import figure as emulated_figure, report
     from experiments.plots import draw_experiment
 
-    out, kept = tmp_path_factory.mktemp("plots"), []
-    real_close = plt.close
+    from matplotlib.figure import Figure
+
+    out, kept, saved = tmp_path_factory.mktemp("plots"), [], set()
+    real_close, real_save = plt.close, Figure.savefig
     plt.close = lambda fig=None: kept.append(fig) if fig is not None else real_close()
+    # a figure abandoned before saving (nothing to draw) is no figure of the suite's
+    Figure.savefig = lambda self, *a, **k: (saved.add(id(self)), real_save(self, *a, **k))[1]
     try:
         for root, exp in CASES:
             draw_experiment(root, out / root.name, exp)
         emulated_figure(report("cpu_train_emulated", results_root=REF), out / "emulated_vs_modelled.png")
         _paper_figures(out)
     finally:
-        plt.close = real_close
-    yield kept
+        plt.close, Figure.savefig = real_close, real_save
+    yield [f for f in kept if id(f) in saved]
     for f in kept:
         real_close(f)
 

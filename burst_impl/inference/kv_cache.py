@@ -203,7 +203,10 @@ class ShardedKVCache:
         s = self.shard(layer, seq)
         n0, n = s.k.shape[0], k.shape[0]
         pos = pos.to(device=self.device, dtype=torch.int64)
-        if s.spare is not None and n0 + n <= s.spare[0].shape[0] and s.k.data_ptr() == s.spare[0].data_ptr():
+        # s.k still the reserve's view: compare storages, since an empty view's data_ptr() is 0 (a cache
+        # reserved before its first write, as fill_cache does, would otherwise concatenate on every append)
+        if s.spare is not None and n0 + n <= s.spare[0].shape[0] and \
+                s.k.untyped_storage().data_ptr() == s.spare[0].untyped_storage().data_ptr():
             for buf, t in zip(s.spare, (k.to(self.dtype), v.to(self.dtype), pos)):
                 buf[n0:n0 + n] = t
             s.k, s.v, s.pos = (buf[:n0 + n] for buf in s.spare)
