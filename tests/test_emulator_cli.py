@@ -54,3 +54,30 @@ def test_a_failed_selftest_shows_its_traceback_with_debug(monkeypatch):
     _selftest_measuring(monkeypatch, RATE * 0.5)
     with pytest.raises(ToolFailed, match="tolerance"):
         run_cli(cluster_cli.main, ["selftest", "a800_ib_emu_3x2", "--debug"])
+
+
+def _decode_root(tmp_path):
+    """A copy of the committed 2 x 4 decode run (records, kernel table, probes): nothing is timed again."""
+    import shutil
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu2-amd-epyc+a800_ib_emu_2x4"
+    root = tmp_path / "root"
+    shutil.copytree(src / "cpu_decode_emulated_2x4", root / "cpu_decode_emulated_2x4")
+    for f in ("overlap_probe.json", "message_probe.json", "call_cpu.json"):
+        shutil.copy(src / f, root / f)
+    (root / "cpu_decode_emulated_2x4" / "inference_validation.json").unlink()
+    return root
+
+
+def test_report_of_an_inference_run_is_the_inference_models(tmp_path, capsys):
+    """`cluster report` on decode records prints validate_decode's table (it once failed on mode 'decode');
+    --write writes the validation file, without it nothing is written; --json is refused as a user's error."""
+    root = _decode_root(tmp_path)
+    assert run_cli(cluster_cli.main, ["report", "cpu_decode_emulated_2x4", "--results", str(root), "--model"]) == 0
+    out = capsys.readouterr().out
+    assert "inference model" in out and "decode  8   1   131072 tp" in out
+    assert not (root / "cpu_decode_emulated_2x4" / "inference_validation.json").exists()
+    assert run_cli(cluster_cli.main, ["report", "cpu_decode_emulated_2x4", "--results", str(root), "--write"]) == 0
+    assert (root / "cpu_decode_emulated_2x4" / "inference_validation.json").exists()
+    assert run_cli(cluster_cli.main, ["report", "cpu_decode_emulated_2x4", "--results", str(root), "--json"]) == 2
+    assert "is an inference experiment" in capsys.readouterr().err

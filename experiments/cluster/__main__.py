@@ -30,11 +30,13 @@ from pathlib import Path
 
 from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
+from ..harness import results as R
 from ..harness.launch import run_launch
 from .emulator import message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
-from .report import ratios_of, report, with_model, write_report
+from ..perfmodel.emulated.validate_decode import validate_inference, write_report as write_inference
+from .report import _root, ratios_of, report, with_model, write_report
 
 SELFTEST_TOLERANCE = 0.15       # of each link class's measured rate from its configured one
 
@@ -278,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         if args.plots and not args.write:
             raise ValueError(f"--plots={args.plots!r} draws the figure of --write; add --write")
+        if _is_inference(args.experiment, args.results):
+            return _inference_report(args)
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
             out = with_model(out, args.results)
@@ -290,6 +294,25 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     return 2
+
+
+def _is_inference(experiment: str, results: str | None) -> bool:
+    """Decode / TTFT / KV-capacity records (level inference): the inference model's own comparison."""
+    df = R.load_results(_root(results), experiment)
+    return not df.empty and "level" in df and (df["level"] == "inference").all()
+
+
+def _inference_report(args) -> int:
+    """What a run of an inference spec prints and writes (perfmodel/emulated/validate_decode.py): the model is
+    always compared (there is no report without it); --write also writes emulation_report.txt."""
+    if args.json or args.ref != "burst" or args.compute_from:
+        raise ValueError(f"experiment={args.experiment!r} is an inference experiment: its report takes only "
+                         "--results, --model and --write (no --json, --ref or --compute-from)")
+    root = _root(args.results)
+    # --write writes the validation file as well, as the run does; without it nothing is written
+    print(write_inference(root, args.experiment) if args.write else
+          f"{args.experiment}\n" + validate_inference(root, args.experiment, write=False)["text"])
+    return 0
 
 
 if __name__ == "__main__":

@@ -128,8 +128,9 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
 
 
 def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
-                       rounds: int = 3) -> dict:
-    """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``."""
+                       rounds: int = 3, write: bool = True) -> dict:
+    """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``
+    unless ``write`` is False."""
     out = R.experiment_dir(Path(results_root), experiment)
     records = list(R.latest_by_case(R.read_records(out / R.RESULTS_FILE)).values())
     cases = cases_of(records)
@@ -150,7 +151,8 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
                "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
                "text": rep["text"]}
-    (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))
+    if write:
+        (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))
     return rep
 
 
