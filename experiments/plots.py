@@ -221,9 +221,9 @@ def comm_figure(df: pd.DataFrame, meta: dict, out: Path) -> Path | None:
     ax.grid(True, axis="y", alpha=0.3)
     legend_outside(ax)
     r = sel.reset_index().iloc[0]
+    ids = ", ".join(x for x in (axes.label(a, r[a]) for a in axes.ID_ORDER) if x)
     ax.set_title(f"{df['experiment'].iloc[0]}: bytes per rank, {word} (solid) vs formula (hatched)\n"
-                 f"{', '.join(x for x in (axes.label(a, r[a]) for a in axes.ID_ORDER) if x)}, {MODE_LABEL.get(mode, mode)}",
-                 fontsize=9)
+                 f"{ids}, {MODE_LABEL.get(mode, mode)}", fontsize=9)
     fig.tight_layout()
     footer(fig, df, meta)
     return save_figure(fig, out)
