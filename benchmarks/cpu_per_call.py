@@ -12,8 +12,15 @@ Shapes as ``cpu_double_ring_emulated_2x4``: 8 heads x 32, float32, causal, zigza
     python -m benchmarks.cpu_per_call --world-size 4 --node-size 2 --seqlen 64,1024 --methods burst,usp
     python -m benchmarks.cpu_per_call --seqlen 64 --out results/reference/<root>/call_cpu.json
 
-``--out`` adds the records to that file (replacing those of the same method, N, world and node size):
-the emulated cluster's validation reads it there as the host's work per op
+A method ``decode:<row>`` (``cp_all_gather``, ``cp_heads``, ``tp``: ``baselines.decode_layer.ROWS``) times
+one ``decode_step`` of the inference benchmark's layer (8 heads, 2 KV heads of 64, as the CPU decode specs)
+on a cache of N tokens of context per sequence, rewound after every step, at each ``--batch``:
+
+    python -m benchmarks.cpu_per_call --world-size 8 --node-size 4 --seqlen 64 --batch 1,4 \
+        --methods decode:cp_all_gather,decode:cp_heads,decode:tp --out results/reference/<root>/call_cpu.json
+
+``--out`` adds the records to that file (replacing those of the same method, N, world and node size and
+batch): the emulated cluster's validation reads it there as the host's work per op
 (experiments/perfmodel/emulated/host_cost.py).
 """
 from __future__ import annotations
@@ -33,6 +40,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 HEADS, HEAD_DIM, CALLS = 8, 32, 12
+DECODE = "decode:"                 # a decode step of the inference layer (module docstring)
+DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
 METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
 
 
@@ -63,6 +72,38 @@ def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
                 wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
 
 
+def _decode_calls(name: str, context: int, batch: int, node_size: int, calls: int = CALLS) -> dict:
+    """CPU per decode step of ``name``'s row (module docstring), as the inference benchmark times it."""
+    from baselines import AttnShape
+    from baselines.decode_layer import decode_step, fill_cache, make_decode_layer
+
+    row, world = name[len(DECODE):], dist.get_world_size()
+    shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, world, dtype="float32",
+                      causal=True, layout="zigzag")
+    lay = make_decode_layer(row, shape)
+    fill_cache(lay, context, reserve=1)
+    filled = lay.cache.snapshot()
+    x = torch.randn(batch, 1, DECODE_HEADS * DECODE_HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    cpu, wall = [], []
+    for i in range(calls + 1):
+        lay.cache.rewind(filled)
+        dist.barrier()
+        c0, w0 = time.process_time(), time.perf_counter()
+        decode_step(lay, x)
+        c1 = time.process_time()
+        dist.barrier()
+        if i:                                   # the first call warms up
+            cpu.append(c1 - c0)
+            wall.append(time.perf_counter() - w0)
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, statistics.median(cpu))
+    return dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=world, node_size=node_size,
+                heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM, dtype="float32",
+                causal=True, layout="zigzag", calls=calls, cpu_s_per_rank=per_rank,
+                cpu_s_median=statistics.median(per_rank), wall_s_median=statistics.median(wall),
+                cpu_count=os.cpu_count())
+
+
 def _worker(rank: int, port: int, args) -> None:
     from experiments.harness.env import git_info, hardware, versions   # the record's provenance
 
@@ -73,18 +114,21 @@ def _worker(rank: int, port: int, args) -> None:
     recs = []
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
-            rec = _calls(name, n, args.node_size, args.calls)
-            if rank == 0:
-                recs.append({**rec, "environment": env})
-                print(json.dumps(recs[-1]), flush=True)
+            batches = [int(b) for b in args.batch.split(",")] if name.startswith(DECODE) else [None]
+            for b in batches:
+                rec = _decode_calls(name, n, b, args.node_size, args.calls) if b else \
+                    _calls(name, n, args.node_size, args.calls)
+                if rank == 0:
+                    recs.append({**rec, "environment": env})
+                    print(json.dumps(recs[-1]), flush=True)
     dist.destroy_process_group()
     if rank == 0 and args.out:
         _merge(Path(args.out), recs)
 
 
 def _merge(path: Path, recs: list[dict]) -> None:
-    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size."""
-    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"])   # noqa: E731
+    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size and batch."""
+    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"))   # noqa: E731
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     new = {key(r) for r in recs}
     rows = [r for r in rows if key(r) not in new] + recs
@@ -97,14 +141,22 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--world-size", type=int, default=8)
     ap.add_argument("--node-size", type=int, default=4)
     ap.add_argument("--seqlen", default="64,2048", help="comma-separated; each a multiple of 2 x world size")
-    ap.add_argument("--methods", default=METHODS)
+    ap.add_argument("--methods", default=METHODS, help="registry names, or decode:<row> (module docstring)")
+    ap.add_argument("--batch", default="1", help="comma-separated sequences per decode step (decode rows only)")
     ap.add_argument("--calls", type=int, default=CALLS, help="timed calls per method and N, after one warm-up")
     ap.add_argument("--out", help="JSON file to add the records to (the emulated validation's call_cpu.json)")
     args = ap.parse_args(argv)
     from baselines import METHODS as registry
-    bad = [m for m in args.methods.split(",") if m not in registry]
+    from baselines.decode_layer import ROWS
+    bad = [m for m in args.methods.split(",") if m not in registry and not (m.startswith(DECODE)
+                                                                            and m[len(DECODE):] in ROWS)]
     if bad:
-        ap.error(f"--methods: {bad} not in the registry")
+        ap.error(f"--methods: {bad} not in the registry nor decode:<row> with a row of {ROWS}")
+    try:
+        if any(int(b) < 1 for b in args.batch.split(",")):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--batch={args.batch!r} must be comma-separated positive integers")
     if args.calls < 1:
         ap.error(f"--calls={args.calls} must be >= 1")
     if args.world_size < 1 or args.node_size < 1 or args.world_size % args.node_size:

@@ -99,3 +99,36 @@ def test_emulated_validation_predicts_from_the_kernel_table():
     for r in rows:
         assert math.isfinite(r["predicted_s"]) and r["error"] == pytest.approx(r["predicted_s"] / 0.01 - 1)
     assert "NOT met" in validate_decode.error_table(rows)["text"] or validate_decode.error_table(rows)["met"]
+
+
+def test_a_decode_steps_own_call_gives_its_host_term():
+    """call_cpu.json's decode:<row> row (benchmarks.cpu_per_call) is the host term of that row's decode records at
+    its world, node size and batch: the small step, modelled with it, costs each rank its measured CPU at the cap;
+    another batch, and TTFT, fall back to burst's training call (none here: no host term)."""
+    from experiments.perfmodel.emulated.costs import EmulatedCosts
+    from experiments.perfmodel.emulated.hardware import emulated_hardware
+    from experiments.perfmodel.emulated.host_cost import compute_per_rank
+
+    cpus = 0.5
+    rec = {**_decode_record("cp_heads", "burst", "heads", 0.05), "cluster": emulated_cluster(cpus=cpus)}
+    row = {"method": "decode:cp_heads", "mode": "decode", "seqlen": 16, "batch": 1, "world_size": 2, "node_size": 1,
+           "heads": 4, "kv_heads": 1, "head_dim": 8, "dtype": "float32", "causal": True, "layout": "contiguous",
+           "cpu_s_median": 0.004}
+    call = {"rows": [row], "path": "call_cpu.json"}
+    keys = validate_decode.needed_keys([rec, {**rec, "batch": 2}], call)
+    assert ("decode", 1, 9, 4, 1, 8, "float32") in keys       # the small step: rank 0's 8 tokens + the new one
+    times = KernelTimes(procs=1, threads=1, seconds={k: (1e-9 if k == HBM else 1e-4) for k in keys})
+    (with_host,) = validate_decode.compare([rec], times, call=call)
+    (without,) = validate_decode.compare([rec], times)
+    host = with_host["host"]
+    assert host["source"] == "decode:cp_heads" and host["measured_s"] == pytest.approx(0.004 / cpus)
+    assert without["host"] is None and with_host["predicted_s"] > without["predicted_s"]
+    # by its definition: the small step with the host term on every op costs the measured CPU at the cap
+    small = validate_decode.decode_small_case(call, "cp_heads", world_size=2, node_size=1, dtype="float32", batch=1)
+    hw = emulated_hardware(rec["cluster"], "float32")
+    sch = validate_decode.SmallDecode(small, "cp_heads").schedule(
+        hw, lambda h, dt: EmulatedCosts(h, dt, times=times, scale=1.0, host_s=host["host_s_per_op"]))
+    busy, ops = compute_per_rank(sch)
+    assert ops == host["ops"] and busy == pytest.approx(host["measured_s"], rel=1e-6)
+    (other_batch,) = validate_decode.compare([{**rec, "batch": 2}], times, call=call)
+    assert other_batch["host"] is None

@@ -129,3 +129,19 @@ def test_cpu_per_call_out_replaces_rows_of_the_same_call(tmp_path):
     rows = json.loads(path.read_text())["rows"]
     assert sorted((r["method"], r["cpu_s_median"]) for r in rows) == [("burst", 2.0), ("usp", 1.0)]
     assert host_cost.load_call_cpu(tmp_path)["rows"] == rows and host_cost.load_call_cpu(tmp_path / "x") is None
+
+
+def test_cpu_per_call_keeps_a_decode_rows_batches_apart_and_refuses_unknown_rows(tmp_path, capsys):
+    from benchmarks.cpu_per_call import _args
+
+    path = tmp_path / "call_cpu.json"
+    row = {"method": "decode:tp", "seqlen": 64, "world_size": 8, "node_size": 4, "batch": 1, "cpu_s_median": 1.0}
+    _merge(path, [row, {**row, "batch": 4}])
+    _merge(path, [{**row, "cpu_s_median": 2.0}])
+    rows = json.loads(path.read_text())["rows"]
+    assert sorted((r["batch"], r["cpu_s_median"]) for r in rows) == [(1, 2.0), (4, 1.0)]
+    assert _args(["--methods", "decode:cp_heads,burst", "--batch", "1,4"]).batch == "1,4"
+    for argv, words in ((["--methods", "decode:ring"], "decode:<row>"), (["--batch", "0"], "--batch")):
+        with pytest.raises(SystemExit):
+            _args(argv)
+        assert words in capsys.readouterr().err

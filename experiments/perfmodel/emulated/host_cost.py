@@ -18,6 +18,11 @@ per op on every op of a rank's compute stream, at every N. Medians over ranks; t
     call = load_call_cpu(results_root)          # None without the file
     host = host_per_op(call, "burst_double_ring", world_size=8, node_size=4, dtype="float32",
                        hardware=hw, costs=costs, cpus=0.25)
+
+A decode step is measured the same way as its own call (``cpu_per_call --methods decode:<row>``: one
+``decode_layer.decode_step`` at a few tokens of context, at the run's batch), since its ops are not a
+training call's: ``decode_small_case`` finds that row and ``per_op_from`` divides by the decode
+schedule's ops (``validate_decode`` builds it).
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from ..model import predict_case
 from ..schedules.common import EXCESS_SUFFIX
 
 CALL_CPU_FILE = "call_cpu.json"
+DECODE_PREFIX = "decode:"      # call_cpu.json rows of a decode step (benchmarks.cpu_per_call --methods decode:<row>)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,20 @@ def small_case(call: dict | None, method: str, *, world_size: int, node_size: in
     return SmallCase(method, shape, float(r["cpu_s_median"]))
 
 
+def decode_small_case(call: dict | None, row: str, *, world_size: int, node_size: int, dtype: str,
+                      batch: int) -> SmallCase | None:
+    """The smallest measured decode step of ``row`` at this world and node size, dtype and batch, or None."""
+    rows = [r for r in (call or {}).get("rows", []) if r["method"] == DECODE_PREFIX + row
+            and int(r["world_size"]) == world_size and int(r["node_size"]) == node_size and r["dtype"] == dtype
+            and int(r.get("batch", 1)) == batch]
+    if not rows:
+        return None
+    r = min(rows, key=lambda r: int(r["seqlen"]))
+    shape = AttnShape(batch, int(r["seqlen"]), int(r["heads"]), int(r["kv_heads"]), int(r["head_dim"]), world_size,
+                      dtype=dtype, causal=True, layout=r["layout"])
+    return SmallCase(DECODE_PREFIX + row, shape, float(r["cpu_s_median"]), mode="decode", level="inference")
+
+
 def compute_per_rank(schedule) -> tuple[float, int]:
     """(median over ranks of compute-stream seconds, median over ranks of the method's ops on it)."""
     busy: dict[int, float] = {}
@@ -86,7 +106,12 @@ def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: i
         return None
     p = predict_case(method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs,
                      keep_schedule=True)
-    model_s, ops = compute_per_rank(p.schedule)
+    return per_op_from(case, p.schedule, cpus)
+
+
+def per_op_from(case: SmallCase, schedule, cpus: float) -> dict:
+    """The host seconds per op of ``case``'s measured call against the model's ``schedule`` of it."""
+    model_s, ops = compute_per_rank(schedule)
     measured_s = case.cpu_s / cpus
     per_op = max(0.0, measured_s - model_s) / ops if ops else 0.0
     return {"host_s_per_op": per_op, "ops": ops, "seqlen": case.shape.seqlen, "measured_s": measured_s,

@@ -5,9 +5,10 @@ work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step'
 ``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
 (``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
 excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
-rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``) of ``burst``, the method
-whose communicator and kernels a decode step runs (``call_cpu.json`` measures training methods only: no
-decode call is in it, and nothing is measured for decode to fit one).
+rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``): a decode step's own,
+measured at a few tokens of context for the run's row, world, node size and batch (``call_cpu.json``'s
+``decode:<row>`` rows, ``benchmarks.cpu_per_call``), else (and for TTFT) that of ``burst``, the method whose
+communicator and kernels a step runs. Nothing is fitted to the runs.
 
     rep = validate_inference(results_root, "cpu_decode_emulated_2x4")
     print(rep["text"]); rep["rows"], rep["worst_abs_error"], rep["met"]
@@ -24,14 +25,14 @@ from pathlib import Path
 from baselines import AttnShape
 
 from ...harness import results as R
-from ..inference import predict_inference
+from ..inference import decode_schedule, predict_inference
 from ..model import predict_case
 from .cases import SHAPE_KEYS, Predicted
 from .costs import EmulatedCosts
 from .decode_costs import decode_twin
 from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
-from .host_cost import host_per_op, load_call_cpu, small_case
+from .host_cost import decode_small_case, host_per_op, load_call_cpu, per_op_from, small_case
 from .measured import KernelTimes, needed
 from .message import MessageCost, for_host, load_messages
 from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, messages_text, run_cpus
@@ -62,6 +63,29 @@ class DecodeCase:
         return Predicted(p.time_s, p.critical_comm_s, p.critical_compute_s, dict(p.parts))
 
 
+class SmallDecode:
+    """A measured decode step at a few tokens of context (``host_cost.decode_small_case``): its schedule, and
+    through ``predict`` the kernel-table keys it asks for (``measured.needed``)."""
+
+    def __init__(self, small, row: str):
+        self.small, self.row, self.shape = small, row, small.shape
+
+    def schedule(self, hardware, costs):
+        ctx, _ = decode_schedule(self.row, self.shape, hardware, decode_twin(costs(hardware, self.shape.dtype)), 1)
+        return ctx.sch
+
+    def predict(self, hardware, costs) -> None:
+        self.schedule(hardware, costs)
+
+
+def _small_decode(call, c: DecodeCase, hw) -> SmallDecode | None:
+    if c.mode != "decode":
+        return None
+    small = decode_small_case(call, c.row, world_size=c.shape.world_size, node_size=hw.devices_per_node,
+                              dtype=c.shape.dtype, batch=c.shape.batch)
+    return SmallDecode(small, c.row) if small is not None else None
+
+
 def cases_of(records) -> list[DecodeCase]:
     return [DecodeCase(r) for r in records if r.get("status") == "ok" and (r.get("cluster") or {}).get("emulated")
             and DecodeCase.accepts(r)]
@@ -77,6 +101,9 @@ def needed_keys(records, call: dict | None = None) -> set:
                            node_size=int(c.rec["cluster"]["ranks_per_node"]))
         if small is not None:
             keys |= needed([small], hw, predict=predict_case)
+        step = _small_decode(call, c, hw)
+        if step is not None:
+            keys |= needed([step], hw)
         if calibration_key(c.rec["cluster"]) is not None:
             keys.add(calibration_key(c.rec["cluster"]))
     return keys
@@ -89,13 +116,19 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         k = load_scale(c.rec["cluster"], times)
-        key = (c.shape.world_size, c.shape.dtype, repr(hw), k)
+        cpus = run_cpus(c.rec["cluster"])
+        step = _small_decode(call, c, hw)
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), k, step and (c.row, c.shape.batch))
         if key not in hosts:
-            hosts[key] = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                                     node_size=hw.devices_per_node, hardware=hw, cpus=run_cpus(c.rec["cluster"]),
-                                     costs=lambda h, dt, k=k: EmulatedCosts(
-                                         h, dt, times=times, scale=k, excess=excess or {},
-                                         messages=for_host(messages, run_cpus(c.rec["cluster"]))))
+            # the small call is measured as CPU: its messages at their CPU (message.for_host)
+            small_costs = lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k, excess=excess or {},  # noqa: E731
+                                                           messages=for_host(messages, cpus))
+            if step is not None and cpus:
+                hosts[key] = {**per_op_from(step.small, step.schedule(hw, small_costs), cpus),
+                              "source": step.small.method}
+            else:
+                hosts[key] = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                                         node_size=hw.devices_per_node, hardware=hw, cpus=cpus, costs=small_costs)
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
@@ -145,9 +178,14 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
-    rep["text"] += "\n" + host_text([{**r, "method": HOST_METHOD} for r in rep["rows"]], call)
+    labelled = [{**r, "method": f"{(r['host'] or {}).get('source', HOST_METHOD)} (G {r['world_size']}, "
+                                f"B {r['batch']})"} for r in rep["rows"]]
+    rep["text"] += "\n" + host_text(labelled, call)
     summary = {"experiment": experiment, "target": TARGET, "met": rep["met"], "worst_abs_error": rep["worst_abs_error"],
-               "rows": [{k: v for k, v in r.items() if k != "host"} for r in rep["rows"]],
+               "rows": [{**{k: v for k, v in r.items() if k != "host"},
+                         "host_s_per_op": (r["host"] or {}).get("host_s_per_op", 0.0),
+                         "host_source": (r["host"] or {}).get("source", HOST_METHOD if r["host"] else None)}
+                        for r in rep["rows"]],
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
                "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
                "text": rep["text"]}
