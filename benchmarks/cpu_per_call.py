@@ -39,10 +39,31 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from experiments.perfmodel.emulated.host_cost import DECODE_PREFIX   # decode:<row>, as the validation reads it
+
 HEADS, HEAD_DIM, CALLS = 8, 32, 12
-DECODE = "decode:"                 # a decode step of the inference layer (module docstring)
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
 METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
+
+
+def _cpu_per_call(setup, step, calls: int) -> dict:
+    """Each rank's median process CPU per ``step()`` over ``calls`` calls after one warm-up (``setup()`` before
+    each, outside the timing), gathered over the ranks, and the slowest rank's median wall time."""
+    cpu, wall = [], []
+    for i in range(calls + 1):
+        setup()
+        dist.barrier()
+        c0, w0 = time.process_time(), time.perf_counter()
+        step()
+        c1 = time.process_time()
+        dist.barrier()
+        if i:                                   # the first call warms up
+            cpu.append(c1 - c0)
+            wall.append(time.perf_counter() - w0)
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, statistics.median(cpu))
+    return dict(calls=calls, cpu_s_per_rank=per_rank, cpu_s_median=statistics.median(per_rank),
+                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
 
 
 def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
@@ -52,24 +73,16 @@ def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
     torch.manual_seed(dist.get_rank())
     q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
     do = torch.randn(1, n // world, HEADS, HEAD_DIM)
-    cpu, wall = [], []
-    for i in range(calls + 1):
+
+    def setup():
         q.grad = k.grad = v.grad = None
-        dist.barrier()
-        c0, w0 = time.process_time(), time.perf_counter()
+
+    def step():
         out = m.call(q, k, v, causal=True, layout="zigzag", node_size=node_size)
         (out[0] if isinstance(out, tuple) else out).backward(do)
-        c1 = time.process_time()
-        dist.barrier()
-        if i:                                   # the first call warms up
-            cpu.append(c1 - c0)
-            wall.append(time.perf_counter() - w0)
-    per_rank = [None] * world
-    dist.all_gather_object(per_rank, statistics.median(cpu))
+
     return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", causal=True, layout="zigzag", calls=calls, cpu_s_per_rank=per_rank,
-                cpu_s_median=statistics.median(per_rank),
-                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
+                dtype="float32", causal=True, layout="zigzag", **_cpu_per_call(setup, step, calls))
 
 
 def _decode_calls(name: str, context: int, batch: int, node_size: int, calls: int = CALLS) -> dict:
@@ -77,31 +90,24 @@ def _decode_calls(name: str, context: int, batch: int, node_size: int, calls: in
     from baselines import AttnShape
     from baselines.decode_layer import decode_step, fill_cache, make_decode_layer
 
-    row, world = name[len(DECODE):], dist.get_world_size()
+    row, world = name[len(DECODE_PREFIX):], dist.get_world_size()
     shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, world, dtype="float32",
                       causal=True, layout="zigzag")
     lay = make_decode_layer(row, shape)
     fill_cache(lay, context, reserve=1)
     filled = lay.cache.snapshot()
     x = torch.randn(batch, 1, DECODE_HEADS * DECODE_HEAD_DIM, generator=torch.Generator().manual_seed(0))
-    cpu, wall = [], []
-    for i in range(calls + 1):
-        lay.cache.rewind(filled)
-        dist.barrier()
-        c0, w0 = time.process_time(), time.perf_counter()
-        decode_step(lay, x)
-        c1 = time.process_time()
-        dist.barrier()
-        if i:                                   # the first call warms up
-            cpu.append(c1 - c0)
-            wall.append(time.perf_counter() - w0)
-    per_rank = [None] * world
-    dist.all_gather_object(per_rank, statistics.median(cpu))
+    timed = _cpu_per_call(lambda: lay.cache.rewind(filled), lambda: decode_step(lay, x), calls)
     return dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=world, node_size=node_size,
                 heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM, dtype="float32",
-                causal=True, layout="zigzag", calls=calls, cpu_s_per_rank=per_rank,
-                cpu_s_median=statistics.median(per_rank), wall_s_median=statistics.median(wall),
-                cpu_count=os.cpu_count())
+                causal=True, layout="zigzag", **timed)
+
+
+def _records(name: str, n: int, args) -> list[dict]:
+    """The records of one method at one N: a training call, or a decode step at each ``--batch``."""
+    if name.startswith(DECODE_PREFIX):
+        return [_decode_calls(name, n, b, args.node_size, args.calls) for b in _batches(args.batch)]
+    return [_calls(name, n, args.node_size, args.calls)]
 
 
 def _worker(rank: int, port: int, args) -> None:
@@ -114,10 +120,7 @@ def _worker(rank: int, port: int, args) -> None:
     recs = []
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
-            batches = [int(b) for b in args.batch.split(",")] if name.startswith(DECODE) else [None]
-            for b in batches:
-                rec = _decode_calls(name, n, b, args.node_size, args.calls) if b else \
-                    _calls(name, n, args.node_size, args.calls)
+            for rec in _records(name, n, args):
                 if rank == 0:
                     recs.append({**rec, "environment": env})
                     print(json.dumps(recs[-1]), flush=True)
@@ -136,6 +139,15 @@ def _merge(path: Path, recs: list[dict]) -> None:
     path.write_text(json.dumps({"benchmark": "benchmarks.cpu_per_call", "rows": rows}, indent=1))
 
 
+def _batches(text: str) -> list[int]:
+    """``--batch`` as ints; [] unless every one is a positive integer."""
+    try:
+        out = [int(b) for b in text.split(",")]
+    except ValueError:
+        return []
+    return out if all(b >= 1 for b in out) else []
+
+
 def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.cpu_per_call", description=__doc__.splitlines()[0])
     ap.add_argument("--world-size", type=int, default=8)
@@ -148,14 +160,11 @@ def _args(argv) -> argparse.Namespace:
     args = ap.parse_args(argv)
     from baselines import METHODS as registry
     from baselines.decode_layer import ROWS
-    bad = [m for m in args.methods.split(",") if m not in registry and not (m.startswith(DECODE)
-                                                                            and m[len(DECODE):] in ROWS)]
+    bad = [m for m in args.methods.split(",")
+           if m not in registry and not (m.startswith(DECODE_PREFIX) and m[len(DECODE_PREFIX):] in ROWS)]
     if bad:
         ap.error(f"--methods: {bad} not in the registry nor decode:<row> with a row of {ROWS}")
-    try:
-        if any(int(b) < 1 for b in args.batch.split(",")):
-            raise ValueError
-    except ValueError:
+    if not _batches(args.batch):
         ap.error(f"--batch={args.batch!r} must be comma-separated positive integers")
     if args.calls < 1:
         ap.error(f"--calls={args.calls} must be >= 1")

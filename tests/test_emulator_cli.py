@@ -5,6 +5,8 @@ stand-ins (the real ones: tests/test_emulator.py). The overlap probe's: tests/te
 from __future__ import annotations
 
 import contextlib
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -58,8 +60,6 @@ def test_a_failed_selftest_shows_its_traceback_with_debug(monkeypatch):
 
 def _decode_root(tmp_path):
     """A copy of the committed 2 x 4 decode run (records, kernel table, probes): nothing is timed again."""
-    import shutil
-    from pathlib import Path
     src = Path(__file__).resolve().parents[1] / "results" / "reference" / "cpu2-amd-epyc+a800_ib_emu_2x4"
     root = tmp_path / "root"
     shutil.copytree(src / "cpu_decode_emulated_2x4", root / "cpu_decode_emulated_2x4")

@@ -126,7 +126,7 @@ def test_a_decode_steps_own_call_gives_its_host_term():
     # by its definition: the small step with the host term on every op costs the measured CPU at the cap
     small = validate_decode.decode_small_case(call, "cp_heads", world_size=2, node_size=1, dtype="float32", batch=1)
     hw = emulated_hardware(rec["cluster"], "float32")
-    sch = validate_decode.SmallDecode(small, "cp_heads").schedule(
+    sch = validate_decode.SmallDecode(small).schedule(
         hw, lambda h, dt: EmulatedCosts(h, dt, times=times, scale=1.0, host_s=host["host_s_per_op"]))
     busy, ops = compute_per_rank(sch)
     assert ops == host["ops"] and busy == pytest.approx(host["measured_s"], rel=1e-6)

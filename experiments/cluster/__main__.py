@@ -36,7 +36,7 @@ from .emulator import message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.validate_decode import validate_inference, write_report as write_inference
-from .report import _root, ratios_of, report, with_model, write_report
+from .report import ratios_of, report, results_root_of, with_model, write_report
 
 SELFTEST_TOLERANCE = 0.15       # of each link class's measured rate from its configured one
 
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _is_inference(experiment: str, results: str | None) -> bool:
     """Decode / TTFT / KV-capacity records (level inference): the inference model's own comparison."""
-    df = R.load_results(_root(results), experiment)
+    df = R.load_results(results_root_of(results), experiment)
     return not df.empty and "level" in df and (df["level"] == "inference").all()
 
 
@@ -308,7 +308,7 @@ def _inference_report(args) -> int:
     if args.json or args.ref != "burst" or args.compute_from:
         raise ValueError(f"experiment={args.experiment!r} is an inference experiment: its report takes only "
                          "--results, --model and --write (no --json, --ref or --compute-from)")
-    root = _root(args.results)
+    root = results_root_of(args.results)
     # --write writes the validation file as well, as the run does; without it nothing is written
     print(write_inference(root, args.experiment) if args.write else
           f"{args.experiment}\n" + validate_inference(root, args.experiment, write=False)["text"])

@@ -48,7 +48,7 @@ from ..perfmodel.emulated.validate import validate_experiment
 NO_OVERLAP = "_no_overlap"
 
 
-def _root(results_root: str | Path | None) -> Path:
+def results_root_of(results_root: str | Path | None) -> Path:
     """Where the records are: ``results_root``, else this machine's ``results/<machine>/`` (where the runner writes)."""
     return Path(results_root) if results_root else R.machine_root()
 
@@ -80,7 +80,7 @@ def _rows(df) -> dict:
 
 def report(experiment: str, *, results_root: str | Path | None = None, compute_from: str | None = None,
            ref: str = "burst") -> dict:
-    root = _root(results_root)
+    root = results_root_of(results_root)
     rows = _rows(R.load_results(root, experiment))
     if not rows:
         raise ValueError(f"no ok records for experiment {experiment!r} under {root}")
@@ -136,7 +136,7 @@ def report(experiment: str, *, results_root: str | Path | None = None, compute_f
 def with_model(rep: dict, results_root: str | Path | None = None, **kw) -> dict:
     """``rep`` plus the performance model's prediction of every case (``experiments.perfmodel.emulated.validate``:
     this machine as emulated, predicted / measured per case) appended to its text as ``rep["model"]``."""
-    root = _root(results_root)
+    root = results_root_of(results_root)
     model = validate_experiment(root, rep["experiment"], **kw)
     return {**rep, "model": model, "text": rep["text"] + "\n\n" + model["text"]}
 
@@ -149,7 +149,7 @@ def write_report(rep: dict, results_root: str | Path | None, plots_root: str | P
     """``rep``'s text as ``<results>/<experiment>/emulation_report.txt`` and, with ``plots_root``, its figure
     as ``<plots>/<experiment>/emulated_vs_modelled.png`` (what ``experiments.run`` writes after a run;
     ``python -m experiments.cluster report --write`` re-derives them from the records with today's model)."""
-    path = R.experiment_dir(_root(results_root), rep["experiment"]) / REPORT_FILE
+    path = R.experiment_dir(results_root_of(results_root), rep["experiment"]) / REPORT_FILE
     git = git_info()      # the measurements carry their own commit; this is the code that derived the text
     path.write_text(rep["text"] + f"\nwritten by commit {git['commit']}{' (dirty)' if git['dirty'] else ''}\n")
     if plots_root is None:
@@ -283,7 +283,7 @@ def ratios(records, *, ref: str = "burst", level: float = 0.95) -> dict:
 def ratios_of(experiment: str, *, results_root: str | Path | None = None, ref: str = "burst",
               level: float = 0.95) -> dict:
     """``ratios`` of the newest record per case of ``results/<experiment>``, with where it ran."""
-    root = _root(results_root)
+    root = results_root_of(results_root)
     df = R.load_results(root, experiment)
     recs = df.to_dict("records") if len(df) else []
     out = ratios(recs, ref=ref, level=level)

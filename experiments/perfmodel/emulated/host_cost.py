@@ -60,13 +60,20 @@ def load_call_cpu(results_root) -> dict | None:
     return {"rows": list(rec["rows"]), "path": str(path)}
 
 
+def _smallest(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str,
+              batch: int | None = None) -> dict | None:
+    """The smallest-N row of ``call`` for ``method`` at this world and node size and dtype (and ``batch``)."""
+    rows = [r for r in (call or {}).get("rows", []) if r["method"] == method and int(r["world_size"]) == world_size
+            and int(r["node_size"]) == node_size and r["dtype"] == dtype
+            and (batch is None or int(r.get("batch", 1)) == batch)]
+    return min(rows, key=lambda r: int(r["seqlen"])) if rows else None
+
+
 def small_case(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str) -> SmallCase | None:
     """The smallest measured call of ``method`` at this world and node size and dtype, or None."""
-    rows = [r for r in (call or {}).get("rows", []) if r["method"] == method and int(r["world_size"]) == world_size
-            and int(r["node_size"]) == node_size and r["dtype"] == dtype]
-    if not rows:
+    r = _smallest(call, method, world_size=world_size, node_size=node_size, dtype=dtype)
+    if r is None:
         return None
-    r = min(rows, key=lambda r: int(r["seqlen"]))
     shape = AttnShape(1, int(r["seqlen"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]), world_size,
                       dtype=dtype, causal=bool(r["causal"]), layout=r["layout"])
     return SmallCase(method, shape, float(r["cpu_s_median"]))
@@ -75,12 +82,9 @@ def small_case(call: dict | None, method: str, *, world_size: int, node_size: in
 def decode_small_case(call: dict | None, row: str, *, world_size: int, node_size: int, dtype: str,
                       batch: int) -> SmallCase | None:
     """The smallest measured decode step of ``row`` at this world and node size, dtype and batch, or None."""
-    rows = [r for r in (call or {}).get("rows", []) if r["method"] == DECODE_PREFIX + row
-            and int(r["world_size"]) == world_size and int(r["node_size"]) == node_size and r["dtype"] == dtype
-            and int(r.get("batch", 1)) == batch]
-    if not rows:
+    r = _smallest(call, DECODE_PREFIX + row, world_size=world_size, node_size=node_size, dtype=dtype, batch=batch)
+    if r is None:
         return None
-    r = min(rows, key=lambda r: int(r["seqlen"]))
     shape = AttnShape(batch, int(r["seqlen"]), int(r["heads"]), int(r["kv_heads"]), int(r["head_dim"]), world_size,
                       dtype=dtype, causal=True, layout=r["layout"])
     return SmallCase(DECODE_PREFIX + row, shape, float(r["cpu_s_median"]), mode="decode", level="inference")

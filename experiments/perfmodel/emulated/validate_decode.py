@@ -32,7 +32,7 @@ from .costs import EmulatedCosts
 from .decode_costs import decode_twin
 from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
-from .host_cost import decode_small_case, host_per_op, load_call_cpu, per_op_from, small_case
+from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, load_call_cpu, per_op_from, small_case
 from .measured import KernelTimes, needed
 from .message import MessageCost, for_host, load_messages
 from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, messages_text, run_cpus
@@ -67,8 +67,9 @@ class SmallDecode:
     """A measured decode step at a few tokens of context (``host_cost.decode_small_case``): its schedule, and
     through ``predict`` the kernel-table keys it asks for (``measured.needed``)."""
 
-    def __init__(self, small, row: str):
-        self.small, self.row, self.shape = small, row, small.shape
+    def __init__(self, small):
+        self.small, self.shape = small, small.shape
+        self.row = small.method.removeprefix(DECODE_PREFIX)
 
     def schedule(self, hardware, costs):
         ctx, _ = decode_schedule(self.row, self.shape, hardware, decode_twin(costs(hardware, self.shape.dtype)), 1)
@@ -83,7 +84,7 @@ def _small_decode(call, c: DecodeCase, hw) -> SmallDecode | None:
         return None
     small = decode_small_case(call, c.row, world_size=c.shape.world_size, node_size=hw.devices_per_node,
                               dtype=c.shape.dtype, batch=c.shape.batch)
-    return SmallDecode(small, c.row) if small is not None else None
+    return SmallDecode(small) if small is not None else None
 
 
 def cases_of(records) -> list[DecodeCase]:
@@ -124,11 +125,12 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
             small_costs = lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k, excess=excess or {},  # noqa: E731
                                                            messages=for_host(messages, cpus))
             if step is not None and cpus:
-                hosts[key] = {**per_op_from(step.small, step.schedule(hw, small_costs), cpus),
-                              "source": step.small.method}
+                host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
-                hosts[key] = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                                         node_size=hw.devices_per_node, hardware=hw, cpus=cpus, costs=small_costs)
+                host, source = host_per_op(call, HOST_METHOD, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                                           node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
+                                           costs=small_costs), HOST_METHOD
+            hosts[key] = host and {**host, "source": source}
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
@@ -178,13 +180,13 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
-    labelled = [{**r, "method": f"{(r['host'] or {}).get('source', HOST_METHOD)} (G {r['world_size']}, "
-                                f"B {r['batch']})"} for r in rep["rows"]]
+    labelled = [{**r, "method": f"{r['host'] and r['host']['source']} (G {r['world_size']}, B {r['batch']})"}
+                for r in rep["rows"]]
     rep["text"] += "\n" + host_text(labelled, call)
     summary = {"experiment": experiment, "target": TARGET, "met": rep["met"], "worst_abs_error": rep["worst_abs_error"],
                "rows": [{**{k: v for k, v in r.items() if k != "host"},
                          "host_s_per_op": (r["host"] or {}).get("host_s_per_op", 0.0),
-                         "host_source": (r["host"] or {}).get("source", HOST_METHOD if r["host"] else None)}
+                         "host_source": (r["host"] or {}).get("source")}
                         for r in rep["rows"]],
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
                "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
