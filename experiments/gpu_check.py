@@ -62,8 +62,10 @@ from burst_impl.kernels import BACKENDS
 from burst_impl.kernels import xformers as xf
 from .harness.spec import Preset, parse_spec
 from .run import plan, run_local, write_resolved
+from . import gpu_ceilings as GC
+from . import gpu_memory as GM
 
-STEPS = ("packages", "tests", "harness", "multi", "sweep")
+STEPS = ("packages", "tests", "sdpa", "gemm", "memory", "harness", "multi", "sweep")
 CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa")
 # (name shown, module imported, distribution names for the version)
 PACKAGES = (
@@ -78,7 +80,11 @@ NO_DEVICE = "no CUDA device: nothing to check"
 # A lent device runs one command for at most 600 s, start-up and copying back included: each call of
 # the check (CALLS, one ``--steps`` each) is held to this, the records of what ran coming back whole.
 STEP_BUDGET_S = 540
-CALLS = (("packages", "tests"), ("harness",), ("multi",), ("sweep",))
+CALLS = (("packages", "tests", "sdpa", "gemm", "memory"), ("harness",), ("multi",), ("sweep",))
+# --deadline-s: the whole invocation in one device command (a 15-minute lease has room for one call and
+# a rerun): each step then gets what is left, less MARGIN_S for the summary and the archive
+MARGIN_S = 20
+MIN_STEP_S = 15
 LAUNCH_ALLOWANCE_S = 90      # per runner launch: spawning, importing torch, CUDA and NCCL start-up
 # --require names: the module of a PACKAGES row (its first component)
 REQUIRABLE = {module.split(".")[0]: shown for shown, module, _ in PACKAGES}
@@ -271,9 +277,9 @@ def fit_budget(specs: list[dict], budget_s: float = STEP_BUDGET_S) -> float:
     return case_s
 
 
-def step_harness(out: Path, specs: list[dict], name: str) -> Step:
+def step_harness(out: Path, specs: list[dict], name: str, budget_s: float = STEP_BUDGET_S) -> Step:
     """Run specs through the experiment runner (one launch per world size); ok unless a case failed."""
-    fit_budget(specs)
+    fit_budget(specs, budget_s)
     parsed = [parse_spec(s, f"<gpu_check:{s['name']}>") for s in specs]
     preset = Preset(name=f"gpu_check_{name}", path="<gpu_check>", specs=tuple(parsed))
     for s in parsed:
@@ -299,11 +305,11 @@ def step_harness(out: Path, specs: list[dict], name: str) -> Step:
 
 
 def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, device: torch.device,
-               warmup: int, repeats: int, shape: KS.SweepShape = KS.SweepShape()) -> Step:
+               warmup: int, repeats: int, shape: KS.SweepShape = KS.SweepShape(),
+               budget_s: float = STEP_BUDGET_S - 90) -> Step:
     # the figure and the summary come after the points: a margin of the budget is theirs
-    recs = KS.run_sweep(list(kernels) + [KS.TORCH_SDPA], seqlens, device=device, results_root=out,
-                        experiment="kernels", warmup=warmup, repeats=repeats, shape=shape,
-                        budget_s=STEP_BUDGET_S - 90)
+    recs = KS.run_sweep(list(kernels) + list(KS.SDPA_KERNELS), seqlens, device=device, results_root=out,
+                        experiment="kernels", warmup=warmup, repeats=repeats, shape=shape, budget_s=budget_s)
     fig = KS.draw(recs, plots / "kernel_tflops_vs_seqlen.png", device_name=device_name)
     best = {}
     for r in recs:
@@ -316,6 +322,45 @@ def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, de
         return Step("sweep", "failed", "; ".join(f"{r['case_id']}: {r['reason'][:200]}" for r in bad[:3]),
                     details=details)
     return Step("sweep", "ok" if best or fig else "skipped", "" if fig else "no kernel could run", details=details)
+
+
+def step_sdpa(out: Path, plots: Path, device_name: str, device: torch.device, budget_s: float) -> Step:
+    """The profile's attention-efficiency tables, measured (``gpu_ceilings.attention_table``)."""
+    recs = GC.attention_table(out, device, budget_s=budget_s - 15)
+    peak = GC.peak_tflops()
+    table = GC.efficiency(recs, peak)
+    setup = (f"B x N = {GC.TABLE_TOKENS} tokens, Z={GC.TABLE_HEADS}, d=128, bfloat16 "
+             "(the FlashAttention papers' speed charts)")
+    write_json(out / "sdpa_profile.json", {"peak_tflops": peak, "profile": GC.PROFILE, "setup": setup,
+                                           "efficiency": table, **_stamp()})
+    fig = KS.draw(recs, plots / "sdpa_tflops_vs_seqlen.png", device_name=device_name, setup=setup)
+    bad = [r for r in recs if r["status"] in ("failed", "oom")]
+    details = {"figure": str(fig) if fig else None, "efficiency": table}
+    if bad:
+        why = "; ".join(f"{r['case_id']}: {r['reason'][:160]}" for r in bad[:3])
+        return Step("sdpa", "failed", why, details=details)
+    return Step("sdpa", "ok" if table else "skipped", "" if table else "no SDPA backend could run", details=details)
+
+
+def step_gemm(out: Path, device: torch.device, budget_s: float) -> Step:
+    """bf16 GEMM TFLOP/s at the models' layer shapes and the best shape (``gpu_ceilings.gemm_table``)."""
+    res = GC.gemm_table(out, device, budget_s=budget_s, peak=GC.peak_tflops())
+    best = res["best"]
+    return Step("gemm", "ok" if best else "skipped", "" if best else "no GEMM ran",
+                details={"gemm_efficiency": res["gemm_efficiency"], "layer_efficiency": res["layer_efficiency"],
+                         "best": {k: best[k] for k in ("name", "tflops")} if best else None})
+
+
+def step_memory(out: Path, budget_s: float) -> Step:
+    """One attention call and one model step against the memory model (``gpu_memory``)."""
+    st = step_harness(out, GM.specs(), "memory", budget_s)
+    rows = GM.compare(GM.read(out))
+    write_json(out / "memory.json", {"hardware": GM.HARDWARE, "rows": rows, **_stamp()})
+    print(GM.table(rows))
+    st.details["rows"] = rows
+    if st.status == "ok" and not rows:
+        return Step("memory", "failed", "no record carries CUDA's counters", details=st.details)
+    return st
 
 
 # ---------------------------------------------------------------- main
@@ -374,6 +419,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
     ap.add_argument("--head-dim", type=int, default=128, help="sweep: head dimension d")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="run every step asked in one command of this many seconds: each step gets what is left")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                     help="where the sweep runs (cpu: only for tests of this script)")
     ap.add_argument("--require", default="", help="comma-separated packages whose absence fails the check "
@@ -392,34 +439,19 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
     return args, steps, required
 
 
-def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
-    args, steps, required = _parse(argv)
+def _budget(deadline: float | None, cap: float) -> float:
+    """Seconds a step may take: ``cap``, or what the deadline leaves after the margin if less."""
+    return cap if deadline is None else min(cap, deadline - time.monotonic() - MARGIN_S)
+
+
+def _step_calls(args, found: list[Device], out: Path, plots: Path, summary: dict, required, deadline):
+    """(name, callable) of every step, in the order they run."""
     kernels = [k for k in args.kernels.split(",") if k]
     seqlens = [int(x) for x in args.seqlens.split(",") if x]
-    print_plan(steps)
-    found = devices() if found is None else found
-    if not found:
-        return no_usable_gpu(listed_gpus())
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     gpu = found[0].name
-    out, plots = Path(args.results) / slug(gpu), Path(args.plots) / slug(gpu)
-    print(f"GPU check on {len(found)} x {gpu} -> {out}")
-    summary = {"devices": [asdict(d) for d in found], "steps": [], "command": " ".join(sys.argv), **_stamp()}
-    done: list[Step] = []
-
-    def run(name: str, fn: Callable[[], Step]) -> None:
-        if name not in steps:
-            return
-        print(f"\n== {name}", flush=True)
-        t0 = time.perf_counter()
-        try:
-            st = fn()
-        except Exception as e:  # noqa: BLE001 - a step that breaks is a failed step; the others still run
-            st = Step(name, "failed", f"{type(e).__name__}: {str(e)[:600]}")
-        st.duration_s = round(time.perf_counter() - t0, 1)
-        done.append(st)
-        summary["steps"] = [asdict(s) for s in done]
-        write_json(out / "summary.json", summary)
-        print(f"== {name}: {st.status}{' (' + st.reason + ')' if st.reason else ''} in {st.duration_s:.0f} s")
+    shown = (gpu if len(found) == 1 else f"{gpu} (1 of {len(found)})") if args.device == "cuda" else \
+        f"CPU ({env.hardware()['cpu_model']}; --device cpu, a test of the script)"
 
     def packages() -> Step:
         rows = package_report()
@@ -430,18 +462,53 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
                     details={r["package"]: r.get("version") if r["importable"] else None for r in rows})
 
     specs, multi_why = harness_specs(len(found), kernels)
-    run("packages", packages)
-    run("tests", lambda: step_tests(out))
-    run("harness", lambda: step_harness(out, [s for s in specs if s["name"] != "multi"], "harness"))
-    run("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
-        step_harness(out, [s for s in specs if s["name"] == "multi"], "multi"))
-    shown = (gpu if len(found) == 1 else f"{gpu} (1 of {len(found)})") if args.device == "cuda" else \
-        f"CPU ({env.hardware()['cpu_model']}; --device cpu, a test of the script)"
-    run("sweep", lambda: step_sweep(out, plots, shown,
-                                    kernels=kernels, seqlens=seqlens, device=torch.device(args.device, 0)
-                                    if args.device == "cuda" else torch.device("cpu"),
-                                    warmup=args.warmup, repeats=args.repeats,
-                                    shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim)))
+    left = lambda cap: _budget(deadline, cap)  # noqa: E731 - read when the step starts
+    return [
+        ("packages", packages),
+        ("tests", lambda: step_tests(out, int(left(180 if deadline else STEP_BUDGET_S - 60)))),
+        ("sdpa", lambda: step_sdpa(out, plots, shown, device, left(STEP_BUDGET_S - 90))),
+        ("gemm", lambda: step_gemm(out, device, left(120))),
+        ("memory", lambda: step_memory(out, left(STEP_BUDGET_S))),
+        ("harness", lambda: step_harness(out, [s for s in specs if s["name"] != "multi"], "harness",
+                                         left(STEP_BUDGET_S))),
+        ("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
+         step_harness(out, [s for s in specs if s["name"] == "multi"], "multi", left(STEP_BUDGET_S))),
+        ("sweep", lambda: step_sweep(out, plots, shown, kernels=kernels, seqlens=seqlens, device=device,
+                                     warmup=args.warmup, repeats=args.repeats,
+                                     shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim),
+                                     budget_s=left(STEP_BUDGET_S - 90))),
+    ]
+
+
+def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
+    args, steps, required = _parse(argv)
+    deadline = time.monotonic() + args.deadline_s if args.deadline_s else None
+    print_plan(steps)
+    found = devices() if found is None else found
+    if not found:
+        return no_usable_gpu(listed_gpus())
+    gpu = found[0].name
+    out, plots = Path(args.results) / slug(gpu), Path(args.plots) / slug(gpu)
+    print(f"GPU check on {len(found)} x {gpu} -> {out}")
+    summary = {"devices": [asdict(d) for d in found], "steps": [], "command": " ".join(sys.argv), **_stamp()}
+    done: list[Step] = []
+    for name, fn in _step_calls(args, found, out, plots, summary, required, deadline):
+        if name not in steps:
+            continue
+        print(f"\n== {name}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            if deadline is not None and _budget(deadline, STEP_BUDGET_S) < MIN_STEP_S:
+                st = Step(name, "skipped", f"--deadline-s {args.deadline_s:.0f}: under {MIN_STEP_S} s left")
+            else:
+                st = fn()
+        except Exception as e:  # noqa: BLE001 - a step that breaks is a failed step; the others still run
+            st = Step(name, "failed", f"{type(e).__name__}: {str(e)[:600]}")
+        st.duration_s = round(time.perf_counter() - t0, 1)
+        done.append(st)
+        summary["steps"] = [asdict(s) for s in done]
+        write_json(out / "summary.json", summary)
+        print(f"== {name}: {st.status}{' (' + st.reason + ')' if st.reason else ''} in {st.duration_s:.0f} s")
     print("\nsummary")
     for s in done:
         print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")

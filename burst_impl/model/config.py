@@ -98,6 +98,10 @@ CONFIGS: dict[str, ModelConfig] = {c.name: c for c in (
     # arXiv 2407.21783) Table 3 lists the same layers, width, FFN width and heads.
     ModelConfig("llama3_70b", n_layers=80, hidden=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672,
                 vocab_size=128256, rope_theta=500000.0),
+    # LLaMA-2 7B's block and vocabulary with 2 of its 32 layers: the GPU check's model step (experiments/
+    # gpu_memory.py), every layer at the paper's size, one step in well under a second on one GPU.
+    ModelConfig("llama2_7b_2l", n_layers=2, hidden=4096, n_heads=32, n_kv_heads=32, ffn_hidden=11008,
+                vocab_size=32000),
     # CPU sizes. tiny: MHA, 12 heads of 8 (splits over G = 1..4 for every method), F = 192.
     ModelConfig("tiny", n_layers=2, hidden=96, n_heads=12, n_kv_heads=12, ffn_hidden=192, vocab_size=64),
     # tiny_gqa: 8 query heads sharing 2 kv heads (G = 1, 2, 4).

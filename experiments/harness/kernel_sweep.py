@@ -18,6 +18,7 @@ kernel's name as ``method`` and ``kernel``. ``draw`` makes the figure.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from burst_impl.kernels import BACKENDS, attn_backward, attn_forward, check_backend, compute_delta, default_scale
 from burst_impl.shape import DTYPE_NAMES, AttnShape
@@ -35,10 +37,15 @@ from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
-from ..figstyle import save_figure  # first: it selects the Agg backend
+from ..figstyle import PALETTE, save_figure  # first: it selects the Agg backend
 import matplotlib.pyplot as plt  # after figstyle
 
 TORCH_SDPA = "torch_sdpa"        # torch.nn.functional.scaled_dot_product_attention, the yardstick
+# SDPA with one backend pinned (torch.nn.attention.sdpa_kernel): which fused kernel a GPU gives, each on
+# its own; "flash" is PyTorch's FlashAttention-2, "cudnn" cuDNN's fused attention (Hopper and later)
+SDPA_PINNED = {"torch_sdpa_flash": "FLASH_ATTENTION", "torch_sdpa_efficient": "EFFICIENT_ATTENTION",
+               "torch_sdpa_cudnn": "CUDNN_ATTENTION"}
+SDPA_KERNELS = (TORCH_SDPA, *SDPA_PINNED)
 MODES = ("forward", "fwd_bwd")
 
 
@@ -55,6 +62,8 @@ class SweepShape:
 def _problem(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
     if kernel == TORCH_SDPA:
         return None
+    if kernel in SDPA_PINNED:
+        return None if device.type == "cuda" else f"{kernel}: a pinned SDPA backend runs on CUDA, not {device.type}"
     try:
         check_backend(kernel, device, dtype, head_dim)
     except ValueError as e:
@@ -65,28 +74,37 @@ def _problem(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: in
 def make_step(kernel: str, mode: str, q, k, v, do, causal: bool) -> Callable[[], object]:
     """The timed callable: one forward, or one forward + backward, of ``kernel`` on (B, N, Z, d) inputs."""
     scale = default_scale(q.shape[-1], None)
-    if kernel == TORCH_SDPA:
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))            # (B, Z, N, d) views
-        dot = do.transpose(1, 2)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        if mode == "forward":
-            def step():
-                with torch.no_grad():
-                    return sdpa(qt, kt, vt, is_causal=causal, scale=scale)
-            return step
-        leaves = [t.detach().requires_grad_() for t in (qt, kt, vt)]
-
-        def step():
-            for t in leaves:
-                t.grad = None
-            sdpa(*leaves, is_causal=causal, scale=scale).backward(dot)
-        return step
+    if kernel in SDPA_KERNELS:
+        return _sdpa_step(kernel, mode, q, k, v, do, causal, scale)
     if mode == "forward":
         return lambda: attn_forward(q, k, v, causal=causal, scale=scale, backend=kernel)
 
     def step():
         out, lse = attn_forward(q, k, v, causal=causal, scale=scale, backend=kernel)
         return attn_backward(do, q, k, v, lse, compute_delta(do, out), causal=causal, scale=scale, backend=kernel)
+    return step
+
+
+def _sdpa_step(kernel: str, mode: str, q, k, v, do, causal: bool, scale: float) -> Callable[[], object]:
+    """SDPA with autograd on (B, Z, N, d) views; a pinned backend raises rather than falling back."""
+    pin = (lambda: sdpa_kernel([getattr(SDPBackend, SDPA_PINNED[kernel])])) if kernel in SDPA_PINNED \
+        else contextlib.nullcontext
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))            # (B, Z, N, d) views
+    dot = do.transpose(1, 2)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if mode == "forward":
+        def step():
+            with torch.no_grad(), pin():
+                return sdpa(qt, kt, vt, is_causal=causal, scale=scale)
+        return step
+    leaves = [t.detach().requires_grad_() for t in (qt, kt, vt)]
+
+    def step():
+        for t in leaves:
+            t.grad = None
+        with pin():
+            out = sdpa(*leaves, is_causal=causal, scale=scale)
+        out.backward(dot)
     return step
 
 
@@ -146,8 +164,8 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
     ``budget_s``: once that much wall time is spent, the points not yet measured are recorded as
     skipped with that reason (a device lent for a bounded command must get the records back)."""
     for k in kernels:
-        if k != TORCH_SDPA and k not in BACKENDS:
-            raise ValueError(f"kernels: {k!r} is unknown; choose from {[*BACKENDS, TORCH_SDPA]}")
+        if k not in SDPA_KERNELS and k not in BACKENDS:
+            raise ValueError(f"kernels: {k!r} is unknown; choose from {[*BACKENDS, *SDPA_KERNELS]}")
     out = []
     t0 = time.perf_counter()
     for kernel in kernels:
@@ -171,15 +189,16 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
     return out
 
 
-def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
-    """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device."""
+def draw(records: list[dict], out: Path, *, device_name: str, setup: str | None = None) -> Path | None:
+    """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device.
+    ``setup``: the problem's line of the title (default: B, Z, d and dtype of the first record)."""
     ok = [r for r in records if r["status"] == "ok"]
     if not ok:
         return None
     modes = [m for m in MODES if any(r["mode"] == m for r in ok)]
     masks = [c for c in (True, False) if any(r["causal"] == c for r in ok)]
     kernels = list(dict.fromkeys(r["method"] for r in records))
-    palette = [*BACKENDS, TORCH_SDPA] + [k for k in kernels if k not in BACKENDS and k != TORCH_SDPA]   # stable colours
+    palette = [*BACKENDS, *SDPA_KERNELS] + [k for k in kernels if k not in BACKENDS and k not in SDPA_KERNELS]
     fig, axes = plt.subplots(len(modes), len(masks), figsize=(6.0 * len(masks), 4.2 * len(modes) + 0.8),
                              squeeze=False)
     for ax, (mode, causal) in zip(axes.flat, [(m, c) for m in modes for c in masks]):
@@ -190,8 +209,8 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
                 continue
             x, y, lo, hi = zip(*pts)
             ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], marker="o",
-                        capsize=3, label=kernel, color=plt.get_cmap("tab10").colors[palette.index(kernel) % 10],
-                        linestyle="--" if kernel == TORCH_SDPA else "-")
+                        capsize=3, label=kernel, color=PALETTE[palette.index(kernel) % len(PALETTE)],
+                        linestyle="--" if kernel in SDPA_KERNELS else "-")
         ax.set_xscale("log", base=2)
         ns = sorted({r["seqlen"] for r in ok})
         ax.set_xticks(ns)
@@ -208,8 +227,9 @@ def draw(records: list[dict], out: Path, *, device_name: str) -> Path | None:
     failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records
                      if r["status"] in ("oom", "failed")})
     skipped = sorted({f"{r['method']}: {r['reason'].split(';')[0][:110]}" for r in records if r["status"] == "skipped"})
+    setup = setup or f"B={r0['batch']}, Z={r0['heads']}, d={r0['head_dim']}, {r0['dtype']}"
     fig.suptitle(f"Local attention kernels on {device_name}: TFLOP/s vs sequence length (measured "
-                 f"{str(r0['timestamp'])[:10]})\nB={r0['batch']}, Z={r0['heads']}, d={r0['head_dim']}, {r0['dtype']}; "
+                 f"{str(r0['timestamp'])[:10]})\n{setup}; "
                  "FLOPs 4BN²Zd, halved when causal, x3.5 forward+backward", fontsize=10)
     notes = [f"not run: {'; '.join(skipped)}"] if skipped else []
     notes += [f"OOM/failed: {', '.join(failed)}"] if failed else []

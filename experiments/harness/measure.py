@@ -158,6 +158,8 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
         "mem_inputs": live,
         "mem_saved": saved,
         "mem_method": mem.method if mem else None,
+        "mem_reserved": mem.reserved_bytes if mem else None,
+        "mem_allocated": mem.start_bytes + mem.peak_bytes if mem and mem.reserved_bytes is not None else None,
         "comm": counts.as_dict() if counts is not None else None,
         "comm_fwd": counts.phase_total("forward") if counts is not None else None,
         "comm_bwd": counts.phase_total("backward") if counts is not None else None,
@@ -211,6 +213,9 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
             "mem_saved_bytes": max(saved) if None not in saved else None,
             "mem_method": per_rank[0]["mem_method"],
+            # GPU: the allocator's whole counts over the step (inputs, weights, state and cache included)
+            **{f"mem_{k}_peak_bytes": (None if None in (r[f"mem_{k}"] for r in per_rank)
+                                       else max(r[f"mem_{k}"] for r in per_rank)) for k in ("allocated", "reserved")},
             "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
             "mem_measured_over": _measured_over(case),
         })

@@ -114,6 +114,9 @@ class Memory:
     inputs_bytes_per_rank: list | None = None
     start_bytes: int | None = None
     saved_bytes: int | None = None
+    # GPU: max_memory_allocated and max_memory_reserved over the step, whole (memory.py; max over ranks)
+    allocated_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
     state_bytes_per_rank: list | None = None
     total_bytes: int | None = None
     parts_bytes: dict | None = None

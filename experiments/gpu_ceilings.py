@@ -1,0 +1,72 @@
+"""The performance model's GPU constants, measured on the GPU the check runs on.
+
+A hardware profile (``experiments/hardware/*.yaml``) charges attention at ``attn_efficiency`` /
+``attn_efficiency_forward`` of the peak, a table over the kernel's block size, and GEMMs at
+``gemm_efficiency``. The profiles took them from papers' charts; this measures them:
+
+* ``attention_table``: PyTorch's SDPA with one backend pinned (``kernel_sweep.SDPA_PINNED``) in the
+  setup of the FlashAttention papers' speed charts the H100 profile was read from (Shah et al. 2024,
+  arXiv 2407.08608): head dim 128, hidden 2048 (16 heads), batch x N = 16K tokens, N = 512..16K,
+  bf16, forward and forward + backward, full and causal. ``efficiency`` turns the records into the
+  profile's tables: TFLOP/s over the profile's peak under the suite's FLOP convention
+  (``burst_impl/flops.py``; forward + backward 3.5x the forward, causal halved), so the combined
+  entry is 3.5 / (1/fwd + 2.5/bwd) as the profile's comment defines it.
+* ``gemm_table``: ``harness.gemm_sweep`` (the model's layer shapes and a grid); its best shape over
+  the peak is the profile's ``gemm_efficiency``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from .harness import gemm_sweep as GS
+from .harness import kernel_sweep as KS
+from .profiles.hardware import load_hardware
+
+PROFILE = "h200_sxm_ib_4x8"           # whose peak the efficiencies are taken over
+TABLE_TOKENS = 16384                  # batch x N, the FlashAttention papers' charts
+TABLE_HEADS = 16                      # hidden 2048 at head dim 128
+TABLE_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+TABLE_KERNELS = ("torch_sdpa_flash", "torch_sdpa_cudnn", "torch_sdpa_efficient")
+
+
+def peak_tflops(profile: str = PROFILE, dtype: str = "bfloat16") -> float:
+    return load_hardware(profile).accelerator.peak_tflops[dtype]
+
+
+def attention_table(out: Path, device: torch.device, *, budget_s: float, seqlens=TABLE_SEQLENS,
+                    kernels=TABLE_KERNELS, warmup: int = 3, repeats: int = 10) -> list[dict]:
+    """The records of every (kernel, mask, mode, N) in the charts' setup (experiment ``sdpa_profile``)."""
+    recs, t0 = [], time.perf_counter()
+    for n in seqlens:
+        shape = KS.SweepShape(batch=max(1, TABLE_TOKENS // n), heads=TABLE_HEADS, head_dim=128)
+        left = budget_s - (time.perf_counter() - t0)
+        recs += KS.run_sweep(list(kernels), [n], device=device, results_root=out, experiment="sdpa_profile",
+                             shape=shape, warmup=warmup, repeats=repeats, budget_s=max(0.0, left))
+    return recs
+
+
+def efficiency(records: list[dict], peak: float) -> dict:
+    """{kernel: {"full"/"causal": {"forward"/"fwd_bwd": [[N, TFLOP/s / peak], ...]}}} of the ok records."""
+    out: dict = {}
+    for r in sorted((r for r in records if r["status"] == "ok"), key=lambda r: r["seqlen"]):
+        mask = "causal" if r["causal"] else "full"
+        out.setdefault(r["method"], {}).setdefault(mask, {}).setdefault(r["mode"], []).append(
+            [r["seqlen"], round(r["tflops_total"] / peak, 3)])
+    return out
+
+
+def gemm_table(out: Path, device: torch.device, *, budget_s: float, peak: float) -> dict:
+    """Every GEMM row, the best shape and its efficiency over ``peak``; written to ``gemm.json``."""
+    rows = GS.run_gemms(device, budget_s=budget_s)
+    top = GS.best(rows)
+    res = {"rows": rows, "best": top, "peak_tflops": peak,
+           "gemm_efficiency": round(top["tflops"] / peak, 3) if top else None,
+           "layer_efficiency": {r["name"] + f"/T{r['m']}": round(r["tflops"] / peak, 3)
+                                for r in rows if r["kind"] == "layer"}}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
+    return res
