@@ -39,6 +39,7 @@ import argparse
 import importlib
 import importlib.metadata
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -66,7 +67,7 @@ from . import gpu_ceilings as GC
 from . import gpu_memory as GM
 
 STEPS = ("packages", "tests", "sdpa", "gemm", "memory", "harness", "multi", "sweep")
-CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa")
+CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa", "cuda_flash", "cuda_cudnn")
 # (name shown, module imported, distribution names for the version)
 PACKAGES = (
     ("flash-attn", "flash_attn", ("flash-attn", "flash_attn")),
@@ -85,7 +86,7 @@ CALLS = (("packages", "tests", "sdpa", "gemm", "memory"), ("harness",), ("multi"
 # a rerun): each step then gets what is left, less MARGIN_S for the summary and the archive
 MARGIN_S = 20
 MIN_STEP_S = 15
-LAUNCH_ALLOWANCE_S = 90      # per runner launch: spawning, importing torch, CUDA and NCCL start-up
+LAUNCH_ALLOWANCE_S = 45      # per runner launch: spawn, import torch, start CUDA and NCCL (under 15 s on an H200)
 # --require names: the module of a PACKAGES row (its first component)
 REQUIRABLE = {module.split(".")[0]: shown for shown, module, _ in PACKAGES}
 
@@ -273,7 +274,7 @@ def fit_budget(specs: list[dict], budget_s: float = STEP_BUDGET_S) -> float:
     if case_s < 1:
         raise ValueError(f"{n_cases} cases in {launches} launches do not fit the step's {budget_s:.0f} s")
     for s in specs:
-        s["timeouts"] = dict(s["timeouts"], case_s=round(case_s, 1))
+        s["timeouts"] = dict(s["timeouts"], case_s=math.floor(case_s * 10) / 10)   # down: the sum must fit
     return case_s
 
 
@@ -306,9 +307,9 @@ def step_harness(out: Path, specs: list[dict], name: str, budget_s: float = STEP
 
 def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, device: torch.device,
                warmup: int, repeats: int, shape: KS.SweepShape = KS.SweepShape(),
-               budget_s: float = STEP_BUDGET_S - 90) -> Step:
+               budget_s: float = STEP_BUDGET_S - 90, sdpa=KS.SDPA_KERNELS) -> Step:
     # the figure and the summary come after the points: a margin of the budget is theirs
-    recs = KS.run_sweep(list(kernels) + list(KS.SDPA_KERNELS), seqlens, device=device, results_root=out,
+    recs = KS.run_sweep(list(kernels) + list(sdpa), seqlens, device=device, results_root=out,
                         experiment="kernels", warmup=warmup, repeats=repeats, shape=shape, budget_s=budget_s)
     fig = KS.draw(recs, plots / "kernel_tflops_vs_seqlen.png", device_name=device_name)
     best = {}
@@ -414,6 +415,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
     ap.add_argument("--results", default=str(REPO / "results" / "gpu_check"), help="results root (a folder per GPU)")
     ap.add_argument("--plots", default=str(REPO / "plots" / "gpu_check"), help="figures root (a folder per GPU)")
     ap.add_argument("--kernels", default=",".join(CUDA_KERNELS), help="local kernels to check (burst_impl.kernels)")
+    ap.add_argument("--sdpa", default=",".join(KS.SDPA_KERNELS),
+                    help="the sweep's SDPA yardsticks beside the kernels (comma-separated; '' for none)")
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384,32768", help="sweep sequence lengths")
     ap.add_argument("--heads", type=int, default=32, help="sweep: query heads Z (MHA)")
     ap.add_argument("--head-dim", type=int, default=128, help="sweep: head dimension d")
@@ -476,7 +479,8 @@ def _step_calls(args, found: list[Device], out: Path, plots: Path, summary: dict
         ("sweep", lambda: step_sweep(out, plots, shown, kernels=kernels, seqlens=seqlens, device=device,
                                      warmup=args.warmup, repeats=args.repeats,
                                      shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim),
-                                     budget_s=left(STEP_BUDGET_S - 90))),
+                                     budget_s=left(STEP_BUDGET_S - 90),
+                                     sdpa=[k for k in args.sdpa.split(",") if k])),
     ]
 
 

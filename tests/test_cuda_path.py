@@ -18,6 +18,8 @@ kernel may round differently, not worse.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -42,8 +44,15 @@ def _need(backend: str | None) -> None:
         pytest.skip(f"backend {backend!r} is unavailable here: {why}")
 
 
-def _budget(plain, ref, dtype) -> float:
-    return 2 * max_err(plain, ref) + torch.finfo(dtype).eps / 2 * max(ref.abs().max().item(), 1.0)
+def _budget(plain, ref, dtype, terms: int = 1) -> float:
+    """Twice the CPU flash kernel's error, one rounding of the output's dtype, and the fp32 accumulation
+    of ``terms`` products in an order of the CUDA kernel's own (blocked sums: up to about log2(terms)
+    fp32 roundings, the pairwise-summation bound, relative to the largest entry). That last term is what
+    fp32 inputs need (measured on an H200: cuda_sdpa's GQA dK off by 1.57e-6 where the first two gave
+    1.40e-6); in bf16/fp16 it is below the output's own rounding."""
+    scale = max(ref.abs().max().item(), 1.0)
+    accumulate = torch.finfo(torch.float32).eps * math.log2(max(terms, 2)) * scale
+    return 2 * max_err(plain, ref) + torch.finfo(dtype).eps / 2 * scale + accumulate
 
 
 @cuda
@@ -58,7 +67,9 @@ def test_cuda_block_kernels(backend, dtype, causal, heads):
     plain = attention_reference(*inputs, causal, backend="cpu_flash")
     for name in ref:
         assert got[name].shape == ref[name].shape, (backend, name)
-        assert max_err(got[name].cpu(), ref[name]) <= _budget(plain[name], ref[name], dtype), (backend, name)
+        # dK, dV sum over every query row of the heads sharing a kv head: the most terms of any output
+        terms = 200 * heads[0] // heads[1]
+        assert max_err(got[name].cpu(), ref[name]) <= _budget(plain[name], ref[name], dtype, terms), (backend, name)
 
 
 def _ring_like(q, k, v, do, backend, split):

@@ -33,6 +33,8 @@ Backends (``backend=`` name, or ``None`` for automatic):
 * ``"flash_attn"``: the flash-attn package on CUDA.
 * ``"xformers"``: xFormers' memory-efficient attention on CUDA (``xformers.ops.fmha``).
 * ``"cuda_sdpa"``: PyTorch's CUDA efficient-attention kernels (return lse).
+* ``"cuda_flash"``: PyTorch's own FlashAttention-2 CUDA kernels (SDPA's flash backend, fp16/bf16).
+* ``"cuda_cudnn"``: cuDNN's fused attention through PyTorch (SDPA's cuDNN backend, fp16/bf16).
 * ``"reference"``: plain math in fp64, for tests; materialises the scores.
 * ``"math"``: materialised scores in the inputs' dtype (fp32 statistics): the papers'
   "without LAO" / "without FlashAttention" rows. Never chosen automatically.
@@ -50,15 +52,15 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu_flash, cuda_sdpa, flash_attn, masked, math, reference, xformers
+from . import cpu_flash, cuda_cudnn, cuda_flash, cuda_sdpa, flash_attn, masked, math, reference, xformers
 from .common import (FLOAT_DTYPES, Backend, TileMask, compute_delta, default_scale, stats_dtype, surrogate_out,
                      unit_last)
 
 Tensor = torch.Tensor
 
 # name -> backend, in the order the automatic choice and the docs list them
-BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND
-                                 for m in (reference, cpu_flash, flash_attn, xformers, cuda_sdpa, math)}
+BACKENDS: dict[str, Backend] = {m.BACKEND.name: m.BACKEND for m in (
+    reference, cpu_flash, flash_attn, xformers, cuda_sdpa, cuda_flash, cuda_cudnn, math)}
 
 __all__ = ["BACKENDS", "FLOAT_DTYPES", "Backend", "TileMask", "attn_backward", "attn_forward", "check_backend",
            "compute_delta", "default_scale", "resolve_backend", "stats_dtype", "surrogate_out", "unit_last"]

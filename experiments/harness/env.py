@@ -32,12 +32,13 @@ def _git(*args: str) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def git_info() -> dict:
-    commit = _git("rev-parse", "HEAD")
-    if commit is None and os.environ.get("BURST_BENCH_GIT_COMMIT"):
-        # a copy of the tree without its .git (a lent device gets the files alone): the commit it was
-        # copied from, as its sender states it, and dirty unknown
-        return {"commit": os.environ["BURST_BENCH_GIT_COMMIT"], "dirty": None,
+    if os.environ.get("BURST_BENCH_GIT_COMMIT"):
+        # a copy of the working tree sent elsewhere (a lent device gets the files with the .git of an
+        # older checkout): the commit its sender states it was copied from, with a clean tree
+        return {"commit": os.environ["BURST_BENCH_GIT_COMMIT"],
+                "dirty": os.environ.get("BURST_BENCH_GIT_DIRTY", "0") not in ("0", ""),
                 "commit_source": "BURST_BENCH_GIT_COMMIT"}
+    commit = _git("rev-parse", "HEAD")
     # Run outputs (results/, plots/) do not make the code dirty.
     status = _git("status", "--porcelain", "--", ".", ":!results", ":!plots")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
