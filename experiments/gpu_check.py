@@ -364,6 +364,25 @@ def step_memory(out: Path, budget_s: float) -> Step:
     return st
 
 
+def derive(out: Path, plots: Path, device_name: str) -> list[Path]:
+    """Redraw the figures and rewrite memory.json from the records under ``out`` (no GPU needed): what a
+    device's runs left there, merged (each record keeps its own run's provenance)."""
+    written = []
+    for exp, name, setup in (("kernels", "kernel_tflops_vs_seqlen.png", None),
+                             ("sdpa_profile", "sdpa_tflops_vs_seqlen.png",
+                              f"B x N = {GC.TABLE_TOKENS} tokens, Z={GC.TABLE_HEADS}, d=128, bfloat16 "
+                              "(the FlashAttention papers' speed charts)")):
+        recs = list(R.latest_by_case(R.read_records(R.experiment_dir(out, exp) / R.RESULTS_FILE)).values())
+        fig = KS.draw(recs, plots / name, device_name=device_name, setup=setup) if recs else None
+        written += [fig] if fig else []
+    rows = GM.compare(GM.read(out))
+    if rows:
+        written.append(write_json(out / "memory.json", {"hardware": GM.HARDWARE, "rows": rows,
+                                                        "derived_from": "the memory_op and memory_model records"}))
+        print(GM.table(rows))
+    return written
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -422,6 +441,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
     ap.add_argument("--head-dim", type=int, default=128, help="sweep: head dimension d")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--derive", metavar="GPU", default="",
+                    help="no GPU needed: redraw the figures and rewrite memory.json of results/gpu_check/GPU "
+                         "(e.g. nvidia-h200) from its records")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="run every step asked in one command of this many seconds: each step gets what is left")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
@@ -440,6 +462,12 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
     if required and "packages" not in steps:
         ap.error("--require is checked by the packages step: add it to --steps")
     return args, steps, required
+
+
+def _device_name(out: Path) -> str:
+    """The GPU's name as the check's summary recorded it."""
+    summary = json.loads((out / "summary.json").read_text())
+    return summary["devices"][0]["name"]
 
 
 def _budget(deadline: float | None, cap: float) -> float:
@@ -486,6 +514,11 @@ def _step_calls(args, found: list[Device], out: Path, plots: Path, summary: dict
 
 def main(argv: list[str] | None = None, *, found: list[Device] | None = None) -> int:
     args, steps, required = _parse(argv)
+    if args.derive:
+        out, plots = Path(args.results) / args.derive, Path(args.plots) / args.derive
+        for path in derive(out, plots, _device_name(out)):
+            print(f"written: {path}")
+        return 0
     deadline = time.monotonic() + args.deadline_s if args.deadline_s else None
     print_plan(steps)
     found = devices() if found is None else found

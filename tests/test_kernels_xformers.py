@@ -179,16 +179,21 @@ def _with(monkeypatch, name, ok):
     monkeypatch.setitem(K.BACKENDS, name, dataclasses.replace(K.BACKENDS[name], available=lambda: ok))
 
 
-@pytest.mark.parametrize("flash,xf,dtype,head_dim,want", [
-    (True, True, torch.bfloat16, 64, "flash_attn"),
-    (False, True, torch.bfloat16, 64, "xformers"),
-    (False, False, torch.bfloat16, 64, "cuda_sdpa"),
-    (True, True, torch.float32, 64, "xformers"),      # flash-attn takes no fp32
-    (True, True, torch.float16, 12, "cuda_sdpa"),     # neither takes head_dim 12
-    (True, True, torch.float64, 64, "reference"),
+@pytest.mark.parametrize("flash,xf,cap,dtype,head_dim,want", [
+    (True, True, (9, 0), torch.bfloat16, 64, "flash_attn"),
+    (False, True, (9, 0), torch.bfloat16, 64, "xformers"),
+    (False, False, (9, 0), torch.bfloat16, 64, "cuda_cudnn"),     # Hopper: cuDNN's fused attention
+    (False, False, (9, 0), torch.bfloat16, 256, "cuda_flash"),    # cuDNN's head_dim stops at 128
+    (False, False, (8, 0), torch.bfloat16, 64, "cuda_flash"),     # before Hopper: PyTorch's FlashAttention-2
+    (False, False, (9, 0), torch.float32, 64, "cuda_sdpa"),       # the only fp32 kernel of torch's
+    (True, True, (9, 0), torch.float32, 64, "xformers"),          # flash-attn takes no fp32
+    (True, True, (9, 0), torch.float16, 12, "cuda_sdpa"),         # none of the others takes head_dim 12
+    (True, True, (9, 0), torch.float64, 64, "reference"),
 ])
-def test_automatic_order_on_cuda(monkeypatch, flash, xf, dtype, head_dim, want):
+def test_automatic_order_on_cuda(monkeypatch, flash, xf, cap, dtype, head_dim, want):
     _with(monkeypatch, "flash_attn", flash)
     _with(monkeypatch, "xformers", xf)
+    _with(monkeypatch, "cuda_cudnn", True)          # a CPU build of torch has no cuDNN to ask
+    monkeypatch.setattr(K, "cuda_capability", lambda device: cap)
     assert K.resolve_backend(torch.device("cuda"), None, dtype, head_dim) == want
     assert K.resolve_backend(torch.device("cpu"), None, dtype, head_dim) == "cpu_flash"

@@ -90,6 +90,11 @@ def check_backend(name: str, device: torch.device, dtype: torch.dtype | None = N
         raise ValueError(why)
 
 
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """The device's compute capability, (0, 0) where CUDA is not usable (choices made off a GPU)."""
+    return torch.cuda.get_device_capability(device) if torch.cuda.is_available() else (0, 0)
+
+
 def resolve_backend(device: torch.device, backend: str | None = None,
                     dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
     """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
@@ -98,12 +103,15 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     flash-attn (fp16/bf16, head_dim a multiple of 8 up to 256: the FlashAttention-2
     kernels the papers' LAO is), then xformers (fp16/bf16/fp32; its dispatcher
     picks its own flash kernels where built with them, else cutlass, through a
-    public forward/backward API that takes lse), then PyTorch's efficient-attention
-    kernels (always present, but reached through private aten ops whose argument
-    lists change between releases: the fallback). fp64 gets the ``reference``
+    public forward/backward API that takes lse), then the kernels PyTorch ships,
+    reached through private aten ops whose argument lists change between releases:
+    cuDNN's on Hopper and later (``cuda_cudnn``, fp16/bf16, head_dim up to 128),
+    PyTorch's FlashAttention-2 (``cuda_flash``, fp16/bf16), and its efficient
+    attention (``cuda_sdpa``, also fp32: the fallback). fp64 gets the ``reference``
     math (no fused CUDA kernel takes fp64). On CPU, PyTorch's fused flash kernels.
-    ``make gpu-check`` measures all of them side by side (TFLOP/s vs sequence
-    length); the order is a choice to revisit with those numbers.
+    The packages come first because the papers' runs used them; on an H200 the
+    GPU check measured cuda_cudnn at 1.6-1.7x FlashAttention-2 and cuda_sdpa at
+    0.45x (docs/gpu_check.md): ``backend="cuda_cudnn"`` asks for it by name.
     """
     if backend is not None:
         check_backend(backend, device, dtype, head_dim)
@@ -111,7 +119,8 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     if device.type == "cuda":
         if dtype == torch.float64:
             return "reference"
-        for name in ("flash_attn", "xformers"):
+        hopper = cuda_capability(device) >= (9, 0)
+        for name in ("flash_attn", "xformers", *(("cuda_cudnn",) if hopper else ()), "cuda_flash"):
             b = BACKENDS[name]
             if head_dim is not None and dtype in b.dtypes and b.check(head_dim) is None and b.available():
                 return name

@@ -19,6 +19,7 @@ kernel's name as ``method`` and ``kernel``. ``draw`` makes the figure.
 from __future__ import annotations
 
 import contextlib
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
-from ..figstyle import PALETTE, save_figure  # first: it selects the Agg backend
+from ..figstyle import FOOTER_GID, PALETTE, save_figure  # first: it selects the Agg backend
 import matplotlib.pyplot as plt  # after figstyle
 
 TORCH_SDPA = "torch_sdpa"        # torch.nn.functional.scaled_dot_product_attention, the yardstick
@@ -189,6 +190,16 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
     return out
 
 
+def _provenance(records: list[dict]) -> str:
+    """The footer: where and when the records were measured, from which commits and with what torch."""
+    ok = [r for r in records if r["status"] == "ok"]
+    commits = sorted({str((r.get("git") or {}).get("commit") or "?")[:7] for r in ok})
+    days = sorted({str(r["timestamp"])[:10] for r in ok})
+    torch_v = sorted({str((r.get("versions") or {}).get("torch")) for r in ok})
+    return (f"measured: {len(ok)} records, {', '.join(days)}; code {', '.join(commits)}; torch {', '.join(torch_v)}; "
+            f"{ok[0].get('hardware', {}).get('gpu_name') or ok[0]['config'].get('device', '')}")
+
+
 def draw(records: list[dict], out: Path, *, device_name: str, setup: str | None = None) -> Path | None:
     """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device.
     ``setup``: the problem's line of the title (default: B, Z, d and dtype of the first record)."""
@@ -222,7 +233,6 @@ def draw(records: list[dict], out: Path, *, device_name: str, setup: str | None 
         ax.set_title(f"{'forward' if mode == 'forward' else 'forward+backward'}, {'causal' if causal else 'full'}",
                      fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
     r0 = ok[0]
     failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records
                      if r["status"] in ("oom", "failed")})
@@ -233,7 +243,16 @@ def draw(records: list[dict], out: Path, *, device_name: str, setup: str | None 
                  "FLOPs 4BN²Zd, halved when causal, x3.5 forward+backward", fontsize=10)
     notes = [f"not run: {'; '.join(skipped)}"] if skipped else []
     notes += [f"OOM/failed: {', '.join(failed)}"] if failed else []
-    fig.tight_layout(rect=(0, 0.035 * len(notes), 1, 1))
+    handles, labels = [], []
+    for ax in axes.flat:                      # one legend for every panel, outside them
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="kernel")
+    fig.tight_layout()
     if notes:
-        fig.text(0.5, 0.005, "\n".join(notes), ha="center", va="bottom", fontsize=7, color="dimgray")
+        fig.text(0.5, 0.0, "\n".join(textwrap.fill(n, 170) for n in notes), ha="center", va="top", fontsize=7,
+                 color="dimgray")
+    fig.text(0.5, 0.0, _provenance(records), ha="center", va="top", fontsize=7, color="dimgray", gid=FOOTER_GID)
     return save_figure(fig, out)
