@@ -71,6 +71,15 @@ def test_usable_memory_of_an_a800():
 
 
 def test_a_device_without_a_sourced_total_keeps_its_profile_hbm():
-    h200 = load_hardware("h200_sxm_ib_4x8").accelerator
-    cap = capacity(h200)
-    assert cap["capacity_bytes"] == int(h200.hbm_gib * GIB) and "no sourced device total" in cap["basis"]
+    h100 = load_hardware("h100_sxm_ib_4x8").accelerator
+    cap = capacity(h100)
+    assert cap["capacity_bytes"] == int(h100.hbm_gib * GIB) and "no sourced device total" in cap["basis"]
+
+
+def test_the_h200_total_is_the_one_the_gpu_check_measured():
+    import json
+    from pathlib import Path
+    summary = Path(__file__).resolve().parents[1] / "results" / "gpu_check" / "nvidia-h200" / "summary.json"
+    measured = json.loads(summary.read_text())["devices"][0]["memory_gib"]
+    cap = capacity(load_hardware("h200_sxm_ib_4x8").accelerator)
+    assert cap["parts"]["device_total"] == int(measured * GIB)

@@ -1,0 +1,79 @@
+"""The GPU check's model-constant steps, on what a CPU can check: the GEMM shapes and sweep, the
+efficiency tables, the pinned SDPA kernels' refusal off CUDA, and the memory comparison and figures
+re-derived from the committed H200 records (results/gpu_check/nvidia-h200)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from experiments import gpu_ceilings as GC
+from experiments import gpu_check as G
+from experiments import gpu_memory as GM
+from experiments.harness import gemm_sweep as GS
+from experiments.harness import kernel_sweep as KS
+
+H200 = Path(__file__).resolve().parents[1] / "results" / "gpu_check" / "nvidia-h200"
+GIB = 2 ** 30
+
+
+def test_layer_shapes_are_the_decoder_gemms():
+    shapes = {name.split("/")[1]: (m, n, k) for name, m, n, k in GS.layer_shapes("llama3_8b", 4096)}
+    # 32 query heads and 8 kv heads of 128: q, k, v fused = 4096 + 2 x 1024 columns
+    assert shapes == {"qkv": (4096, 6144, 4096), "out": (4096, 4096, 4096), "gate_up": (4096, 28672, 4096),
+                      "down": (4096, 4096, 14336)}
+
+
+def test_gemm_sweep_times_every_shape_and_picks_the_best():
+    rows = GS.run_gemms(torch.device("cpu"), models=("tiny",), tokens=(32,), grid=(16, 32), warmup=0, repeats=2,
+                        log=lambda _: None)
+    assert len(rows) == 4 + 8 and all(r["tflops"] > 0 and len(r["time_samples_s"]) == 2 for r in rows)
+    assert all(r["flops"] == 2.0 * r["m"] * r["n"] * r["k"] for r in rows)
+    assert GS.best(rows)["tflops"] == max(r["tflops"] for r in rows)
+
+
+def test_efficiency_is_tflops_over_the_peak_by_kernel_mask_and_mode():
+    recs = [{"status": "ok", "method": "torch_sdpa_flash", "causal": False, "mode": "forward", "seqlen": n,
+             "tflops_total": t} for n, t in ((1024, 300.0), (512, 260.0))]
+    recs.append({"status": "failed", "method": "torch_sdpa_flash", "causal": False, "mode": "forward",
+                 "seqlen": 2048, "tflops_total": None})
+    assert GC.efficiency(recs, 1000.0) == {"torch_sdpa_flash": {"full": {"forward": [[512, 0.26], [1024, 0.3]]}}}
+
+
+def test_pinned_sdpa_kernels_are_refused_off_cuda(tmp_path):
+    recs = KS.run_sweep(list(KS.SDPA_PINNED), [64], device=torch.device("cpu"), results_root=tmp_path,
+                        shape=KS.SweepShape(heads=2, head_dim=16), warmup=0, repeats=1, log=lambda _: None)
+    assert {r["status"] for r in recs} == {"skipped"} and all("runs on CUDA" in r["reason"] for r in recs)
+
+
+def test_the_h200_profile_carries_the_measured_tables():
+    table = json.loads((H200 / "sdpa_profile.json").read_text())["efficiency"]["torch_sdpa_flash"]["full"]
+    gemm = json.loads((H200 / "gemm.json").read_text())["gemm_efficiency"]
+    acc = GC.load_hardware(GC.PROFILE).accelerator
+    assert [list(p) for p in acc.attn_efficiency] == table["fwd_bwd"]
+    assert [list(p) for p in acc.attn_efficiency_forward] == table["forward"]
+    assert acc.gemm_efficiency == gemm
+
+
+def test_the_memory_comparison_of_the_h200_records():
+    rows = {r["case_id"]: r for r in GM.compare(GM.read(H200))}
+    assert len(rows) == 6
+    op = [r for r in rows.values() if r["level"] == "op"]
+    # what the layer keeps for backward is the registry's formula to the byte, on the GPU as on the CPU
+    assert all(abs(r["saved_gib"] - r["model_kept_gib"]) * GIB < 1e6 for r in op)
+    for r in rows.values():
+        assert abs(r["model_gib"] / r["peak_gib"] - 1 - r["error"]) < 1e-12
+        assert r["reserved_whole_gib"] >= r["allocated_whole_gib"] >= r["peak_gib"] - 1e-9
+
+
+def test_derive_redraws_from_the_records_alone(tmp_path):
+    import shutil
+    out = tmp_path / "r" / "nvidia-h200"
+    shutil.copytree(H200, out, ignore=shutil.ignore_patterns("run1"))
+    written = G.derive(out, tmp_path / "p", "NVIDIA H200")
+    assert {p.name for p in written} == {"kernel_tflops_vs_seqlen.png", "sdpa_tflops_vs_seqlen.png", "memory.json"}
+    rows = [json.loads((d / "memory.json").read_text())["rows"] for d in (out, H200)]
+    assert rows[0] == rows[1]
+    recs = KS.R.read_records(out / "kernels" / KS.R.RESULTS_FILE)
+    assert "70889de" in KS._provenance(recs) and "NVIDIA H200" in KS._provenance(recs)
