@@ -39,6 +39,18 @@ def test_create_writes_the_quota_and_names_the_template(tmp_path, monkeypatch, v
         assert (d / "cpu.cfs_period_us").read_text() == "100000"
 
 
+def test_the_period_comes_from_the_environment(tmp_path, monkeypatch):
+    root = _fake(tmp_path, 2)
+    monkeypatch.setattr(cpuquota, "CGROUP", root)
+    monkeypatch.setenv(cpuquota.PERIOD_ENV, "10000")
+    template, _ = cpuquota.create("bemu123abc", ["bemu123abc-n0r0"], 0.25)
+    assert (Path(cpuquota.rank_dir(template, {})) / "cpu.max").read_text() == "2500 10000"
+    for bad in ("999", "ten", "2000000"):
+        monkeypatch.setenv(cpuquota.PERIOD_ENV, bad)
+        with pytest.raises(ValueError, match=f"{cpuquota.PERIOD_ENV}='{bad}' must be"):
+            cpuquota.period_us()
+
+
 def test_no_controller_is_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(cpuquota, "CGROUP", tmp_path)
     template, why = cpuquota.create("bemu123abc", ["bemu123abc-n0r0"], 1.0)

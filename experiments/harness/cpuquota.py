@@ -24,7 +24,24 @@ import time
 from pathlib import Path
 
 ENV = "BURST_EMU_RANK_CGROUP"     # cgroup directory template, {node} and {local_rank} left to fill
-PERIOD_US = 100_000
+PERIOD_US = 100_000              # CFS's default period; BURST_EMU_CFS_PERIOD_US sets another
+PERIOD_ENV = "BURST_EMU_CFS_PERIOD_US"
+
+
+def period_us(environ=os.environ) -> int:
+    """The CFS period the groups get: a rank may spend ``cpus x period`` CPU in each period, so a step
+    shorter than a period runs in bursts at full speed and then waits; a shorter period makes the cap a
+    steadier rate (ValueError outside the kernel's 1 ms - 1 s)."""
+    raw = environ.get(PERIOD_ENV, "")
+    if not raw:
+        return PERIOD_US
+    try:
+        v = int(raw)
+    except ValueError:
+        v = -1
+    if not 1000 <= v <= 1_000_000:
+        raise ValueError(f"{PERIOD_ENV}={raw!r} must be an integer number of microseconds in [1000, 1000000]")
+    return v
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -62,17 +79,18 @@ def create(run_id: str, names: list[str], cpus: float) -> tuple[str | None, str]
     if isinstance(root, str):
         return None, root
     base, version = root
+    period = period_us()
     made = []
     try:
         for name in names:
             d = base / name
             d.mkdir(exist_ok=True)
             made.append(d)
-            quota = max(1000, int(round(PERIOD_US * cpus)))
+            quota = max(1000, int(round(period * cpus)))
             if version == 2:
-                (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                (d / "cpu.max").write_text(f"{quota} {period}")
             else:
-                (d / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (d / "cpu.cfs_period_us").write_text(str(period))
                 (d / "cpu.cfs_quota_us").write_text(str(quota))
     except OSError as e:
         for d in made:

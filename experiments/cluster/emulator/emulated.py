@@ -124,7 +124,8 @@ class EmulatedCluster:
         cpus = (os.cpu_count() or 1) / (p.nodes * p.ranks_per_node)
         names = [self.topo.rank(i, k) for i in range(p.nodes) for k in range(p.ranks_per_node)]
         self._cgroup_template, why = cpuquota.create(self.topo.run_id, names, cpus)
-        self.cpu_quota = {"cpus_per_rank": cpus, "applied": self._cgroup_template is not None, "why": why}
+        self.cpu_quota = {"cpus_per_rank": cpus, "applied": self._cgroup_template is not None, "why": why,
+                          "period_us": cpuquota.period_us()}
         if why:
             self.log(f"[emulated cluster] ranks not capped at {cpus:.3g} CPU each: {why}")
 
