@@ -181,6 +181,24 @@ def _measure_rest(case: Case, step: Step, samples: list[float], *, rank: int, wo
     return rec
 
 
+def _memory_fields(case: Case, per_rank: list[dict]) -> dict:
+    """The record's memory: the one definition per rank, what backward keeps, and CUDA's whole counters."""
+    peaks = [r["mem_peak"] for r in per_rank]
+    saved = [r["mem_saved"] for r in per_rank]
+    return {
+        "mem_peak_bytes": max(peaks),
+        "mem_peak_bytes_per_rank": peaks,
+        "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
+        "mem_saved_bytes": max(saved) if None not in saved else None,
+        "mem_method": per_rank[0]["mem_method"],
+        # GPU: the allocator's whole counts over the step (inputs, weights, state and cache included)
+        **{f"mem_{k}_peak_bytes": (None if None in (r[f"mem_{k}"] for r in per_rank)
+                                   else max(r[f"mem_{k}"] for r in per_rank)) for k in ("allocated", "reserved")},
+        "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
+        "mem_measured_over": _measured_over(case),
+    }
+
+
 def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], device: torch.device) -> R.Record:
     method = METHODS[case.method]
     shape = case.shape
@@ -205,20 +223,7 @@ def _record(case: Case, step: Step, samples: list[float], per_rank: list[dict], 
             "tokens_per_s": tokens_per_s(case.batch, case.seqlen, med),
         })
     if case.measure_memory:
-        peaks = [r["mem_peak"] for r in per_rank]
-        saved = [r["mem_saved"] for r in per_rank]
-        rec.update({
-            "mem_peak_bytes": max(peaks),
-            "mem_peak_bytes_per_rank": peaks,
-            "mem_inputs_bytes_per_rank": [r["mem_inputs"] for r in per_rank],
-            "mem_saved_bytes": max(saved) if None not in saved else None,
-            "mem_method": per_rank[0]["mem_method"],
-            # GPU: the allocator's whole counts over the step (inputs, weights, state and cache included)
-            **{f"mem_{k}_peak_bytes": (None if None in (r[f"mem_{k}"] for r in per_rank)
-                                       else max(r[f"mem_{k}"] for r in per_rank)) for k in ("allocated", "reserved")},
-            "mem_definition": "step inputs and weights + peak increase during the step (max over ranks)",
-            "mem_measured_over": _measured_over(case),
-        })
+        rec.update(_memory_fields(case, per_rank))
     if case.level in ("model", "inference"):
         return rec
     # Work balance of the layout under the mask (burst_impl.balance): live score entries of each
