@@ -461,6 +461,9 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], tuple
         ap.error(f"--require: {bad} unknown; choose from {list(REQUIRABLE)}")
     if required and "packages" not in steps:
         ap.error("--require is checked by the packages step: add it to --steps")
+    if args.derive and not (Path(args.results) / args.derive / "summary.json").is_file():
+        ap.error(f"--derive {args.derive!r}: no {Path(args.results) / args.derive / 'summary.json'} (a GPU check's "
+                 f"results folder is named by its GPU, e.g. nvidia-h200)")
     return args, steps, required
 
 

@@ -77,3 +77,10 @@ def test_derive_redraws_from_the_records_alone(tmp_path):
     assert rows[0] == rows[1]
     recs = KS.R.read_records(out / "kernels" / KS.R.RESULTS_FILE)
     assert "70889de" in KS._provenance(recs) and "NVIDIA H200" in KS._provenance(recs)
+
+
+def test_derive_of_a_gpu_without_results_is_a_usage_error(tmp_path, capsys):
+    import pytest
+    with pytest.raises(SystemExit) as e:
+        G.main(["--derive", "nvidia-h100", "--results", str(tmp_path)])
+    assert e.value.code == 2 and "--derive 'nvidia-h100': no " in capsys.readouterr().err
