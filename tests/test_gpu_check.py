@@ -166,3 +166,15 @@ def test_step_harness_runs_specs_through_the_runner(tmp_path):
     assert st.status == "ok", st.reason
     assert st.details["kernels"] == ["cpu_flash"] and st.details["process_group"] == ["gloo"]
     assert any("flash_attn" in s for s in st.details["skipped"])
+
+
+def test_a_deadline_skips_the_steps_it_leaves_no_time_for(tmp_path):
+    """--deadline-s: a step starts only with MIN_STEP_S left after the margin; the others are recorded skipped."""
+    r, p = tmp_path / "r", tmp_path / "p"
+    argv = ["--steps", "packages,gemm,sweep", "--device", "cpu", "--deadline-s", "1",
+            "--results", str(r), "--plots", str(p)]
+    assert G.main(argv, found=H200) == 0
+    steps = json.loads((r / "nvidia-h200" / "summary.json").read_text())["steps"]
+    assert [(s["name"], s["status"]) for s in steps] == [("packages", "skipped"), ("gemm", "skipped"),
+                                                         ("sweep", "skipped")]
+    assert all("--deadline-s 1: under 15 s left" in s["reason"] for s in steps)
