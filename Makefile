@@ -102,9 +102,10 @@ model: $(STAMP)
 	$(VENV)/bin/burst-bench model paper $(MODEL_ARGS)
 
 # `make gpu-check`: every CUDA kernel and peer once, on this machine's GPUs (experiments/gpu_check.py):
-# package report, tests/test_cuda_path.py, the world-size-1 harness per kernel, ring-flash-attn,
-# NCCL at world size > 1 when more than one GPU is visible, the kernel TFLOP/s sweep. Prints its plan
-# (four calls of at most 540 s each, GPU_CHECK_ARGS="--steps ..."); installs and builds nothing, so it
+# package report, tests/test_cuda_path.py, the profile's attention and GEMM efficiencies, the memory model
+# against CUDA's counters, the world-size-1 harness per kernel, ring-flash-attn, NCCL at world size > 1
+# when more than one GPU is visible, the kernel TFLOP/s sweep. Prints its plan (GPU_CHECK_ARGS="--steps
+# ... --deadline-s S"; a lent device: experiments/gpu_check_lent.sh, one command); installs and builds nothing, so it
 # does not build the venv either: it runs in .venv where that is built, else in $(PYTHON) (a GPU
 # machine without network). Writes results/gpu_check/<gpu>/ (+ <gpu>.tar.gz) and plots/gpu_check/<gpu>/.
 # Exit 1 when nvidia-smi lists GPUs that torch cannot use; without a GPU: says so, exits 0.
