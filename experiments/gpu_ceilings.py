@@ -16,7 +16,6 @@ A hardware profile (``experiments/hardware/*.yaml``) charges attention at ``attn
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -31,6 +30,8 @@ TABLE_TOKENS = 16384                  # batch x N, the FlashAttention papers' ch
 TABLE_HEADS = 16                      # hidden 2048 at head dim 128
 TABLE_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TABLE_KERNELS = ("torch_sdpa_flash", "torch_sdpa_cudnn", "torch_sdpa_efficient")
+TABLE_SETUP = (f"B x N = {TABLE_TOKENS} tokens, Z={TABLE_HEADS}, d=128, bfloat16 "
+               "(the FlashAttention papers' speed charts)")      # the table's figure and file say it
 
 
 def peak_tflops(profile: str = PROFILE, dtype: str = "bfloat16") -> float:
@@ -59,14 +60,11 @@ def efficiency(records: list[dict], peak: float) -> dict:
     return out
 
 
-def gemm_table(out: Path, device: torch.device, *, budget_s: float, peak: float) -> dict:
-    """Every GEMM row, the best shape and its efficiency over ``peak``; written to ``gemm.json``."""
+def gemm_table(device: torch.device, *, budget_s: float, peak: float) -> dict:
+    """Every GEMM row, the best shape and its efficiency over ``peak`` (``gemm.json``)."""
     rows = GS.run_gemms(device, budget_s=budget_s)
     top = GS.best(rows)
-    res = {"rows": rows, "best": top, "peak_tflops": peak,
-           "gemm_efficiency": round(top["tflops"] / peak, 3) if top else None,
-           "layer_efficiency": {r["name"] + f"/T{r['m']}": round(r["tflops"] / peak, 3)
-                                for r in rows if r["kind"] == "layer"}}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
-    return res
+    return {"rows": rows, "best": top, "peak_tflops": peak,
+            "gemm_efficiency": round(top["tflops"] / peak, 3) if top else None,
+            "layer_efficiency": {r["name"] + f"/T{r['m']}": round(r["tflops"] / peak, 3)
+                                 for r in rows if r["kind"] == "layer"}}

@@ -65,6 +65,7 @@ from .harness.spec import Preset, parse_spec
 from .run import plan, run_local, write_resolved
 from . import gpu_ceilings as GC
 from . import gpu_memory as GM
+from . import kernel_figure as KF
 
 STEPS = ("packages", "tests", "sdpa", "gemm", "memory", "harness", "multi", "sweep")
 CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa", "cuda_flash", "cuda_cudnn")
@@ -87,6 +88,7 @@ CALLS = (("packages", "tests", "sdpa", "gemm", "memory"), ("harness",), ("multi"
 MARGIN_S = 20
 MIN_STEP_S = 15
 LAUNCH_ALLOWANCE_S = 45      # per runner launch: spawn, import torch, start CUDA and NCCL (under 15 s on an H200)
+KERNEL_FIGURE, SDPA_FIGURE = "kernel_tflops_vs_seqlen.png", "sdpa_tflops_vs_seqlen.png"
 # --require names: the module of a PACKAGES row (its first component)
 REQUIRABLE = {module.split(".")[0]: shown for shown, module, _ in PACKAGES}
 
@@ -311,7 +313,7 @@ def step_sweep(out: Path, plots: Path, device_name: str, *, kernels, seqlens, de
     # the figure and the summary come after the points: a margin of the budget is theirs
     recs = KS.run_sweep(list(kernels) + list(sdpa), seqlens, device=device, results_root=out,
                         experiment="kernels", warmup=warmup, repeats=repeats, shape=shape, budget_s=budget_s)
-    fig = KS.draw(recs, plots / "kernel_tflops_vs_seqlen.png", device_name=device_name)
+    fig = KF.draw(recs, plots / KERNEL_FIGURE, device_name=device_name)
     best = {}
     for r in recs:
         if r["status"] == "ok" and r["seqlen"] == max(seqlens) and r["causal"] and r["mode"] == "fwd_bwd":
@@ -330,11 +332,9 @@ def step_sdpa(out: Path, plots: Path, device_name: str, device: torch.device, bu
     recs = GC.attention_table(out, device, budget_s=budget_s - 15)
     peak = GC.peak_tflops()
     table = GC.efficiency(recs, peak)
-    setup = (f"B x N = {GC.TABLE_TOKENS} tokens, Z={GC.TABLE_HEADS}, d=128, bfloat16 "
-             "(the FlashAttention papers' speed charts)")
-    write_json(out / "sdpa_profile.json", {"peak_tflops": peak, "profile": GC.PROFILE, "setup": setup,
+    write_json(out / "sdpa_profile.json", {"peak_tflops": peak, "profile": GC.PROFILE, "setup": GC.TABLE_SETUP,
                                            "efficiency": table, **_stamp()})
-    fig = KS.draw(recs, plots / "sdpa_tflops_vs_seqlen.png", device_name=device_name, setup=setup)
+    fig = KF.draw(recs, plots / SDPA_FIGURE, device_name=device_name, setup=GC.TABLE_SETUP)
     bad = [r for r in recs if r["status"] in ("failed", "oom")]
     details = {"figure": str(fig) if fig else None, "efficiency": table}
     if bad:
@@ -345,7 +345,8 @@ def step_sdpa(out: Path, plots: Path, device_name: str, device: torch.device, bu
 
 def step_gemm(out: Path, device: torch.device, budget_s: float) -> Step:
     """bf16 GEMM TFLOP/s at the models' layer shapes and the best shape (``gpu_ceilings.gemm_table``)."""
-    res = GC.gemm_table(out, device, budget_s=budget_s, peak=GC.peak_tflops())
+    res = GC.gemm_table(device, budget_s=budget_s, peak=GC.peak_tflops())
+    write_json(out / "gemm.json", res)
     best = res["best"]
     return Step("gemm", "ok" if best else "skipped", "" if best else "no GEMM ran",
                 details={"gemm_efficiency": res["gemm_efficiency"], "layer_efficiency": res["layer_efficiency"],
@@ -355,35 +356,47 @@ def step_gemm(out: Path, device: torch.device, budget_s: float) -> Step:
 def step_memory(out: Path, budget_s: float) -> Step:
     """One attention call and one model step against the memory model (``gpu_memory``)."""
     st = step_harness(out, GM.specs(), "memory", budget_s)
-    rows = GM.compare(GM.read(out))
-    write_json(out / "memory.json", {"hardware": GM.HARDWARE, "rows": rows, **_stamp()})
-    print(GM.table(rows))
+    rows = _write_memory(out)
     st.details["rows"] = rows
     if st.status == "ok" and not rows:
         return Step("memory", "failed", "no record carries CUDA's counters", details=st.details)
     return st
 
 
+def _write_memory(out: Path) -> list[dict]:
+    """``gpu_memory.compare`` of the records under ``out``, written as ``memory.json`` (when any) and shown."""
+    rows = GM.compare(GM.read(out))
+    if rows:
+        write_json(out / "memory.json", {"hardware": GM.HARDWARE, "rows": rows,
+                                         "derived_from": "the memory_op and memory_model records"})
+        print(GM.table(rows))
+    return rows
+
+
 def derive(out: Path, plots: Path, device_name: str) -> list[Path]:
     """Redraw the figures and rewrite memory.json from the records under ``out`` (no GPU needed): what a
     device's runs left there, merged (each record keeps its own run's provenance)."""
     written = []
-    for exp, name, setup in (("kernels", "kernel_tflops_vs_seqlen.png", None),
-                             ("sdpa_profile", "sdpa_tflops_vs_seqlen.png",
-                              f"B x N = {GC.TABLE_TOKENS} tokens, Z={GC.TABLE_HEADS}, d=128, bfloat16 "
-                              "(the FlashAttention papers' speed charts)")):
+    for exp, name, setup in (("kernels", KERNEL_FIGURE, None), ("sdpa_profile", SDPA_FIGURE, GC.TABLE_SETUP)):
         recs = list(R.latest_by_case(R.read_records(R.experiment_dir(out, exp) / R.RESULTS_FILE)).values())
-        fig = KS.draw(recs, plots / name, device_name=device_name, setup=setup) if recs else None
+        fig = KF.draw(recs, plots / name, device_name=device_name, setup=setup) if recs else None
         written += [fig] if fig else []
-    rows = GM.compare(GM.read(out))
-    if rows:
-        written.append(write_json(out / "memory.json", {"hardware": GM.HARDWARE, "rows": rows,
-                                                        "derived_from": "the memory_op and memory_model records"}))
-        print(GM.table(rows))
-    return written
+    return written + ([out / "memory.json"] if _write_memory(out) else [])
 
 
 # ---------------------------------------------------------------- main
+
+
+def _print_summary(summary: dict, done: list[Step]) -> None:
+    """The short table a lent device's command ends with: each step, and the measured model constants."""
+    print(f"\nsummary (git {summary['git']}, torch {summary['versions'].get('torch')}, "
+          f"CUDA {summary['versions'].get('cuda')})")
+    for s in done:
+        print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")
+        if s.details.get("gemm_efficiency") is not None:
+            print(f"    gemm_efficiency {s.details['gemm_efficiency']} (best: {s.details['best']})")
+        for kernel, masks in (s.details.get("efficiency") or {}).items():
+            print(f"    {kernel}, full: {masks.get('full')}")
 
 
 def _print_packages(rows: list[dict]) -> None:
@@ -549,9 +562,7 @@ def main(argv: list[str] | None = None, *, found: list[Device] | None = None) ->
         summary["steps"] = [asdict(s) for s in done]
         write_json(out / "summary.json", summary)
         print(f"== {name}: {st.status}{' (' + st.reason + ')' if st.reason else ''} in {st.duration_s:.0f} s")
-    print("\nsummary")
-    for s in done:
-        print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")
+    _print_summary(summary, done)
     print(f"written: {out / 'summary.json'} (and the records beside it), {plots}")
     print(f"archive: {pack(Path(args.results), out, plots)}")
     return 1 if any(s.status == "failed" for s in done) else 0

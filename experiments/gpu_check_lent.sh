@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check as ONE command of a lent device (docs/gpu_check.md, "On a lent device"): every step asked
 # within DEADLINE_S seconds (each step gets what is left), the log, records and figures packed into
-# $OUT/gpu_check.tar.gz, a short table last. Run from the repository root with the machine's python3
-# (nothing is installed). BURST_BENCH_GIT_COMMIT names the commit the copied tree came from (its .git is an older checkout's).
+# $OUT/gpu_check.tar.gz; gpu_check's summary, the last lines of its output, is the short table. Run
+# from the repository root with the machine's python3 (nothing is installed). BURST_BENCH_GIT_COMMIT
+# names the commit the copied tree came from (its .git is an older checkout's).
 #   DEADLINE_S=360 bash experiments/gpu_check_lent.sh
 set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-360}
@@ -18,17 +19,4 @@ timeout -k 15 $((DEADLINE_S + 40)) python3 -m experiments.gpu_check --steps "$ST
     --seqlens "$SEQLENS" --kernels "$KERNELS" --sdpa "$SDPA" 2>&1 | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}
 tar czf "$OUT/gpu_check.tar.gz" results/gpu_check plots/gpu_check 2>/dev/null
-python3 - <<'PY'
-import glob, json
-for path in glob.glob("results/gpu_check/*/summary.json"):
-    s = json.load(open(path))
-    print(f"\n{path}: git {s['git']}, torch {s['versions'].get('torch')}, CUDA {s['versions'].get('cuda')}")
-    for st in s["steps"]:
-        d = st.get("details", {})
-        extra = {k: d[k] for k in ("gemm_efficiency", "best") if k in d}
-        print(f"  {st['name']:<9} {st['status']:<8} {st['duration_s']:6.0f} s {st['reason'][:90]} {extra or ''}")
-        for kern, masks in (d.get("efficiency") or {}).items():
-            print(f"    {kern}: " + "; ".join(f"{m} {mode} {pts}" for m, modes in masks.items()
-                                           for mode, pts in modes.items() if m == "full"))
-PY
 exit $rc

@@ -52,8 +52,7 @@ def modelled(rec: dict, hardware: str = HARDWARE) -> dict:
     pred = predict_case(case.method, case.shape, mode=case.mode, level="op", hardware=hardware)
     m = pred.memory
     return {"total_bytes": m["total_bytes"], "parts": {"inputs": m["inputs_bytes"], "kept": m["kept_bytes"],
-                                                       "transient": m["transient_bytes"]},
-            "kept_bytes": m["kept_bytes"]}
+                                                       "transient": m["transient_bytes"]}}
 
 
 def compare(records: list[dict], hardware: str = HARDWARE) -> list[dict]:
@@ -72,7 +71,7 @@ def compare(records: list[dict], hardware: str = HARDWARE) -> list[dict]:
                      "allocated_whole_gib": r["mem_allocated_peak_bytes"] / GIB,
                      "reserved_whole_gib": r["mem_reserved_peak_bytes"] / GIB,
                      "saved_gib": (r.get("mem_saved_bytes") or 0) / GIB,
-                     "model_kept_gib": m["kept_bytes"] / GIB if "kept_bytes" in m else None,
+                     "model_kept_gib": m["parts"]["kept"] / GIB if "kept" in m["parts"] else None,
                      "model_parts_gib": {k: v / GIB for k, v in m["parts"].items()}})
     return rows
 

@@ -175,6 +175,18 @@ def test_registry_entry_and_checks():
     assert "multiple of 8" in b.check(12) and b.check(64) is None
 
 
+def test_every_cuda_backend_states_its_head_dim_rule():
+    """One rule (common.head_dim_rule): multiples of 8, up to each kernel's limit, the backend named."""
+    limits = {"flash_attn": 256, "cuda_flash": 256, "cuda_cudnn": 128, "xformers": None}
+    for name, limit in limits.items():
+        check = K.BACKENDS[name].check
+        assert f"backend={name!r} needs head_dim a multiple of 8" in check(12) and check(64) is None
+        if limit:
+            assert check(limit) is None and f"up to {limit}, got {limit + 8}" in check(limit + 8)
+        else:
+            assert check(512) is None
+
+
 def _with(monkeypatch, name, ok):
     monkeypatch.setitem(K.BACKENDS, name, dataclasses.replace(K.BACKENDS[name], available=lambda: ok))
 

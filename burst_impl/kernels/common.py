@@ -101,6 +101,17 @@ class TileMask:
         return self.rows(0, self.n_rows)
 
 
+def head_dim_rule(name: str, limit: int | None = None) -> Callable[[int | None], str | None]:
+    """A backend's ``check``: head_dim a multiple of 8 (16-bit tensor-core tiles), up to ``limit`` if given."""
+    rule = "a multiple of 8" + (f" up to {limit}" if limit else "")
+
+    def check(head_dim: int | None) -> str | None:
+        if head_dim is not None and (head_dim % 8 or (limit is not None and head_dim > limit)):
+            return f"backend={name!r} needs head_dim {rule}, got {head_dim}"
+        return None
+    return check
+
+
 def default_scale(head_dim: int, softmax_scale: float | None) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import expand_kv, fold_kv
-from .common import Backend, surrogate_out
+from .common import Backend, head_dim_rule, surrogate_out
 
 
 def _bhsd(x):
@@ -47,11 +47,6 @@ def _available() -> bool:
     return bool(torch.backends.cudnn.is_available())
 
 
-def _check(head_dim: int | None) -> str | None:
-    if head_dim is not None and (head_dim % 8 or head_dim > 128):
-        return f"head_dim={head_dim}: backend='cuda_cudnn' takes a multiple of 8 up to 128"
-    return None
-
-
 BACKEND = Backend("cuda_cudnn", forward, backward, devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
-                  available=_available, requirement="a CUDA build of torch with cuDNN", check=_check)
+                  available=_available, requirement="a CUDA build of torch with cuDNN",
+                  check=head_dim_rule("cuda_cudnn", 128))

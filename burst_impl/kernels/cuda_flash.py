@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..heads import expand_kv, fold_kv
-from .common import Backend, surrogate_out
+from .common import Backend, head_dim_rule, surrogate_out
 
 
 def forward(q, k, v, causal, scale):
@@ -40,11 +40,5 @@ def backward(dout, q, k, v, lse, delta, causal, scale):
     return dq.transpose(1, 2), fold_kv(dk.transpose(1, 2), zkv), fold_kv(dv.transpose(1, 2), zkv)
 
 
-def _check(head_dim: int | None) -> str | None:
-    if head_dim is not None and (head_dim % 8 or head_dim > 256):
-        return f"head_dim={head_dim}: backend='cuda_flash' takes a multiple of 8 up to 256"
-    return None
-
-
 BACKEND = Backend("cuda_flash", forward, backward, devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
-                  check=_check)
+                  check=head_dim_rule("cuda_flash", 256))

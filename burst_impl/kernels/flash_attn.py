@@ -21,7 +21,7 @@ import inspect
 import torch
 
 from . import masked
-from .common import Backend, stats_dtype, surrogate_out
+from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,12 +189,6 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
     return dq.reshape(b, s, z, d), dk.reshape(b, s, zkv, d), dv.reshape(b, s, zkv, d)
 
 
-def _check(head_dim: int | None) -> str | None:
-    if head_dim is not None and (head_dim % 8 or head_dim > 256):
-        return f"backend='flash_attn' needs head_dim a multiple of 8 up to 256, got {head_dim}"
-    return None
-
-
 BACKEND = Backend("flash_attn", forward, backward, devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),
-                  available=available, requirement="pip install flash-attn", check=_check,
+                  available=available, requirement="pip install flash-attn", check=head_dim_rule("flash_attn", 256),
                   masked_forward=masked_forward, masked_backward=masked_backward)

@@ -45,7 +45,7 @@ import math
 import torch
 
 from ..heads import expand_kv, fold_kv
-from .common import Backend, compute_delta, surrogate_out
+from .common import Backend, compute_delta, head_dim_rule, surrogate_out
 
 NAME = "xformers"
 REQUIREMENT = ("pip install xformers (a build whose fmha backward uses the given lse: xformers <= 0.0.35, "
@@ -144,14 +144,8 @@ def unavailable_reason() -> str:
     return _state["reason"]
 
 
-def _check(head_dim: int | None) -> str | None:
-    # cutlass needs the head dim aligned to 128 bits for 16-bit inputs on sm80+ (8 elements); xformers'
-    # flash kernels take multiples of 8 as well. Simpler to state one rule than per-dtype ones.
-    if head_dim is not None and head_dim % 8:
-        return f"backend='xformers' needs head_dim a multiple of 8, got {head_dim}"
-    return None
-
-
+# head_dim: cutlass needs it aligned to 128 bits for 16-bit inputs on sm80+ (8 elements); xformers' flash
+# kernels take multiples of 8 as well. Simpler to state one rule than per-dtype ones.
 BACKEND = Backend(NAME, forward, backward, devices=("cuda",),
                   dtypes=(torch.float16, torch.bfloat16, torch.float32),
-                  available=available, requirement=REQUIREMENT, check=_check)
+                  available=available, requirement=REQUIREMENT, check=head_dim_rule(NAME))

@@ -26,6 +26,7 @@ from pathlib import Path
 ENV = "BURST_EMU_RANK_CGROUP"     # cgroup directory template, {node} and {local_rank} left to fill
 PERIOD_US = 100_000              # CFS's default period; BURST_EMU_CFS_PERIOD_US sets another
 PERIOD_ENV = "BURST_EMU_CFS_PERIOD_US"
+CGROUP = Path("/sys/fs/cgroup")
 
 
 def period_us(environ=os.environ) -> int:
@@ -42,7 +43,6 @@ def period_us(environ=os.environ) -> int:
     if not 1000 <= v <= 1_000_000:
         raise ValueError(f"{PERIOD_ENV}={raw!r} must be an integer number of microseconds in [1000, 1000000]")
     return v
-CGROUP = Path("/sys/fs/cgroup")
 
 
 def _root() -> tuple[Path, int] | str:

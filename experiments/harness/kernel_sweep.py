@@ -10,7 +10,7 @@ module (warm-up, CUDA events on GPU, raw samples), FLOPs from its one formula
 record per (kernel, causal, mode, N), in the suite's record format
 (``results.base_record``: config, git commit and dirty flag, versions,
 hardware, seed, repeat counts, raw samples) with ``level: "kernel"`` and the
-kernel's name as ``method`` and ``kernel``. ``draw`` makes the figure.
+kernel's name as ``method`` and ``kernel``. ``experiments/kernel_figure.py`` draws them.
 
     records = run_sweep(["flash_attn", "xformers", "cuda_sdpa", TORCH_SDPA], [1024, 4096],
                         device=torch.device("cuda"), results_root="results/gpu_check/nvidia-h200",
@@ -19,7 +19,6 @@ kernel's name as ``method`` and ``kernel``. ``draw`` makes the figure.
 from __future__ import annotations
 
 import contextlib
-import textwrap
 import time
 import traceback
 from dataclasses import dataclass
@@ -33,13 +32,10 @@ from burst_impl.kernels import BACKENDS, attn_backward, attn_forward, check_back
 from burst_impl.shape import DTYPE_NAMES, AttnShape
 
 from . import results as R
-from .axes import human
 from burst_impl.flops import attention_flops, tflops_per_s, tokens_per_s
 from .memory import is_oom, measure_peak
 from .spec import Case
 from .timing import summarize, time_steps
-from ..figstyle import FOOTER_GID, PALETTE, save_figure  # first: it selects the Agg backend
-import matplotlib.pyplot as plt  # after figstyle
 
 TORCH_SDPA = "torch_sdpa"        # torch.nn.functional.scaled_dot_product_attention, the yardstick
 # SDPA with one backend pinned (torch.nn.attention.sdpa_kernel): which fused kernel a GPU gives, each on
@@ -188,71 +184,3 @@ def run_sweep(kernels: list[str], seqlens: list[int], *, device: torch.device, r
                     if rec["status"] == "skipped":
                         break                                  # the same reason for every N
     return out
-
-
-def _provenance(records: list[dict]) -> str:
-    """The footer: where and when the records were measured, from which commits and with what torch."""
-    ok = [r for r in records if r["status"] == "ok"]
-    commits = sorted({str((r.get("git") or {}).get("commit") or "?")[:7] for r in ok})
-    days = sorted({str(r["timestamp"])[:10] for r in ok})
-    torch_v = sorted({str((r.get("versions") or {}).get("torch")) for r in ok})
-    return (f"measured: {len(ok)} records, {', '.join(days)}; code {', '.join(commits)}; torch {', '.join(torch_v)}; "
-            f"{ok[0].get('hardware', {}).get('gpu_name') or ok[0]['config'].get('device', '')}")
-
-
-def draw(records: list[dict], out: Path, *, device_name: str, setup: str | None = None) -> Path | None:
-    """TFLOP/s vs N, one line per kernel, panels by mode x mask; the title names the device.
-    ``setup``: the problem's line of the title (default: B, Z, d and dtype of the first record)."""
-    ok = [r for r in records if r["status"] == "ok"]
-    if not ok:
-        return None
-    modes = [m for m in MODES if any(r["mode"] == m for r in ok)]
-    masks = [c for c in (True, False) if any(r["causal"] == c for r in ok)]
-    kernels = list(dict.fromkeys(r["method"] for r in records))
-    palette = [*BACKENDS, *SDPA_KERNELS] + [k for k in kernels if k not in BACKENDS and k not in SDPA_KERNELS]
-    fig, axes = plt.subplots(len(modes), len(masks), figsize=(6.0 * len(masks), 4.2 * len(modes) + 0.8),
-                             squeeze=False)
-    for ax, (mode, causal) in zip(axes.flat, [(m, c) for m in modes for c in masks]):
-        for kernel in kernels:
-            pts = sorted((r["seqlen"], r["tflops_total"], r["tflops_p10"], r["tflops_p90"]) for r in ok
-                         if r["method"] == kernel and r["mode"] == mode and r["causal"] == causal)
-            if not pts:
-                continue
-            x, y, lo, hi = zip(*pts)
-            ax.errorbar(x, y, yerr=[[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]], marker="o",
-                        capsize=3, label=kernel, color=PALETTE[palette.index(kernel) % len(PALETTE)],
-                        linestyle="--" if kernel in SDPA_KERNELS else "-")
-        ax.set_xscale("log", base=2)
-        ns = sorted({r["seqlen"] for r in ok})
-        ax.set_xticks(ns)
-        ax.set_xticklabels([human(n) for n in ns], fontsize=8)
-        ax.minorticks_off()
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("sequence length N (tokens, one device)")
-        ax.set_ylabel("TFLOP/s (median; bars p10-p90)")
-        ax.set_title(f"{'forward' if mode == 'forward' else 'forward+backward'}, {'causal' if causal else 'full'}",
-                     fontsize=9)
-        ax.grid(True, which="both", alpha=0.3)
-    r0 = ok[0]
-    failed = sorted({f"{r['method']} N={r['seqlen']} {r['status']}" for r in records
-                     if r["status"] in ("oom", "failed")})
-    skipped = sorted({f"{r['method']}: {r['reason'].split(';')[0][:110]}" for r in records if r["status"] == "skipped"})
-    setup = setup or f"B={r0['batch']}, Z={r0['heads']}, d={r0['head_dim']}, {r0['dtype']}"
-    fig.suptitle(f"Local attention kernels on {device_name}: TFLOP/s vs sequence length (measured "
-                 f"{str(r0['timestamp'])[:10]})\n{setup}; "
-                 "FLOPs 4BN²Zd, halved when causal, x3.5 forward+backward", fontsize=10)
-    notes = [f"not run: {'; '.join(skipped)}"] if skipped else []
-    notes += [f"OOM/failed: {', '.join(failed)}"] if failed else []
-    handles, labels = [], []
-    for ax in axes.flat:                      # one legend for every panel, outside them
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, title="kernel")
-    fig.tight_layout()
-    if notes:
-        fig.text(0.5, 0.0, "\n".join(textwrap.fill(n, 170) for n in notes), ha="center", va="top", fontsize=7,
-                 color="dimgray")
-    fig.text(0.5, 0.0, _provenance(records), ha="center", va="top", fontsize=7, color="dimgray", gid=FOOTER_GID)
-    return save_figure(fig, out)

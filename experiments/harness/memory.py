@@ -40,9 +40,10 @@ class MemoryPeak:
     peak_bytes: int          # max live bytes during the step, above the starting level
     start_bytes: int         # live bytes at the start (GPU: memory_allocated; CPU: given)
     method: str              # how it was measured, for the record
-    # GPU: torch.cuda.max_memory_reserved over the step, whole (the caching allocator's segments, inputs
-    # and cache included): what the papers' logs and nvidia-smi see; None on CPU
-    reserved_bytes: int | None = None
+    # GPU: CUDA's own counters over the step, whole (inputs, weights and the cache included; reserved: the
+    # caching allocator's segments, what the papers' logs and nvidia-smi see); None on CPU
+    allocated_bytes: int | None = None     # torch.cuda.max_memory_allocated
+    reserved_bytes: int | None = None      # torch.cuda.max_memory_reserved
 
 
 def _cpu_peak(fn: Callable[[], object]) -> int:
@@ -94,9 +95,9 @@ def measure_peak(fn: Callable[[], object], device: torch.device, *, start_bytes:
         torch.cuda.reset_peak_memory_stats(device)
         fn()
         torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - start
-        return MemoryPeak(int(peak), int(start), "torch.cuda.max_memory_allocated",
-                          int(torch.cuda.max_memory_reserved(device)))
+        allocated = torch.cuda.max_memory_allocated(device)
+        return MemoryPeak(int(allocated - start), int(start), "torch.cuda.max_memory_allocated",
+                          int(allocated), int(torch.cuda.max_memory_reserved(device)))
     return MemoryPeak(_cpu_peak(fn), int(start_bytes), "torch.profiler CPU allocator events (live-bytes peak)")
 
 
