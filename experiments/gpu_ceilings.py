@@ -13,6 +13,9 @@ A hardware profile (``experiments/hardware/*.yaml``) charges attention at ``attn
   entry is 3.5 / (1/fwd + 2.5/bwd) as the profile's comment defines it.
 * ``gemm_table``: ``harness.gemm_sweep`` (the model's layer shapes and a grid); its best shape over
   the peak is the profile's ``gemm_efficiency``.
+* ``decode_table``: ``harness.decode_sweep`` (one kernel call of a decode step's attention over a cache,
+  and a device copy) beside what the model's ``decode_attention`` charges for it on the profile: the
+  roofline at the nominal ``hbm_gbytes_s``, which no kernel measured here is fitted to.
 """
 from __future__ import annotations
 
@@ -21,8 +24,10 @@ from pathlib import Path
 
 import torch
 
+from .harness import decode_sweep as DS
 from .harness import gemm_sweep as GS
 from .harness import kernel_sweep as KS
+from .perfmodel.decode_costs import DecodeCosts
 from .profiles.hardware import load_hardware
 
 PROFILE = "h200_sxm_ib_4x8"           # whose peak the efficiencies are taken over
@@ -68,3 +73,23 @@ def gemm_table(device: torch.device, *, budget_s: float, peak: float) -> dict:
             "gemm_efficiency": round(top["tflops"] / peak, 3) if top else None,
             "layer_efficiency": {r["name"] + f"/T{r['m']}": round(r["tflops"] / peak, 3)
                                  for r in rows if r["kind"] == "layer"}}
+
+
+def modelled_decode(row: dict, profile: str = PROFILE) -> float:
+    """Seconds the model charges one decode row (``perfmodel.decode_costs``: per sequence, x batch)."""
+    cost = DecodeCosts(load_hardware(profile), row["dtype"])
+    t, _ = cost.decode_attention(row["q"], row["context"], row["heads"], row["kv_heads"], row["head_dim"])
+    return row["batch"] * t
+
+
+def decode_table(device: torch.device, *, budget_s: float, profile: str = PROFILE, **sweep) -> dict:
+    """Every decode row with the model's time beside it, and the copy ceiling, as fractions of the
+    profile's nominal HBM rate (``decode.json``); ``sweep``: ``decode_sweep.run_decode``'s options."""
+    rows = DS.run_decode(device, budget_s=budget_s, **sweep)
+    hbm = load_hardware(profile).accelerator.hbm_gbytes_s
+    for r in rows:
+        r["hbm_fraction"] = round(r["gbytes_s"] / hbm, 3) if r["status"] == "ok" else None
+        if r["kernel"] != "copy" and r["status"] == "ok":
+            r["modelled_s"] = modelled_decode(r, profile)
+            r["measured_over_modelled"] = round(r["time_median_s"] / r["modelled_s"], 3)
+    return {"profile": profile, "hbm_gbytes_s": hbm, "rows": rows}

@@ -67,7 +67,7 @@ from . import gpu_ceilings as GC
 from . import gpu_memory as GM
 from . import kernel_figure as KF
 
-STEPS = ("packages", "tests", "sdpa", "gemm", "memory", "harness", "multi", "sweep")
+STEPS = ("packages", "tests", "sdpa", "gemm", "memory", "harness", "multi", "sweep", "varlen", "decode")
 CUDA_KERNELS = ("flash_attn", "xformers", "cuda_sdpa", "cuda_flash", "cuda_cudnn")
 # (name shown, module imported, distribution names for the version)
 PACKAGES = (
@@ -82,7 +82,7 @@ NO_DEVICE = "no CUDA device: nothing to check"
 # A lent device runs one command for at most 600 s, start-up and copying back included: each call of
 # the check (CALLS, one ``--steps`` each) is held to this, the records of what ran coming back whole.
 STEP_BUDGET_S = 540
-CALLS = (("packages", "tests", "sdpa", "gemm", "memory"), ("harness",), ("multi",), ("sweep",))
+CALLS = (("packages", "tests", "sdpa", "gemm", "memory"), ("harness",), ("multi",), ("sweep",), ("varlen", "decode"))
 # --deadline-s: the whole invocation in one device command (a 15-minute lease has room for one call and
 # a rerun): each step then gets what is left, less MARGIN_S for the summary and the archive
 MARGIN_S = 20
@@ -265,6 +265,31 @@ def harness_specs(n_gpus: int, kernels=CUDA_KERNELS) -> tuple[list[dict], str]:
     return specs, ""
 
 
+def varlen_spec(kernels=("cuda_flash",)) -> dict:
+    """One rank's attention under the field's masks (full, causal, varlen-full, varlen-causal on
+    MagiAttention's document lengths, sliding-window causal) in MagiAttention's head setup (GQA 64:8,
+    d 128, bf16): at G = 1 the whole sequence is one tile, so each record is the kernel's own TFLOP/s
+    under that mask (the FLOPs of the mask's area), beside which the model's kernel terms are read."""
+    sweep = {"seqlen": [8192, 16384, 32768, 65536], "world_size": 1, "heads": 64, "kv_heads": 8, "head_dim": 128,
+             "dtype": "bfloat16", "causal": [False, True], "mask": ["", "docs:magiattention:0", "window:1024:0"]}
+    spec = _spec("varlen", ["burst"], sweep, kernels=kernels, modes=("fwd_bwd",))
+    spec["exclude"] = [{"causal": False, "mask": "window:1024:0"}]     # the window is causal-shaped already
+    return spec
+
+
+def step_decode(out: Path, device: torch.device, budget_s: float) -> Step:
+    """Decode attention and a device copy against the model's HBM roofline (``gpu_ceilings.decode_table``)."""
+    res = GC.decode_table(device, budget_s=budget_s)
+    write_json(out / "decode.json", res)
+    ok = [r for r in res["rows"] if r["kernel"] != "copy" and r["status"] == "ok"]
+    worst = max(ok, key=lambda r: r["measured_over_modelled"], default=None)
+    best = min(ok, key=lambda r: r["measured_over_modelled"], default=None)
+    return Step("decode", "ok" if ok else "skipped", "" if ok else "no decode point ran",
+                details={"copy_hbm_fraction": res["rows"][0]["hbm_fraction"],
+                         "measured_over_modelled": [best and best["measured_over_modelled"],
+                                                    worst and worst["measured_over_modelled"]]})
+
+
 def fit_budget(specs: list[dict], budget_s: float = STEP_BUDGET_S) -> float:
     """Set every case's ``timeouts.case_s`` so the step fits ``budget_s``: the runner gives a group of
     interleaved cases the SUM of their case_s, so a step's worst case is the sum over all its cases
@@ -393,6 +418,9 @@ def _print_summary(summary: dict, done: list[Step]) -> None:
           f"CUDA {summary['versions'].get('cuda')})")
     for s in done:
         print(f"  {s.name:<9} {s.status:<8} {s.duration_s:6.0f} s  {s.reason[:150]}")
+        if s.name == "decode" and s.status == "ok":
+            print(f"    copy at {s.details['copy_hbm_fraction']} of the nominal HBM rate; decode measured / "
+                  f"modelled {s.details['measured_over_modelled']} (best, worst)")
         if s.details.get("gemm_efficiency") is not None:
             print(f"    gemm_efficiency {s.details['gemm_efficiency']} (best: {s.details['best']})")
         for kernel, masks in (s.details.get("efficiency") or {}).items():
@@ -520,6 +548,8 @@ def _step_calls(args, found: list[Device], out: Path, plots: Path, summary: dict
                                          left(STEP_BUDGET_S))),
         ("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
          step_harness(out, [s for s in specs if s["name"] == "multi"], "multi", left(STEP_BUDGET_S))),
+        ("varlen", lambda: step_harness(out, [varlen_spec()], "varlen", left(200))),
+        ("decode", lambda: step_decode(out, device, left(120))),
         ("sweep", lambda: step_sweep(out, plots, shown, kernels=kernels, seqlens=seqlens, device=device,
                                      warmup=args.warmup, repeats=args.repeats,
                                      shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim),

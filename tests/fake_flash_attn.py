@@ -15,6 +15,10 @@ What they reproduce, from flash-attn's source at the release tags:
   unbounded. A row with no live key: out 0, lse = +inf (so the backward's exp(s - lse) is 0); an
   lse of -inf handed to the backward gives NaN, as the kernel's exp would.
 * The backward forms delta = rowsum(dout * out) from ``out`` (what every stock backward does).
+
+``ATEN`` fakes PyTorch's own copy of the kernels the same way (``aten._flash_attention_forward`` and
+``_backward``, the ``cuda_flash`` backend's ops, for tests/test_kernels_cuda_flash.py): the same window
+and empty-row conventions, an optional window (None: unbounded), the varlen form's lse (Z, total).
 """
 from __future__ import annotations
 
@@ -84,18 +88,18 @@ def _docs(cu):
     return list(zip(cu[:-1].tolist(), cu[1:].tolist()))
 
 
-def _varlen_fwd(q, k, v, cu, scale):
+def _varlen_fwd(q, k, v, cu, scale, causal=True):
     out, lse = torch.empty_like(q), torch.empty(q.shape[1], q.shape[0], dtype=torch.float32)
     for a, b in _docs(cu):
-        ok = live(b - a, b - a, True, -1, -1)
+        ok = live(b - a, b - a, causal, -1, -1)
         o, l_ = _fwd(q[None, a:b], k[None, a:b], v[None, a:b], scale, ok)
         out[a:b], lse[:, a:b] = o[0], l_[0]
     return out, lse
 
 
-def _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu, scale):
+def _varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu, scale, causal=True):
     for a, b in _docs(cu):
-        ok = live(b - a, b - a, True, -1, -1, backward=True)
+        ok = live(b - a, b - a, causal, -1, -1, backward=True)
         _bwd(dout[None, a:b], q[None, a:b], k[None, a:b], v[None, a:b], out[None, a:b], lse[None, :, a:b],
              scale, ok, dq[None, a:b], dk[None, a:b], dv[None, a:b])
 
@@ -133,7 +137,7 @@ def _varlen_fwd27(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_
                   seqused_k: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     _record("varlen_fwd", window_size_left, window_size_right, q, cu=cu_seqlens_q.data_ptr())
-    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, softmax_scale)
+    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, softmax_scale, causal)
     return out, lse, torch.empty(0), torch.empty(2, dtype=torch.int64)
 
 
@@ -146,7 +150,7 @@ def _varlen_bwd27(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   alibi_slopes: Optional[torch.Tensor], deterministic: bool,
                   rng_state: Optional[torch.Tensor] = None) -> torch.Tensor:
     _record("varlen_bwd", window_size_left, window_size_right, q, cu=cu_seqlens_q.data_ptr())
-    _varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, softmax_scale)
+    _varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, softmax_scale, causal)
     return torch.empty(0)
 
 
@@ -173,7 +177,7 @@ def _bwd25(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale
 def _varlen_fwd25(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                   causal, window_size=(-1, -1), alibi_slopes=None, return_softmax=False):
     _record("varlen_fwd", *window_size, q, cu=cu_seqlens_q.data_ptr())
-    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, softmax_scale)
+    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, softmax_scale, causal)
     return out, q, k, v, out, lse, None, None
 
 
@@ -181,7 +185,7 @@ def _varlen_bwd25(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_
                   max_seqlen_k, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
                   rng_state=None):
     _record("varlen_bwd", *window_size, q, cu=cu_seqlens_q.data_ptr())
-    _varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, softmax_scale)
+    _varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, softmax_scale, causal)
     return dq, dk, dv, None
 
 
@@ -219,3 +223,41 @@ def _varlen_bwd26(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_
 V26 = SimpleNamespace(_flash_attn_forward=_fwd26, _flash_attn_backward=_bwd26,
                       _flash_attn_varlen_forward=_varlen_fwd26, _flash_attn_varlen_backward=_varlen_bwd26)
 INTERFACES = {"2.7+": V27, "2.6": V26, "2.4-2.5": V25}
+
+
+# ---------------------------------------------------------------- PyTorch's copy: aten._flash_attention_*
+
+def _aten_window(left, right):
+    """The ops' optional window keywords: None is unbounded (-1)."""
+    return (-1 if left is None else left), (-1 if right is None else right)
+
+
+def _aten_fwd(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *,
+              scale=None, window_size_left=None, window_size_right=None):
+    """``aten._flash_attention_forward``: (B, S, heads, d), lse (B, Z, Sq); varlen: (total, heads, d), lse
+    (Z, total)."""
+    left, right = _aten_window(window_size_left, window_size_right)
+    _record("aten_fwd", left, right, query, key, value, cu=None if cum_seq_q is None else cum_seq_q.data_ptr(),
+            windowed=window_size_left is not None)
+    if cum_seq_q is None:
+        out, lse = _fwd(query, key, value, scale, live(query.shape[1], key.shape[1], is_causal, left, right))
+    else:
+        out, lse = _varlen_fwd(query, key, value, cum_seq_q, scale, is_causal)
+    return out, lse, torch.zeros(2, dtype=torch.uint64), torch.empty(0), torch.empty(0)
+
+
+def _aten_bwd(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+              rng_state, unused, *, scale=None, window_size_left=None, window_size_right=None):
+    left, right = _aten_window(window_size_left, window_size_right)
+    _record("aten_bwd", left, right, query, key, value, cu=None if cum_seq_q is None else cum_seq_q.data_ptr(),
+            rng=rng_state.data_ptr())
+    dq, dk, dv = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+    if cum_seq_q is None:
+        ok = live(query.shape[1], key.shape[1], is_causal, left, right, backward=True)
+        _bwd(grad_out, query, key, value, out, logsumexp, scale, ok, dq, dk, dv)
+    else:
+        _varlen_bwd(grad_out, query, key, value, out, logsumexp, dq, dk, dv, cum_seq_q, scale, is_causal)
+    return dq, dk, dv
+
+
+ATEN = SimpleNamespace(_flash_attention_forward=_aten_fwd, _flash_attention_backward=_aten_bwd)

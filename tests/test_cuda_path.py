@@ -7,8 +7,9 @@ in bf16 and fp16 (and fp32 where the kernel takes it), causal and not, MHA and
 GQA, and the use a ring makes of them: blocks of unequal length whose
 backward gets the GLOBAL lse and delta (through the surrogate ``out``); and
 the ring-flash-attn adapter at world size 1 where that package is installed; the
-tiles of window and document masks (``mask=``: flash-attn's window and varlen paths,
-square and tall band tiles, rows without a live key); xformers' lse probe at the
+tiles of window and document masks (``mask=``: flash-attn's and cuda_flash's window and
+varlen paths, square and tall band tiles, rows without a live key), and the operator with
+those masks on the automatic kernels; xformers' lse probe at the
 benchmark's shape (bf16, d = 128, causal).
 
 Error budget, the same as the distributed low-precision tests: twice the
@@ -157,7 +158,8 @@ def test_ring_flash_attn_adapter_world_size_one(causal, heads):
 # a tall band whose top rows have no live key (flash-attn's lse +inf there, ours -inf)
 TILES = [TileMask("band", 128, 128, lo=-40, hi=0), TileMask("band", 128, 128, lo=-300, hi=8),
          TileMask("band", 192, 96, lo=-150, hi=-96), TileMask("band", 192, 96, lo=-150, hi=None),
-         TileMask("band", 192, 64, lo=-140, hi=-128), TileMask("varlen", 160, 160, cu=(0, 40, 100, 160))]
+         TileMask("band", 192, 64, lo=-140, hi=-128), TileMask("varlen", 160, 160, cu=(0, 40, 100, 160)),
+         TileMask("varlen_full", 160, 160, cu=(0, 40, 100, 160))]
 
 
 def _tile_grads(q, k, v, do, tm, backend):
@@ -191,6 +193,21 @@ def test_cuda_window_and_varlen_tiles(backend, tm):
             g_, r, p = (x.masked_fill(empty, 0.0) for x in (g_, r, p))
         assert torch.isfinite(g_).all(), (backend, name)
         assert max_err(g_, r) <= _budget(p, r, torch.bfloat16), (backend, name)
+
+
+@cuda
+@pytest.mark.parametrize("mask", ["docs:48:0", "window:100:0"])
+def test_operator_with_a_mask_on_cuda_automatic_kernels(mask):
+    """The automatic choice at G = 1 with a partial mask: masked tiles go to a kernel with a masked path
+    (``resolve_backend(masked=True)``), the others to the first automatic one; against fp64."""
+    inputs = make_inputs(1, 384, 8, 2, 64, torch.bfloat16)
+    q, k, v, do = (t.cuda().requires_grad_(i < 3) for i, t in enumerate(inputs))
+    out = burst_attn_func(q, k, v, causal=True, mask=mask)
+    out.backward(do)
+    ref = attention_reference(*(t.double() for t in inputs), True, mask=mask)
+    plain = attention_reference(*inputs, True, backend="cpu_flash", mask=mask)
+    for name, got in (("out", out), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+        assert max_err(got.detach().cpu(), ref[name]) <= _budget(plain[name], ref[name], torch.bfloat16, 384), name
 
 
 @cuda

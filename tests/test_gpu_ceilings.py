@@ -86,3 +86,32 @@ def test_derive_of_a_gpu_without_results_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         G.main(["--derive", "nvidia-h100", "--results", str(tmp_path)])
     assert e.value.code == 2 and "--derive 'nvidia-h100': no " in capsys.readouterr().err
+
+
+def test_decode_rows_beside_the_models_roofline():
+    """The decode step's arithmetic on CPU tensors: roofline bytes, the achieved rate, and the model's time
+    for the same row (its K/V bytes at the profile's nominal HBM rate, x batch)."""
+    res = GC.decode_table(torch.device("cpu"), budget_s=60, kernels=("cpu_flash",), contexts=(256,), batches=(1, 2),
+                          heads=((4, 2),), copy_bytes=1 << 20, warmup=0, repeats=2, log=lambda _: None)
+    copy, *rows = res["rows"]
+    assert copy["kernel"] == "copy" and copy["bytes"] == 2 << 20
+    assert [r["batch"] for r in rows] == [1, 2] and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        kv = 2 * 256 * 2 * 128 * 2 * r["batch"]                       # K and V, bf16
+        assert r["bytes"] == kv + 2 * 1 * 4 * 128 * 2 * r["batch"]      # plus q and out
+        assert r["modelled_s"] == r["batch"] * GC.modelled_decode(dict(r, batch=1))
+        assert abs(r["gbytes_s"] - r["bytes"] / r["time_median_s"] / 1e9) < 1e-9
+        assert r["modelled_s"] >= r["bytes"] / (res["hbm_gbytes_s"] * 1e9)   # at least the roofline's read
+
+
+def test_varlen_spec_runs_through_the_runner(tmp_path):
+    """The varlen step's spec, shrunk to a CPU kernel: its five mask cases run and name their masks."""
+    spec = G.varlen_spec(kernels=("cpu_flash",))
+    spec["sweep"].update(seqlen=[1536], heads=4, kv_heads=2, head_dim=16, dtype="float32")
+    spec.update(warmup=0, repeats=2)
+    st = G.step_harness(tmp_path, [spec], "varlen")
+    assert st.status == "ok", st.reason
+    recs = [r for r in G.R.read_records(tmp_path / "varlen" / G.R.RESULTS_FILE) if r["status"] == "ok"]
+    assert sorted((r["causal"], r["config"]["mask"]) for r in recs) == [
+        (False, ""), (False, "docs:magiattention:0"), (True, ""), (True, "docs:magiattention:0"),
+        (True, "window:1024:0")]

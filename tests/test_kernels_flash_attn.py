@@ -18,6 +18,7 @@ import torch
 from burst_impl.attention import merge_partial
 from burst_impl.kernels import TileMask, compute_delta, reference
 from burst_impl.kernels import flash_attn as FA
+from burst_impl.kernels.flash_tiles import flash_window
 from tests import fake_flash_attn as fake
 from tests.refs import attention_reference, make_inputs, max_err
 
@@ -86,7 +87,7 @@ def test_band_tiles_as_flash_attn_defines_its_window(fai, band):
     want = reference.masked_backward(do, q, k, v, r_lse, delta, tm, scale)
     for g_, w in zip(got, want):
         assert torch.isfinite(g_).all() and max_err(g_, w) < TOL
-    window = FA.flash_window(*band)
+    window = flash_window(*band)
     assert [c["window"] for c in fake.CALLS] == ([window] * 2 if window is not None else [])
     for left, right in [c["window"] for c in fake.CALLS]:
         # both unbounded, or both in [0, Sk): never a value flash-attn resets or reinterprets
@@ -95,8 +96,8 @@ def test_band_tiles_as_flash_attn_defines_its_window(fai, band):
 
 def test_tall_band_open_on_the_right_is_left_to_the_exact_path():
     # flash-attn would read the missing right side as Sk: rows 0..10 of a 20 x 8 tile would lose keys
-    assert FA.flash_window(20, 8, -9, None) is None
-    assert FA.flash_window(16, 16, -3, None) == (3, 15)
+    assert flash_window(20, 8, -9, None) is None
+    assert flash_window(16, 16, -3, None) == (3, 15)
 
 
 def test_an_empty_row_merges_as_nothing(fai):

@@ -209,3 +209,17 @@ def test_automatic_order_on_cuda(monkeypatch, flash, xf, cap, dtype, head_dim, w
     monkeypatch.setattr(K, "cuda_capability", lambda device: cap)
     assert K.resolve_backend(torch.device("cuda"), None, dtype, head_dim) == want
     assert K.resolve_backend(torch.device("cpu"), None, dtype, head_dim) == "cpu_flash"
+
+
+@pytest.mark.parametrize("flash,xf,cap,want", [
+    (True, True, (9, 0), "flash_attn"),
+    (False, False, (9, 0), "cuda_flash"),        # cuDNN has no masked path: its tiles would run in math
+    (False, False, (8, 0), "cuda_flash"),
+])
+def test_automatic_choice_for_a_masked_tile(monkeypatch, flash, xf, cap, want):
+    _with(monkeypatch, "flash_attn", flash)
+    _with(monkeypatch, "xformers", xf)
+    _with(monkeypatch, "cuda_cudnn", True)
+    monkeypatch.setattr(K, "cuda_capability", lambda device: cap)
+    assert K.resolve_backend(torch.device("cuda"), None, torch.bfloat16, 128, masked=True) == want
+    assert K.resolve_backend(torch.device("cuda"), "cuda_cudnn", torch.bfloat16, 128, masked=True) == "cuda_cudnn"

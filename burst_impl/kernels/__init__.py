@@ -44,9 +44,10 @@ mismatch (a CUDA backend on CPU tensors, flash-attn with fp32 or fp64, a
 package that is not installed) into a ValueError before any communication.
 
 The backends live one per file in this package (``reference.py``, ``cpu_flash.py``,
-``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``, ``math.py``); the shared helpers (statistics dtype,
-strides, ``delta`` and the surrogate ``out`` fed to stock backward kernels)
-are in ``common.py``.
+``flash_attn.py``, ``xformers.py``, ``cuda_sdpa.py``, ``cuda_flash.py``, ``cuda_cudnn.py``, ``math.py``;
+what the two FlashAttention-2 backends share about mask tiles, ``flash_tiles.py``); the shared helpers
+(statistics dtype, strides, ``delta`` and the surrogate ``out`` fed to stock backward kernels) are in
+``common.py``.
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
 
 
 def resolve_backend(device: torch.device, backend: str | None = None,
-                    dtype: torch.dtype | None = None, head_dim: int | None = None) -> str:
+                    dtype: torch.dtype | None = None, head_dim: int | None = None, *, masked: bool = False) -> str:
     """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
 
     On CUDA, the first of these that is importable and suits the inputs:
@@ -112,6 +113,10 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     The packages come first because the papers' runs used them; on an H200 the
     GPU check measured cuda_cudnn at 1.6-1.7x FlashAttention-2 and cuda_sdpa at
     0.45x (docs/gpu_check.md): ``backend="cuda_cudnn"`` asks for it by name.
+    ``masked``: the choice for a tile with a partial mask (band, documents), where a backend without a
+    native masked path (``Backend.masked_forward``: cuDNN's here) would run the exact path's row-block
+    math; automatic choice then skips it for the next that has one (FlashAttention-2's window and
+    varlen forms), so one call may run its unmasked tiles in cuDNN and its masked ones in cuda_flash.
     """
     if backend is not None:
         check_backend(backend, device, dtype, head_dim)
@@ -122,6 +127,8 @@ def resolve_backend(device: torch.device, backend: str | None = None,
         hopper = cuda_capability(device) >= (9, 0)
         for name in ("flash_attn", "xformers", *(("cuda_cudnn",) if hopper else ()), "cuda_flash"):
             b = BACKENDS[name]
+            if masked and b.masked_forward is None:
+                continue
             if head_dim is not None and dtype in b.dtypes and b.check(head_dim) is None and b.available():
                 return name
         return "cuda_sdpa"
@@ -141,8 +148,8 @@ def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale
 
     Any strides; lse in ``stats_dtype(q.dtype)``. ``mask``: the tile's mask (``TileMask``).
     """
-    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
     causal, mask = _split(causal, mask)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None)
     b = BACKENDS[name]
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
     if mask is None:
@@ -163,9 +170,9 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, de
     the exact probability block and the block gradients sum to the full ones.
     Any strides; lse and delta are used in ``stats_dtype(q.dtype)``.
     """
-    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1])
-    acc = stats_dtype(q.dtype)
     causal, mask = _split(causal, mask)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None)
+    acc = stats_dtype(q.dtype)
     b = BACKENDS[name]
     args = (unit_last(dout), unit_last(q), unit_last(k), unit_last(v), lse.to(acc).contiguous(),
             delta.to(acc).contiguous())

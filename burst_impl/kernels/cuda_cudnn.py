@@ -8,6 +8,8 @@ heads (``burst_impl.heads``). Causal tiles are square (the plans' rule).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..heads import expand_kv, fold_kv
@@ -17,6 +19,13 @@ from .common import Backend, head_dim_rule, surrogate_out
 def _bhsd(x):
     """(B, S, Z, d) -> the (B, Z, S, d) view the op takes."""
     return x.transpose(1, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seed, offset) for the backward: dropout is 0, so neither is read, but the op takes tensors; made
+    once per device, not per tile of every ring step."""
+    return torch.zeros((), dtype=torch.int64, device=device), torch.zeros((), dtype=torch.int64, device=device)
 
 
 def forward(q, k, v, causal, scale):
@@ -33,8 +42,7 @@ def backward(dout, q, k, v, lse, delta, causal, scale):
     # cuDNN wants dO and O in one layout: both contiguous (B, S, Z, d), viewed as (B, Z, S, d)
     dout = dout.contiguous()
     out_s = surrogate_out(dout, delta).contiguous()
-    seed = torch.zeros((), dtype=torch.int64, device=q.device)     # dropout 0: never read
-    offset = torch.zeros((), dtype=torch.int64, device=q.device)
+    seed, offset = _rng(q.device)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         _bhsd(dout), _bhsd(q), _bhsd(ke), _bhsd(ve), _bhsd(out_s), lse.float().unsqueeze(-1).contiguous(),
         seed, offset, None, None, None, sq, sk, 0.0, causal, scale=scale,

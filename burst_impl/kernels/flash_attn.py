@@ -22,6 +22,7 @@ import torch
 
 from . import masked
 from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
+from .flash_tiles import VARLEN, band_window, flash_lse, our_lse, varlen_args
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,50 +75,15 @@ def _out_lse(res) -> tuple:
                        "4 of flash-attn >= 2.7 and the 8 of 2.4-2.6")
 
 
-def flash_window(n_rows: int, n_cols: int, lo: int | None, hi: int | None) -> tuple[int, int] | None:
-    """flash-attn's (left, right) window for the band ``lo <= j - i <= hi`` on an (n_rows, n_cols) tile.
-
-    flash-attn aligns the window to the bottom-right corner: key j is live for query i iff
-    i + (Sk - Sq) - left <= j <= i + (Sk - Sq) + right, -1 meaning unbounded. But a size >= Sk is
-    reset to -1, and a -1 beside a bounded side means Sk, not unbounded (in the forward; the
-    backward's clamp differs). So the window returned never relies on either: both sides -1, or
-    both in [0, Sk). An unbounded side gets the smallest size that reaches every column, which is
-    below Sk except for the right side of a tall tile (Sq > Sk): that band, and any needing a
-    negative size, gives None (not expressible; the exact path runs it)."""
-    shift = n_cols - n_rows
-    if lo is not None and lo <= 1 - n_rows:     # the bound excludes no column of any row
-        lo = None
-    if hi is not None and hi >= n_cols - 1:
-        hi = None
-    if lo is None and hi is None:
-        return -1, -1
-    left = n_cols - 1 if lo is None else shift - lo
-    right = n_rows - 1 if hi is None else hi - shift
-    if not (0 <= left < n_cols and 0 <= right < n_cols):
-        return None
-    return left, right
-
-
-def _our_lse(lse):
-    """flash-attn gives a row with no live key lse = +inf (so its backward's exp(s - lse) is 0); ours is
-    -inf (the merge's neutral element: +inf would take over the row and give NaN)."""
-    return lse.masked_fill(torch.isposinf(lse), float("-inf"))
-
-
-def _flash_lse(lse):
-    """Our global lse for flash-attn's backward: a row no block gives a live key, -inf, as its +inf."""
-    return lse.masked_fill(torch.isneginf(lse), float("inf"))
-
-
 def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
-    """``window``: flash-attn's (left, right) window (``flash_window``; -1: unbounded). The entry points
+    """``window``: flash-attn's (left, right) window (``flash_tiles.flash_window``; -1: unbounded). The entry points
     pass tensors with a unit-stride last dim, all flash-attn asks for: no copies here."""
     fai = _fai()
     res = fai._flash_attn_forward(
         q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal, alibi_slopes=None, return_softmax=False,
         **_window_kwargs(fai._flash_attn_forward, *window))
     out, lse = _out_lse(res)
-    return out, (lse if window == (-1, -1) else _our_lse(lse))
+    return out, (lse if window == (-1, -1) else our_lse(lse))
 
 
 def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] = (-1, -1)):
@@ -125,41 +91,21 @@ def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] =
     out_s = surrogate_out(dout, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fai._flash_attn_backward(
-        dout, q, k, v, out_s, lse if window == (-1, -1) else _flash_lse(lse), dq, dk, dv, dropout_p=0.0,
+        dout, q, k, v, out_s, lse if window == (-1, -1) else flash_lse(lse), dq, dk, dv, dropout_p=0.0,
         softmax_scale=scale, causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
         **_window_kwargs(fai._flash_attn_backward, *window))
     return dq, dk, dv
 
 
-# tile kinds of flash-attn's varlen entry point: causal within each document, or whole documents
-VARLEN = ("varlen", "varlen_full")
-
-
-def _varlen_args(tm, b: int, s: int, device):
-    """Every batch row packed after the previous one, with the tile's document boundaries: built once
-    per tile, batch and device and kept on the device (``tm.cache``), so a timed tile copies nothing
-    from the host."""
-    key = ("flash_attn.cu", b, s, str(device))
-    if key not in tm.cache:
-        cu = torch.tensor(tm.cu, dtype=torch.int32)
-        packed = torch.cat([cu[:-1] + i * s for i in range(b)] + [torch.tensor([b * s], dtype=torch.int32)])
-        tm.cache[key] = (packed.to(device), int((cu[1:] - cu[:-1]).max()))
-    return tm.cache[key]
-
-
-def _window_of(tm):
-    return flash_window(tm.n_rows, tm.n_cols, tm.lo, tm.hi) if tm.kind == "band" else None
-
-
 def masked_forward(q, k, v, tm, scale):
-    window = _window_of(tm)
+    window = band_window(tm)
     if window is not None:
         return forward(q, k, v, False, scale, window)
     if tm.kind not in VARLEN:
         return masked.forward(q, k, v, tm, scale, fused=False)
     fai = _fai()
     b, s, z, d = q.shape
-    cu, longest = _varlen_args(tm, b, s, q.device)
+    cu, longest = varlen_args(tm, b, s, q.device)
     res = fai._flash_attn_varlen_forward(
         q.reshape(b * s, z, d), k.reshape(b * s, k.shape[2], d), v.reshape(b * s, k.shape[2], d), cu, cu,
         longest, longest, dropout_p=0.0, softmax_scale=scale, causal=tm.kind == "varlen", alibi_slopes=None,
@@ -170,7 +116,7 @@ def masked_forward(q, k, v, tm, scale):
 
 
 def masked_backward(dout, q, k, v, lse, delta, tm, scale):
-    window = _window_of(tm)
+    window = band_window(tm)
     if window is not None:
         return backward(dout, q, k, v, lse, delta, False, scale, window)
     if tm.kind not in VARLEN:
@@ -178,7 +124,7 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
     fai = _fai()
     b, s, z, d = q.shape
     zkv = k.shape[2]
-    cu, longest = _varlen_args(tm, b, s, q.device)
+    cu, longest = varlen_args(tm, b, s, q.device)
     flat = [t.reshape(b * s, t.shape[2], d) for t in (dout, q, k, v, surrogate_out(dout, delta))]
     dq, dk, dv = torch.empty_like(flat[1]), torch.empty_like(flat[2]), torch.empty_like(flat[3])
     lse_v = lse.permute(1, 0, 2).reshape(z, b * s).contiguous()   # flash-attn reads (Z, total) contiguous
