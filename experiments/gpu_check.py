@@ -277,17 +277,35 @@ def varlen_spec(kernels=("cuda_flash",)) -> dict:
     return spec
 
 
+def decode_spec() -> dict:
+    """One decode step of one attention layer (the new token's QKV projection, the cache append, the
+    attention over the cache) through the runner at G = 1, Llama-3 8B's heads (32:8, d 128): the
+    record's TPOT beside what the model predicts for it on the profile (``perfmodel.inference``)."""
+    sweep = {"seqlen": [4096, 65536, 262144, 1048576], "world_size": 1, "batch": [1, 16], "heads": 32,
+             "kv_heads": 8, "head_dim": 128, "dtype": "bfloat16", "causal": True}
+    spec = _spec("decode_op", ["burst"], sweep, modes=("decode",))
+    spec["measure"].update(level="inference", memory=False)
+    spec["inference"] = {"merges": ["all_gather"], "new_tokens": 1, "placement": "round_robin"}
+    spec["exclude"] = [{"batch": 16, "seqlen": 1048576}]             # 64 GiB of K/V at batch 16
+    return spec
+
+
 def step_decode(out: Path, device: torch.device, budget_s: float) -> Step:
-    """Decode attention and a device copy against the model's HBM roofline (``gpu_ceilings.decode_table``)."""
-    res = GC.decode_table(device, budget_s=budget_s)
+    """Decode attention and a device copy against the model's HBM roofline (``gpu_ceilings.decode_table``),
+    then the suite's decode step through the runner (``decode_spec``)."""
+    t0 = time.monotonic()
+    res = dict(GC.decode_table(device, budget_s=min(60.0, budget_s / 4)), **_stamp())
     write_json(out / "decode.json", res)
+    op = step_harness(out, [decode_spec()], "decode_op", budget_s - (time.monotonic() - t0))
     ok = [r for r in res["rows"] if r["kernel"] != "copy" and r["status"] == "ok"]
     worst = max(ok, key=lambda r: r["measured_over_modelled"], default=None)
     best = min(ok, key=lambda r: r["measured_over_modelled"], default=None)
-    return Step("decode", "ok" if ok else "skipped", "" if ok else "no decode point ran",
-                details={"copy_hbm_fraction": res["rows"][0]["hbm_fraction"],
-                         "measured_over_modelled": [best and best["measured_over_modelled"],
-                                                    worst and worst["measured_over_modelled"]]})
+    details = {"copy_hbm_fraction": res["rows"][0]["hbm_fraction"], "decode_op": op.details,
+               "measured_over_modelled": [best and best["measured_over_modelled"],
+                                          worst and worst["measured_over_modelled"]]}
+    if op.status == "failed":
+        return Step("decode", "failed", f"decode_op: {op.reason}", details=details)
+    return Step("decode", "ok" if ok else "skipped", "" if ok else "no decode point ran", details=details)
 
 
 def fit_budget(specs: list[dict], budget_s: float = STEP_BUDGET_S) -> float:
@@ -549,7 +567,7 @@ def _step_calls(args, found: list[Device], out: Path, plots: Path, summary: dict
         ("multi", lambda: Step("multi", "skipped", multi_why) if multi_why else
          step_harness(out, [s for s in specs if s["name"] == "multi"], "multi", left(STEP_BUDGET_S))),
         ("varlen", lambda: step_harness(out, [varlen_spec()], "varlen", left(200))),
-        ("decode", lambda: step_decode(out, device, left(120))),
+        ("decode", lambda: step_decode(out, device, left(240))),
         ("sweep", lambda: step_sweep(out, plots, shown, kernels=kernels, seqlens=seqlens, device=device,
                                      warmup=args.warmup, repeats=args.repeats,
                                      shape=KS.SweepShape(heads=args.heads, head_dim=args.head_dim),

@@ -115,3 +115,14 @@ def test_varlen_spec_runs_through_the_runner(tmp_path):
     assert sorted((r["causal"], r["config"]["mask"]) for r in recs) == [
         (False, ""), (False, "docs:magiattention:0"), (True, ""), (True, "docs:magiattention:0"),
         (True, "window:1024:0")]
+
+
+def test_decode_spec_runs_through_the_runner(tmp_path):
+    """The decode step's runner spec, shrunk to this CPU: a one-layer decode step at G 1 records its TPOT."""
+    spec = G.decode_spec()
+    spec["sweep"].update(seqlen=[512], batch=[1, 2], heads=4, kv_heads=2, head_dim=16, dtype="float32")
+    spec.update(warmup=0, repeats=2)
+    st = G.step_harness(tmp_path, [spec], "decode_op")
+    assert st.status == "ok", st.reason
+    recs = [r for r in G.R.read_records(tmp_path / "decode_op" / G.R.RESULTS_FILE) if r["status"] == "ok"]
+    assert sorted(r["batch"] for r in recs) == [1, 2] and all(r["mode"] == "decode" for r in recs)

@@ -73,21 +73,22 @@ def measure_copy(device: torch.device, nbytes: int = COPY_BYTES, *, warmup: int 
 
 
 def run_decode(device: torch.device, *, kernels=("cuda_flash", "cuda_cudnn", "cuda_sdpa"),
-               contexts=(4096, 16384, 65536, 262144, 1048576), batches=(1, 16), heads=HEADS, q: int = 1,
+               contexts=(4096, 16384, 65536, 262144, 1048576), batches=(1, 16), heads=HEADS, queries=(1,),
                max_tokens: int = 1 << 22, budget_s: float | None = None, copy_bytes: int = COPY_BYTES,
                warmup: int = 3, repeats: int = 10, log: Callable[[str], None] = print) -> list[dict]:
-    """The copy ceiling, then every (heads, batch, context, kernel) with batch x context <= ``max_tokens``;
-    points past ``budget_s`` are left out (and counted in the log)."""
-    points = [(z, zkv, b, n, k) for z, zkv in heads for b in batches for n in contexts if b * n <= max_tokens
-              for k in kernels]
+    """The copy ceiling, then every (heads, batch, new tokens, context, kernel) with batch x context <=
+    ``max_tokens``; points past ``budget_s`` are left out (and counted in the log). ``queries``: new
+    tokens per sequence (1: plain decode; more: speculative decode, or a chunk of a prefill over a cache)."""
+    points = [(z, zkv, b, q, n, k) for z, zkv in heads for b in batches for q in queries for n in contexts
+              if b * n <= max_tokens for k in kernels]
     out, t0 = [measure_copy(device, copy_bytes, warmup=warmup, repeats=repeats)], time.perf_counter()
     log(f"  copy {out[0]['bytes'] / 2**30:.0f} GiB moved: {out[0]['gbytes_s']:7.0f} GB/s")
-    for z, zkv, b, n, k in points:
+    for z, zkv, b, q, n, k in points:
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             log(f"  decode: budget {budget_s:.0f} s spent; {len(points) - len(out) + 1} points not run")
             break
         row = measure_decode(k, b, q, n, z, zkv, device, warmup=warmup, repeats=repeats)
         out.append(row)
         rate = f"{row['gbytes_s']:7.0f} GB/s" if row["status"] == "ok" else row["status"]
-        log(f"  {k:<11} Z {z:>2}:{zkv:<2} B {b:>2} N {n:>8}  {rate}")
+        log(f"  {k:<11} Z {z:>2}:{zkv:<2} B {b:>2} q {q:>4} N {n:>8}  {rate}")
     return out
