@@ -223,3 +223,15 @@ def test_automatic_choice_for_a_masked_tile(monkeypatch, flash, xf, cap, want):
     monkeypatch.setattr(K, "cuda_capability", lambda device: cap)
     assert K.resolve_backend(torch.device("cuda"), None, torch.bfloat16, 128, masked=True) == want
     assert K.resolve_backend(torch.device("cuda"), "cuda_cudnn", torch.bfloat16, 128, masked=True) == "cuda_cudnn"
+
+
+@pytest.mark.parametrize("rows,want", [(1, "cuda_flash"), (K.CUDNN_MIN_ROWS - 1, "cuda_flash"),
+                                       (K.CUDNN_MIN_ROWS, "cuda_cudnn"), (None, "cuda_cudnn")])
+def test_few_query_rows_skip_cudnn_on_hopper(monkeypatch, rows, want):
+    """A decode step's few new tokens go to FlashAttention-2 (measured: K.CUDNN_MIN_ROWS); named, cuDNN runs."""
+    _with(monkeypatch, "flash_attn", False)
+    _with(monkeypatch, "xformers", False)
+    _with(monkeypatch, "cuda_cudnn", True)
+    monkeypatch.setattr(K, "cuda_capability", lambda device: (9, 0))
+    assert K.resolve_backend(torch.device("cuda"), None, torch.bfloat16, 128, rows=rows) == want
+    assert K.resolve_backend(torch.device("cuda"), "cuda_cudnn", torch.bfloat16, 128, rows=1) == "cuda_cudnn"

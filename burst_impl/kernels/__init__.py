@@ -96,8 +96,16 @@ def cuda_capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device) if torch.cuda.is_available() else (0, 0)
 
 
+# Below this many query rows a call goes to PyTorch's FlashAttention-2 rather than cuDNN on Hopper: on an H200
+# (results/gpu_check/nvidia-h200/decode_queries.json, 65536 keys, bf16, d 128) cuda_flash took 0.05-0.64x cuDNN's
+# time from 1 to 256 rows at GQA 32:8 and 64:8 (cuDNN's kv heads are repeated, a copy of the whole K and V per call)
+# and 0.35-1.11x at MHA, and cuDNN 0.55-0.89x flash's from 1024 rows. A decode step's new tokens are a few rows.
+CUDNN_MIN_ROWS = 512
+
+
 def resolve_backend(device: torch.device, backend: str | None = None,
-                    dtype: torch.dtype | None = None, head_dim: int | None = None, *, masked: bool = False) -> str:
+                    dtype: torch.dtype | None = None, head_dim: int | None = None, *, masked: bool = False,
+                    rows: int | None = None) -> str:
     """The backend name for tensors on ``device``: ``backend`` if given (checked), else automatic.
 
     On CUDA, the first of these that is importable and suits the inputs:
@@ -117,6 +125,8 @@ def resolve_backend(device: torch.device, backend: str | None = None,
     native masked path (``Backend.masked_forward``: cuDNN's here) would run the exact path's row-block
     math; automatic choice then skips it for the next that has one (FlashAttention-2's window and
     varlen forms), so one call may run its unmasked tiles in cuDNN and its masked ones in cuda_flash.
+    ``rows``: the call's query rows; under ``CUDNN_MIN_ROWS`` (a decode step's few new tokens) automatic
+    choice skips cuDNN too, for the same reason measured (its GQA copies the cache; see the constant).
     """
     if backend is not None:
         check_backend(backend, device, dtype, head_dim)
@@ -127,7 +137,8 @@ def resolve_backend(device: torch.device, backend: str | None = None,
         hopper = cuda_capability(device) >= (9, 0)
         for name in ("flash_attn", "xformers", *(("cuda_cudnn",) if hopper else ()), "cuda_flash"):
             b = BACKENDS[name]
-            if masked and b.masked_forward is None:
+            if (masked and b.masked_forward is None) or (name == "cuda_cudnn" and rows is not None
+                                                         and rows < CUDNN_MIN_ROWS):
                 continue
             if head_dim is not None and dtype in b.dtypes and b.check(head_dim) is None and b.available():
                 return name
@@ -149,7 +160,7 @@ def attn_forward(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, scale
     Any strides; lse in ``stats_dtype(q.dtype)``. ``mask``: the tile's mask (``TileMask``).
     """
     causal, mask = _split(causal, mask)
-    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None, rows=q.shape[1])
     b = BACKENDS[name]
     q, k, v = unit_last(q), unit_last(k), unit_last(v)
     if mask is None:
@@ -171,7 +182,7 @@ def attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, de
     Any strides; lse and delta are used in ``stats_dtype(q.dtype)``.
     """
     causal, mask = _split(causal, mask)
-    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None)
+    name = resolve_backend(q.device, backend, q.dtype, q.shape[-1], masked=mask is not None, rows=q.shape[1])
     acc = stats_dtype(q.dtype)
     b = BACKENDS[name]
     args = (unit_last(dout), unit_last(q), unit_last(k), unit_last(v), lse.to(acc).contiguous(),

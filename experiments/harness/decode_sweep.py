@@ -35,10 +35,19 @@ def roofline_bytes(batch: int, q: int, context: int, heads: int, kv_heads: int, 
     return batch * (2 * context * kv_heads * head_dim + 2 * q * heads * head_dim) * elem
 
 
+# PyTorch's efficient-attention kernel (``cuda_sdpa``, kv heads repeated to Z) hit an illegal memory access on an
+# H200 at B 1, N 1M, Z 32:8 (K of 2^32 elements as it reads it; torch 2.11, 2026-12-04, twice), which leaves the
+# CUDA context unusable for every later point: not run from 2^31 elements (the int32 index range) up.
+SDPA_MAX_ELEMENTS = 2 ** 31
+
+
 def measure_decode(kernel: str, batch: int, q: int, context: int, heads: int, kv_heads: int, device: torch.device,
                    *, head_dim: int = 128, dtype=torch.bfloat16, warmup: int = 3, repeats: int = 10) -> dict:
     row = dict(kernel=kernel, batch=batch, q=q, context=context, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                dtype=str(dtype).removeprefix("torch."))
+    if kernel == "cuda_sdpa" and batch * context * heads * head_dim >= SDPA_MAX_ELEMENTS:
+        return dict(row, status="skipped", reason="K as cuda_sdpa reads it (kv heads repeated) has >= 2^31 "
+                                                  "elements: an illegal memory access on an H200 (SDPA_MAX_ELEMENTS)")
     gen = torch.Generator(device=device).manual_seed(0)
     try:
         qt = torch.randn(batch, q, heads, head_dim, device=device, dtype=dtype, generator=gen)
