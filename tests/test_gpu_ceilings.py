@@ -55,6 +55,9 @@ def test_the_h200_profile_carries_the_measured_tables():
     acc = GC.load_hardware(GC.PROFILE).accelerator
     assert [list(p) for p in acc.attn_efficiency] == table["fwd_bwd"]
     assert [list(p) for p in acc.attn_efficiency_forward] == table["forward"]
+    causal = json.loads((H200 / "sdpa_profile.json").read_text())["efficiency"]["torch_sdpa_flash"]["causal"]
+    assert [list(p) for p in acc.attn_efficiency_causal] == causal["fwd_bwd"]
+    assert [list(p) for p in acc.attn_efficiency_causal_forward] == causal["forward"]
     assert acc.gemm_efficiency == gemm
 
 

@@ -130,3 +130,43 @@ def test_a_band_tile_is_asked_for_as_itself_and_timed_for_real():
         with mock.patch.object(exact, "segments", wraps=exact.segments) as seg:
             run()
         assert seg.called            # the tile's live row segments: the masked path, not the plain kernel
+
+
+def test_causal_problems_at_the_profiles_causal_tables():
+    """With ``attn_efficiency_causal`` a causal tile and a varlen-causal tile's documents are charged at it;
+    full tiles, varlen-full documents and bands stay at the full table; without it, nothing changes."""
+    import dataclasses
+
+    from burst_impl.kernels import TileMask
+    from experiments.perfmodel.costs import CostModel, kernel_problems
+    from experiments.profiles.hardware import load_hardware
+
+    hw = load_hardware("h200_sxm_ib_4x8")
+    plain = dataclasses.replace(hw, accelerator=dataclasses.replace(
+        hw.accelerator, attn_efficiency_causal=None, attn_efficiency_causal_forward=None))
+    docs = TileMask("varlen", 4096, 4096, cu=(0, 1024, 4096))
+    assert [c for _, _, c in kernel_problems(4096, 4096, True, "fwd_bwd", 0, docs)] == [True, True]
+    assert [c for _, _, c in kernel_problems(4096, 4096, False, "fwd_bwd", 0, None)] == [False]
+    for mode in ("forward", "backward", "fwd_bwd"):
+        for causal, mask in ((True, None), (False, docs)):
+            with_t, _ = CostModel(hw).attention(1, 8, 128, 4096, 4096, causal, mode, mask=mask)
+            without, _ = CostModel(plain).attention(1, 8, 128, 4096, 4096, causal, mode, mask=mask)
+            assert with_t > without, (mode, causal)       # the causal rows are below the full ones here
+        full = TileMask("varlen_full", 4096, 4096, cu=(0, 1024, 4096))
+        assert CostModel(hw).attention(1, 8, 128, 4096, 4096, False, mode, mask=full) == \
+            CostModel(plain).attention(1, 8, 128, 4096, 4096, False, mode, mask=full)
+    acc = hw.accelerator
+    assert CostModel(hw).attn_efficiency(1024, "fwd_bwd", True) == dict(acc.attn_efficiency_causal)[1024]
+    assert CostModel(hw).attn_efficiency(1024, "forward", True) == dict(acc.attn_efficiency_causal_forward)[1024]
+
+
+def test_a_causal_forward_table_alone_is_refused():
+    import pytest
+    import yaml
+
+    from experiments.profiles.hardware import HARDWARE_DIR, parse_hardware
+
+    raw = yaml.safe_load((HARDWARE_DIR / "h200_sxm_ib_4x8.yaml").read_text())
+    del raw["accelerator"]["attn_efficiency_causal"]
+    with pytest.raises(ValueError, match="attn_efficiency_causal_forward.*needs accelerator.attn_efficiency_causal"):
+        parse_hardware(raw)

@@ -33,11 +33,13 @@ def kernel_options(case: Case) -> dict:
 
 def kernel_used(case: Case, device: torch.device) -> str:
     """The local kernel this case runs on ``device``: the method's own, the one asked for, or the
-    automatic choice for the case's dtype and head dim (what ``burst_impl.kernels`` resolves)."""
+    automatic choice for the case's dtype and head dim (what ``burst_impl.kernels`` resolves); a decode
+    step's choice for its few new-token rows (``kernels.CUDNN_MIN_ROWS``)."""
     fixed = METHODS[case.method].kernel
     if fixed is not None:
         return fixed
-    return resolve_backend(device, case.kernel, case.shape.torch_dtype, case.head_dim)
+    rows = case.new_tokens if case.mode == "decode" else None
+    return resolve_backend(device, case.kernel, case.shape.torch_dtype, case.head_dim, rows=rows)
 
 
 def _randn(shape, gen, dtype, device):

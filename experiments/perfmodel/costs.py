@@ -94,9 +94,10 @@ def band_span(mask: TileMask) -> int:
 
 
 def kernel_problems(rows: int, cols: int, causal: bool, mode: str, entries: float,
-                    mask: TileMask | None = None) -> list[tuple[float, float]]:
-    """(score entries it costs, length its efficiency is read at) of each attention problem in one flash call on
-    a rows x cols tile under ``mask`` (``burst_impl.plan``'s tile mask; None or causal: the plain kernel):
+                    mask: TileMask | None = None) -> list[tuple[float, float, bool]]:
+    """(score entries it costs, length its efficiency is read at, whether it is a causal problem) of each
+    attention problem in one flash call on a rows x cols tile under ``mask`` (``burst_impl.plan``'s tile mask;
+    None or causal: the plain kernel):
 
     * plain (full, causal): one problem, padded to whole tiles, half when causal (the suite's convention);
     * varlen, varlen_full: one per document of ``mask.cu``, each a plain problem of its own length: the
@@ -106,16 +107,16 @@ def kernel_problems(rows: int, cols: int, causal: bool, mode: str, entries: floa
     kind = mask.kind if mask is not None else ("causal" if causal else "full")
     if kind in ("full", "causal"):
         area = padded_area(rows, cols, mode)
-        return [(area / (2.0 if kind == "causal" else 1.0), math.sqrt(area))]
+        return [(area / (2.0 if kind == "causal" else 1.0), math.sqrt(area), kind == "causal")]
     if kind in VARLEN:
         half = 2.0 if kind == "varlen" else 1.0
         out = []
         for length, n in Counter(b - a for a, b in zip(mask.cu, mask.cu[1:])).items():
             area = padded_area(length, length, mode)
-            out.append((n * area / half, math.sqrt(area)))
+            out.append((n * area / half, math.sqrt(area), kind == "varlen"))
         return out
     size = math.sqrt(rows * cols)
-    return [(entries, min(size, band_span(mask)) if kind == "band" else size)]
+    return [(entries, min(size, band_span(mask)) if kind == "band" else size, False)]
 
 
 @dataclass(frozen=True)
@@ -144,14 +145,18 @@ class CostModel:
 
     # ------------------------------------------------------------ compute
 
-    def attn_efficiency(self, tokens: float, mode: str) -> float:
+    def attn_efficiency(self, tokens: float, mode: str, causal: bool = False) -> float:
+        """The flash kernel's fraction of peak on a problem of ``tokens``; ``causal``: a causal problem,
+        at the profile's causal tables where it has them (``Accelerator.attn_efficiency_causal``)."""
         acc = self.hw.accelerator
         if mode == "forward":
-            return acc.forward_efficiency(tokens)
-        fb = acc.efficiency(tokens)
-        if mode == "fwd_bwd" or acc.attn_efficiency_forward is None:
+            return acc.forward_efficiency(tokens, causal)
+        fb = acc.efficiency(tokens, causal)
+        has_forward = (acc.attn_efficiency_causal_forward if causal and acc.attn_efficiency_causal
+                       else acc.attn_efficiency_forward)
+        if mode == "fwd_bwd" or has_forward is None:
             return fb
-        f = acc.forward_efficiency(tokens)
+        f = acc.forward_efficiency(tokens, causal)
         # the backward's efficiency, from the forward's and the combined one at the convention's factors
         return MODE_FACTOR["backward"] / (MODE_FACTOR["fwd_bwd"] / fb - MODE_FACTOR["forward"] / f)
 
@@ -165,8 +170,8 @@ class CostModel:
         if entries is None:
             entries = rows * cols / (2.0 if causal else 1.0)
         flops = entries_flops(batch, heads, head_dim, entries, mode)
-        seconds = sum(entries_flops(batch, heads, head_dim, work, mode) / (self.peak * self.attn_efficiency(n, mode))
-                      for work, n in kernel_problems(rows, cols, causal, mode, entries, mask))
+        seconds = sum(entries_flops(batch, heads, head_dim, work, mode) / (self.peak * self.attn_efficiency(n, mode, c))
+                      for work, n, c in kernel_problems(rows, cols, causal, mode, entries, mask))
         return seconds / self.wave_efficiency(batch, heads, rows, mask), flops
 
     def wave_efficiency(self, batch: int, heads: int, rows: int, mask: TileMask | None = None) -> float:

@@ -98,6 +98,11 @@ class Accelerator:
     # Optional, same form, forward pass only (None: the forward + backward table serves every
     # mode). With it the performance model derives the backward efficiency from the two.
     attn_efficiency_forward: tuple[tuple[int, float], ...] | None = None
+    # Optional, same forms, for a causal problem (the diagonal's partly masked tiles; FLOPs of the half
+    # area, the suite's convention): where given, causal problems (causal tiles, the documents of a
+    # varlen-causal tile) are charged at these; without them, at the tables above.
+    attn_efficiency_causal: tuple[tuple[int, float], ...] | None = None
+    attn_efficiency_causal_forward: tuple[tuple[int, float], ...] | None = None
     # Optional: fraction of peak a large dense GEMM reaches (projections of the attention block).
     gemm_efficiency: float | None = None
     # Optional: the flash kernel's launch grid; with it a kernel of few thread blocks pays its last
@@ -112,10 +117,13 @@ class Accelerator:
         waves = blocks / (self.attn_grid.sms * self.attn_grid.blocks_per_sm)
         return waves / math.ceil(waves)
 
-    def efficiency(self, tokens: int) -> float:
-        return _interp(self.attn_efficiency, tokens)
+    def efficiency(self, tokens: int, causal: bool = False) -> float:
+        table = self.attn_efficiency_causal if causal and self.attn_efficiency_causal else self.attn_efficiency
+        return _interp(table, tokens)
 
-    def forward_efficiency(self, tokens: int) -> float:
+    def forward_efficiency(self, tokens: int, causal: bool = False) -> float:
+        if causal and self.attn_efficiency_causal:
+            return _interp(self.attn_efficiency_causal_forward or self.attn_efficiency_causal, tokens)
         return _interp(self.attn_efficiency_forward or self.attn_efficiency, tokens)
 
     def attention_flops_per_s(self, dtype: str, tokens: int) -> float:
@@ -293,9 +301,12 @@ def _accelerator(path, raw) -> Accelerator:
     _positive(path, "accelerator.hbm_gib", d["hbm_gib"])
     _positive(path, "accelerator.hbm_gbytes_s", d["hbm_gbytes_s"])
     d["attn_efficiency"] = _efficiency_table(path, "accelerator.attn_efficiency", d["attn_efficiency"])
-    if d.get("attn_efficiency_forward") is not None:
-        d["attn_efficiency_forward"] = _efficiency_table(path, "accelerator.attn_efficiency_forward",
-                                                         d["attn_efficiency_forward"])
+    for key in ("attn_efficiency_forward", "attn_efficiency_causal", "attn_efficiency_causal_forward"):
+        if d.get(key) is not None:
+            d[key] = _efficiency_table(path, f"accelerator.{key}", d[key])
+    if d.get("attn_efficiency_causal_forward") is not None and d.get("attn_efficiency_causal") is None:
+        raise _err(path, "accelerator.attn_efficiency_causal_forward", "needs accelerator.attn_efficiency_causal "
+                   "(the forward + backward table of causal problems) beside it")
     if d.get("gemm_efficiency") is not None:
         g = d["gemm_efficiency"]
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
