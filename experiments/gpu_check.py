@@ -3,7 +3,7 @@
     make gpu-check                         # = python -m experiments.gpu_check (builds the venv first)
     python -m experiments.gpu_check --steps packages,tests    # a part of it
 
-Installs nothing, builds nothing. Prints its plan first: the steps in four calls
+Installs nothing, builds nothing. Prints its plan first: the steps in five calls
 (``CALLS``), each held to ``STEP_BUDGET_S`` (540 s) so that one command of a lent
 device (600 s) runs it. Steps, each recorded as ok / failed / skipped (with the reason):
 
@@ -23,6 +23,12 @@ device (600 s) runs it. Steps, each recorded as ok / failed / skipped (with the 
    skipped, with the reason, on one GPU.
 5. ``sweep``: TFLOP/s vs sequence length of each CUDA kernel next to
    ``torch.nn.functional.scaled_dot_product_attention`` (``experiments.harness.kernel_sweep``).
+6. ``sdpa``, ``gemm``, ``memory``: the H200 profile's constants (``gpu_ceilings``, ``gpu_memory``).
+7. ``varlen``: burst at G 1 under full, causal, varlen-full, varlen-causal and window masks
+   (``varlen_spec``): the kernel's TFLOP/s under each mask.
+8. ``decode``: decode attention and a device copy against the model's HBM roofline
+   (``gpu_ceilings.decode_table``, ``decode.json``), then the one-layer decode step through the
+   runner (``decode_spec``, ``decode_op/``).
 
 Writes, for the GPU it ran on (``<gpu>`` = its name in lower case, e.g. ``nvidia-h200``):
 ``results/gpu_check/<gpu>/summary.json`` (steps, packages, devices, git, versions,
