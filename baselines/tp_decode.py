@@ -14,7 +14,7 @@ import torch
 
 from burst_impl import comm
 from burst_impl.inference import ShardedKVCache
-from burst_impl.inference.partial import check_attention_args, decode_mask, partial_attention
+from burst_impl.inference.partial import check_attention_args, decode_all_live, decode_mask, partial_attention
 from burst_impl.inference.agree import agree
 from burst_impl.kernels import default_scale
 
@@ -79,9 +79,11 @@ def tp_decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, la
     mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)
     outs, lses = [], []
     for b in range(cache.batch):
-        pos = cache.append(layer, b, k_new[b], v_new[b], [0] * q.shape[1])
+        owners = [0] * q.shape[1]            # the head-sharded cache is a one-rank cache per rank
+        pos = cache.append(layer, b, k_new[b], v_new[b], owners)
         s = cache.shard(layer, b)
-        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend)
+        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend,
+                                   all_live=decode_all_live(window, owners, 0))
         outs.append(o)
         lses.append(lse)
     return torch.stack(outs).to(q.dtype), torch.stack(lses)

@@ -86,3 +86,34 @@ def test_decode_rejects_bad_arguments_without_touching_the_cache(kwargs, needle)
     with pytest.raises(ValueError) as e:
         decode(*one, cache, 0, **kwargs)
     assert needle in str(e.value) and cache.lengths(0) == [0]
+
+
+def test_owned_rows_is_the_ranks_rows_as_a_slice_where_it_can():
+    from burst_impl.inference.kv_cache import owned_rows
+
+    for owners in ([0], [1], [0, 1, 2, 0, 1, 2, 0], [2, 2, 0, 1], [1, 0, 1, 1, 0], []):
+        for rank in range(3):
+            rows = owned_rows(owners, rank)
+            want = [j for j, o in enumerate(owners) if o == rank]
+            assert list(range(len(owners)))[rows] == want if isinstance(rows, slice) else rows == want
+    assert owned_rows([0, 1, 2, 0, 1, 2], 1) == slice(1, 5, 3)     # round-robin: every G-th, a view
+
+
+def test_decode_all_live_agrees_with_the_mask():
+    """The host's answer equals the positions' mask for every owner pattern of up to 3 new tokens over a
+    cached shard, causal and with a window."""
+    import itertools
+
+    from burst_impl.inference.partial import decode_all_live, decode_mask
+
+    cached = torch.tensor([0, 3, 5, 9])                        # this rank's cached positions, all < 10
+    for q in (1, 2, 3):
+        for owners in itertools.product(range(2), repeat=q):
+            for window in (None, 2, 100):
+                new = torch.arange(10, 10 + q)
+                k_pos = torch.cat([cached, new[[j for j, o in enumerate(owners) if o == 0]]])
+                live = decode_mask(window).allowed(new, k_pos)
+                if decode_all_live(window, list(owners), 0):
+                    assert bool(live.all()), (q, owners, window)
+                elif window is None:
+                    assert not bool(live.all()), (q, owners)       # exact for the causal mask

@@ -24,7 +24,7 @@ from ..collectives import all_gather_, all_to_all_
 from ..kernels import FLOAT_DTYPES, default_scale
 from .agree import agree
 from .kv_cache import ShardedKVCache, cache_state, check_cache
-from .partial import check_attention_args, decode_mask, merge_all, partial_attention
+from .partial import check_attention_args, decode_all_live, decode_mask, merge_all, partial_attention
 
 Tensor = torch.Tensor
 MERGES = ("all_gather", "heads")
@@ -90,9 +90,11 @@ def decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer
     mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)
     outs, lses = [], []
     for b in range(cache.batch):
-        pos = cache.append(layer, b, k_new[b], v_new[b], cache.owners(layer, b, q.shape[1]))
+        owners = cache.owners(layer, b, q.shape[1])
+        pos = cache.append(layer, b, k_new[b], v_new[b], owners)
         s = cache.shard(layer, b)
-        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend)
+        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend,
+                                   all_live=decode_all_live(window, owners, cache.rank))
         outs.append(o)
         lses.append(lse)
     out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)        # (B, q, Z, d), (B, Z, q)

@@ -66,6 +66,18 @@ def place(placement: str, shard_lens: list[int], start: int, count: int) -> list
     return owners
 
 
+def owned_rows(owners: list[int], rank: int) -> slice | list[int]:
+    """The rows of ``owners`` that ``rank`` owns, as a slice where they are evenly spaced (every placement
+    of one token, round-robin's every G-th), else as a list of indices."""
+    idx = [j for j, o in enumerate(owners) if o == rank]
+    if not idx:
+        return slice(0, 0)
+    step = idx[1] - idx[0] if len(idx) > 1 else 1
+    if all(b - a == step for a, b in zip(idx, idx[1:])):
+        return slice(idx[0], idx[-1] + 1, step)
+    return idx
+
+
 def check_cache(cache, layer: int, group) -> None:
     """``cache`` is a ``ShardedKVCache`` of this rank of ``group``, and ``layer`` one of its layers."""
     if not isinstance(cache, ShardedKVCache):
@@ -220,12 +232,16 @@ class ShardedKVCache:
 
     def append(self, layer: int, seq: int, k: Tensor, v: Tensor, owners: list[int]) -> Tensor:
         """Append the new tokens (k, v: (n, Zkv, d), every rank's) owned by this rank; positions continue
-        the sequence. Returns their positions (n,)."""
+        the sequence. Returns their positions (n,).
+
+        This rank's tokens are picked by a slice derived on the host (``owned_rows``), not a boolean mask
+        on the device: a mask index waits for the device to count its rows, once per sequence of every
+        decode step, which on a GPU serialised the host's work with the kernels'."""
         s = self.shard(layer, seq)
         pos = torch.arange(s.length, s.length + len(owners), device=self.device)
-        mine = torch.tensor([o == self.rank for o in owners], dtype=torch.bool, device=k.device)
+        rows = owned_rows(owners, self.rank)
         lens = list(s.shard_lens)
         for o in owners:
             lens[o] += 1
-        self.write(layer, seq, k[mine], v[mine], pos[mine.to(pos.device)], lens)
+        self.write(layer, seq, k[rows], v[rows], pos[rows], lens)
         return pos

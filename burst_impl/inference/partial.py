@@ -29,6 +29,14 @@ def decode_mask(window: int | None) -> masks.Mask:
     return masks.SlidingWindow(window, 0)
 
 
+def decode_all_live(window: int | None, owners: list[int], rank: int) -> bool:
+    """Whether every key of ``rank``'s shard is live for every new query of a decode step whose new tokens
+    went to ``owners``, known on the host: causal (no window), and this rank holds no new token but
+    perhaps the first (the cached ones all precede every new query; new token j is live for query i
+    only from i = j on)."""
+    return window is None and all(j == 0 for j, o in enumerate(owners) if o == rank)
+
+
 def check_attention_args(q: Tensor, softmax_scale, backend) -> None:
     """``softmax_scale`` finite and positive (or None), ``backend`` able to run on q (or None), checked
     before a call appends to the cache or sends."""
@@ -39,19 +47,24 @@ def check_attention_args(q: Tensor, softmax_scale, backend) -> None:
 
 
 def partial_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Tensor, mask: masks.Mask,
-                      scale: float, backend: str | None = None) -> tuple[Tensor, Tensor]:
+                      scale: float, backend: str | None = None, *, all_live: bool = False) -> tuple[Tensor, Tensor]:
     """One sequence: q (Sq, Z, d) at positions q_pos (Sq,) against k/v (Sk, Zkv, d) at k_pos (Sk,) ->
-    (out (Sq, Z, d), lse (Z, Sq)), both in the statistics dtype."""
+    (out (Sq, Z, d), lse (Z, Sq)), both in the statistics dtype. ``all_live``: the caller knows every
+    key is live for every query (``decode_all_live``), so the mask is not built: building it, and asking
+    whether it is all live, waits for the device."""
     acc = stats_dtype(q.dtype)
     sq, z, d = q.shape
     if k.shape[0] == 0:
         return (torch.zeros((sq, z, d), dtype=acc, device=q.device),
                 torch.full((z, sq), float("-inf"), dtype=acc, device=q.device))
-    live = mask.allowed(q_pos.to(k_pos.device), k_pos)                 # (Sq, Sk) bool
     # every key live (one new token over a causal cache): the fused kernel without a mask, which reads
     # the cache once (on an H200 PyTorch's FlashAttention-2 reaches 0.75-0.90 of the HBM rate from 256K
     # keys, docs/gpu_check.md); else the tile's dense mask, on the host where the exact path reads it
-    tile = None if bool(live.all()) else TileMask("dense", sq, k.shape[0], rows_fn=lambda a, b, m=live.cpu(): m[a:b])
+    tile = None
+    if not all_live:
+        live = mask.allowed(q_pos.to(k_pos.device), k_pos)             # (Sq, Sk) bool
+        if not bool(live.all()):
+            tile = TileMask("dense", sq, k.shape[0], rows_fn=lambda a, b, m=live.cpu(): m[a:b])
     out, lse = attn_forward(q.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
                             scale=scale, backend=backend, mask=tile)
     return out[0].to(acc), lse[0]
