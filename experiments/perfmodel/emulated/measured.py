@@ -213,7 +213,8 @@ def _runner(key: tuple):
         dt = DTYPES[dtype]
         qs, k, v = (torch.randn(n, h, d, generator=g).to(dt) for n, h in ((q, z), (keys, zkv), (keys, zkv)))
         q_pos, k_pos = torch.arange(keys, keys + q), torch.arange(keys)
-        return lambda: partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5)
+        # one new token: every cached key live, which the decode step knows on the host (decode_all_live)
+        return lambda: partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5, all_live=q == 1)
     if key == HBM:
         x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
         return lambda: x.add_(y)            # reads two fp32 arrays, writes one
