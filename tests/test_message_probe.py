@@ -91,6 +91,26 @@ def test_load_needs_the_runs_profile(tmp_path):
     assert load_messages(tmp_path, "other_emu") is None and load_messages(tmp_path / "none", "t_emu") is None
 
 
+def test_an_experiments_own_probes_come_before_the_roots(tmp_path):
+    """A run that measured its probes in its own window (``<root>/<experiment>/``) is priced with them; an
+    experiment without its own falls back to the root's, file by file."""
+    from experiments.perfmodel.emulated.host_cost import CALL_CPU_FILE, load_call_cpu
+
+    slower = _record()
+    slower["rows"] = [{**r, "wall_s": 2 * r["wall_s"]} for r in slower["rows"]]
+    (tmp_path / MESSAGE_FILE).write_text(json.dumps(slower))
+    (tmp_path / CALL_CPU_FILE).write_text(json.dumps({"rows": [{"method": "root"}]}))
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / MESSAGE_FILE).write_text(json.dumps(_record()))
+    assert load_messages(tmp_path, "t_emu", "exp").held_s == pytest.approx(HELD[0])
+    assert load_messages(tmp_path, "t_emu", "other").held_s == pytest.approx(fit_messages(slower).held_s)
+    assert fit_messages(slower).held_s > HELD[0]
+    assert load_messages(tmp_path, "t_emu").path == str(tmp_path / MESSAGE_FILE)
+    assert load_call_cpu(tmp_path, "exp")["rows"] == [{"method": "root"}]      # the root's, none of its own
+    (tmp_path / "exp" / CALL_CPU_FILE).write_text(json.dumps({"rows": [{"method": "own"}]}))
+    assert load_call_cpu(tmp_path, "exp")["rows"] == [{"method": "own"}]
+
+
 def test_small_messages_hold_their_sender_per_message_and_large_ones_keep_the_excess():
     """ulysses at a tiny shape: every all-to-all piece is in range, so each transfer's excess is pieces x held;
     the same schedule with the range below its pieces charges the overlap excess line instead."""

@@ -39,9 +39,20 @@ def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
     return out
 
 
-def read_probe(results_root, name: str, profile: str | None) -> tuple[Path, dict] | None:
-    """(path, record) of the probe file ``name`` in ``results_root``, when it was measured on ``profile``."""
-    path = Path(results_root) / name
+def probe_path(results_root, name: str, experiment: str | None = None) -> Path:
+    """The probe file ``name`` of ``experiment`` where it has its own (``<root>/<experiment>/<name>``: measured
+    in its run's window, docs/emulator.md), else the results root's. On this VM the machine's speed moves by
+    40% between windows minutes apart (docs/findings.md), so a probe from another hour misprices a run."""
+    if experiment:
+        own = Path(results_root) / experiment / name
+        if own.exists():
+            return own
+    return Path(results_root) / name
+
+
+def read_probe(results_root, name: str, profile: str | None, experiment: str | None = None) -> tuple[Path, dict] | None:
+    """(path, record) of the probe file ``name`` (``probe_path``), when it was measured on ``profile``."""
+    path = probe_path(results_root, name, experiment)
     if not path.exists():
         return None
     rec = json.loads(path.read_text())
@@ -50,9 +61,9 @@ def read_probe(results_root, name: str, profile: str | None) -> tuple[Path, dict
     return path, rec
 
 
-def load_excess(results_root, profile: str | None) -> dict | None:
-    """The fitted excess of ``results_root``'s overlap probe, when it was measured on ``profile``."""
-    found = read_probe(results_root, OVERLAP_FILE, profile)
+def load_excess(results_root, profile: str | None, experiment: str | None = None) -> dict | None:
+    """The fitted excess of the overlap probe (``probe_path``), when it was measured on ``profile``."""
+    found = read_probe(results_root, OVERLAP_FILE, profile, experiment)
     if found is None:
         return None
     path, rec = found

@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from baselines import AttnShape
 
 from ..model import predict_case
 from ..schedules.common import EXCESS_SUFFIX
+from .excess import probe_path
 
 CALL_CPU_FILE = "call_cpu.json"
 DECODE_PREFIX = "decode:"      # call_cpu.json rows of a decode step (benchmarks.cpu_per_call --methods decode:<row>)
@@ -51,9 +51,10 @@ class SmallCase:
     level: str = "op"
 
 
-def load_call_cpu(results_root) -> dict | None:
-    """``{"rows": [...], "path": ...}`` of ``results_root``'s ``call_cpu.json``, or None."""
-    path = Path(results_root) / CALL_CPU_FILE
+def load_call_cpu(results_root, experiment: str | None = None) -> dict | None:
+    """``{"rows": [...], "path": ...}`` of ``call_cpu.json`` (``excess.probe_path``: the experiment's own
+    where it has one, else the results root's), or None."""
+    path = probe_path(results_root, CALL_CPU_FILE, experiment)
     if not path.exists():
         return None
     rec = json.loads(path.read_text())

@@ -126,7 +126,7 @@ def fit_messages(rec: dict, path: str = "") -> MessageCost:
     return MessageCost(a, k, int(max(x for _, x, _, _ in points)), statistics.median(cpu), tuple(points), path)
 
 
-def load_messages(results_root, profile: str | None) -> MessageCost | None:
-    """The fitted message cost of ``results_root``'s message probe, when it was measured on ``profile``."""
-    found = read_probe(results_root, MESSAGE_FILE, profile)
+def load_messages(results_root, profile: str | None, experiment: str | None = None) -> MessageCost | None:
+    """The fitted message cost of the message probe (``excess.probe_path``), when measured on ``profile``."""
+    found = read_probe(results_root, MESSAGE_FILE, profile, experiment)
     return None if found is None else fit_messages(found[1], str(found[0]))

@@ -234,11 +234,11 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
         raise ValueError(f"experiment={experiment!r}: the run had given link rates and no compute calibration; "
                          f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
-    call = load_call_cpu(results_root)
+    call = load_call_cpu(results_root, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
-    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"))
+    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"), experiment)
+    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"), experiment)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex

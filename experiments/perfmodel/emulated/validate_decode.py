@@ -171,11 +171,11 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     cases = cases_of(records)
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
-    call = load_call_cpu(results_root)
+    call = load_call_cpu(results_root, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"))
-    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"))
+    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"), experiment)
+    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"), experiment)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
