@@ -19,9 +19,8 @@ import functools
 
 import torch
 
-from . import masked
 from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
-from .flash_tiles import VARLEN, band_window, flash_lse, our_lse, varlen_args
+from .flash_tiles import flash_lse, masked_pair, our_lse, varlen_args
 
 UNBOUNDED = (-1, -1)
 
@@ -63,12 +62,7 @@ def _packed(t):
     return t.reshape(t.shape[0] * t.shape[1], *t.shape[2:])
 
 
-def masked_forward(q, k, v, tm, scale):
-    window = band_window(tm)
-    if window is not None:
-        return forward(q, k, v, False, scale, window)
-    if tm.kind not in VARLEN:
-        return masked.forward(q, k, v, tm, scale, fused=False)
+def _varlen_forward(q, k, v, tm, scale):
     b, s, z, d = q.shape
     cu, longest = varlen_args(tm, b, s, q.device)
     out, lse, *_ = _aten()._flash_attention_forward(
@@ -79,12 +73,7 @@ def masked_forward(q, k, v, tm, scale):
     return out.reshape(b, s, z, d), lse.reshape(z, b, s).permute(1, 0, 2).to(stats_dtype(q.dtype))
 
 
-def masked_backward(dout, q, k, v, lse, delta, tm, scale):
-    window = band_window(tm)
-    if window is not None:
-        return backward(dout, q, k, v, lse, delta, False, scale, window)
-    if tm.kind not in VARLEN:
-        return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
+def _varlen_backward(dout, q, k, v, lse, delta, tm, scale):
     b, s, z, d = q.shape
     cu, longest = varlen_args(tm, b, s, q.device)
     rng, unused = _rng(q.device)
@@ -93,6 +82,9 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
         _packed(dout), _packed(q), _packed(k), _packed(v), _packed(surrogate_out(dout, delta)), lse_v, cu, cu,
         longest, longest, 0.0, tm.kind == "varlen", rng, unused, scale=scale)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+masked_forward, masked_backward = masked_pair(forward, backward, _varlen_forward, _varlen_backward)
 
 
 BACKEND = Backend("cuda_flash", forward, backward, devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),

@@ -20,9 +20,8 @@ import inspect
 
 import torch
 
-from . import masked
 from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
-from .flash_tiles import VARLEN, band_window, flash_lse, our_lse, varlen_args
+from .flash_tiles import flash_lse, masked_pair, our_lse, varlen_args
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,12 +96,7 @@ def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] =
     return dq, dk, dv
 
 
-def masked_forward(q, k, v, tm, scale):
-    window = band_window(tm)
-    if window is not None:
-        return forward(q, k, v, False, scale, window)
-    if tm.kind not in VARLEN:
-        return masked.forward(q, k, v, tm, scale, fused=False)
+def _varlen_forward(q, k, v, tm, scale):
     fai = _fai()
     b, s, z, d = q.shape
     cu, longest = varlen_args(tm, b, s, q.device)
@@ -115,12 +109,7 @@ def masked_forward(q, k, v, tm, scale):
     return out.reshape(b, s, z, d), lse.to(stats_dtype(q.dtype))
 
 
-def masked_backward(dout, q, k, v, lse, delta, tm, scale):
-    window = band_window(tm)
-    if window is not None:
-        return backward(dout, q, k, v, lse, delta, False, scale, window)
-    if tm.kind not in VARLEN:
-        return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
+def _varlen_backward(dout, q, k, v, lse, delta, tm, scale):
     fai = _fai()
     b, s, z, d = q.shape
     zkv = k.shape[2]
@@ -133,6 +122,9 @@ def masked_backward(dout, q, k, v, lse, delta, tm, scale):
         dropout_p=0.0, softmax_scale=scale, causal=tm.kind == "varlen", alibi_slopes=None, deterministic=False,
         rng_state=None, **_window_kwargs(fai._flash_attn_varlen_backward))
     return dq.reshape(b, s, z, d), dk.reshape(b, s, zkv, d), dv.reshape(b, s, zkv, d)
+
+
+masked_forward, masked_backward = masked_pair(forward, backward, _varlen_forward, _varlen_backward)
 
 
 BACKEND = Backend("flash_attn", forward, backward, devices=("cuda",), dtypes=(torch.float16, torch.bfloat16),

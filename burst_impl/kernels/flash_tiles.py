@@ -6,12 +6,17 @@ live key, and the cumulative lengths of a document tile.
 * ``our_lse`` / ``flash_lse``: a row with no live key has lse +inf in the kernels (their backward's
   exp(s - lse) is then 0) and -inf in the suite (the merge's neutral element);
 * ``varlen_args``: a ``varlen`` / ``varlen_full`` tile's documents as the varlen entry points take them,
-  every batch row packed after the previous one with the same boundaries.
+  every batch row packed after the previous one with the same boundaries;
+* ``masked_pair``: a backend's ``masked_forward`` / ``masked_backward`` from its dense pair (a band as the
+  window) and its varlen pair (a document tile), any other tile in the exact path.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
+from . import masked
 from .common import TileMask
 
 # tile kinds of the varlen entry points: causal within each document, or whole documents
@@ -68,3 +73,28 @@ def varlen_args(tm: TileMask, b: int, s: int, device) -> tuple[torch.Tensor, int
         packed = torch.cat([cu[:-1] + i * s for i in range(b)] + [torch.tensor([b * s], dtype=torch.int32)])
         tm.cache[key] = (packed.to(device), int((cu[1:] - cu[:-1]).max()))
     return tm.cache[key]
+
+
+def masked_pair(forward: Callable, backward: Callable, varlen_forward: Callable,
+                varlen_backward: Callable) -> tuple[Callable, Callable]:
+    """(masked_forward, masked_backward) of a FlashAttention-2 backend (``Backend``): a band tile through the
+    dense pair with its window (``band_window``), a document tile through the varlen pair, any other tile
+    (dense, or a band the window cannot express) in the exact path's math (``kernels.masked``)."""
+
+    def masked_forward(q, k, v, tm, scale):
+        window = band_window(tm)
+        if window is not None:
+            return forward(q, k, v, False, scale, window)
+        if tm.kind in VARLEN:
+            return varlen_forward(q, k, v, tm, scale)
+        return masked.forward(q, k, v, tm, scale, fused=False)
+
+    def masked_backward(dout, q, k, v, lse, delta, tm, scale):
+        window = band_window(tm)
+        if window is not None:
+            return backward(dout, q, k, v, lse, delta, False, scale, window)
+        if tm.kind in VARLEN:
+            return varlen_backward(dout, q, k, v, lse, delta, tm, scale)
+        return masked.backward(dout, q, k, v, lse, delta, tm, scale, fused=False)
+
+    return masked_forward, masked_backward
