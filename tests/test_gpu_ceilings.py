@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from experiments import gpu_ceilings as GC
@@ -102,9 +103,9 @@ def test_decode_rows_beside_the_models_roofline():
     for r in rows:
         kv = 2 * 256 * 2 * 128 * 2 * r["batch"]                       # K and V, bf16
         assert r["bytes"] == kv + 2 * 1 * 4 * 128 * 2 * r["batch"]      # plus q and out
-        assert r["modelled_s"] == r["batch"] * GC.modelled_decode(dict(r, batch=1))
-        assert abs(r["gbytes_s"] - r["bytes"] / r["time_median_s"] / 1e9) < 1e-9
-        assert r["modelled_s"] >= r["bytes"] / (res["hbm_gbytes_s"] * 1e9)   # at least the roofline's read
+        # a few KiB of K/V: memory-bound, so the model charges exactly the bytes at the nominal rate
+        assert r["modelled_s"] == pytest.approx(r["bytes"] / (res["hbm_gbytes_s"] * 1e9), rel=1e-12)
+        assert r["gbytes_s"] == pytest.approx(r["bytes"] / r["time_median_s"] / 1e9, rel=1e-12)
 
 
 def test_varlen_spec_runs_through_the_runner(tmp_path):

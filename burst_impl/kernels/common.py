@@ -101,6 +101,10 @@ class TileMask:
         return self.rows(0, self.n_rows)
 
 
+# TileMask kinds a varlen entry point runs (causal within each document, or whole documents)
+VARLEN = ("varlen", "varlen_full")
+
+
 def head_dim_rule(name: str, limit: int | None = None) -> Callable[[int | None], str | None]:
     """A backend's ``check``: head_dim a multiple of 8 (16-bit tensor-core tiles), up to ``limit`` if given."""
     rule = "a multiple of 8" + (f" up to {limit}" if limit else "")

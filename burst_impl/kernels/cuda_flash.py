@@ -20,9 +20,7 @@ import functools
 import torch
 
 from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
-from .flash_tiles import flash_lse, masked_pair, our_lse, varlen_args
-
-UNBOUNDED = (-1, -1)
+from .flash_tiles import UNBOUNDED, flash_lse, masked_pair, our_lse, varlen_args
 
 
 def _aten():

@@ -21,7 +21,7 @@ import inspect
 import torch
 
 from .common import Backend, head_dim_rule, stats_dtype, surrogate_out
-from .flash_tiles import flash_lse, masked_pair, our_lse, varlen_args
+from .flash_tiles import UNBOUNDED, flash_lse, masked_pair, our_lse, varlen_args
 
 
 @functools.lru_cache(maxsize=None)
@@ -74,7 +74,7 @@ def _out_lse(res) -> tuple:
                        "4 of flash-attn >= 2.7 and the 8 of 2.4-2.6")
 
 
-def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
+def forward(q, k, v, causal, scale, window: tuple[int, int] = UNBOUNDED):
     """``window``: flash-attn's (left, right) window (``flash_tiles.flash_window``; -1: unbounded). The entry points
     pass tensors with a unit-stride last dim, all flash-attn asks for: no copies here."""
     fai = _fai()
@@ -82,15 +82,15 @@ def forward(q, k, v, causal, scale, window: tuple[int, int] = (-1, -1)):
         q, k, v, dropout_p=0.0, softmax_scale=scale, causal=causal, alibi_slopes=None, return_softmax=False,
         **_window_kwargs(fai._flash_attn_forward, *window))
     out, lse = _out_lse(res)
-    return out, (lse if window == (-1, -1) else our_lse(lse))
+    return out, (lse if window == UNBOUNDED else our_lse(lse))
 
 
-def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] = (-1, -1)):
+def backward(dout, q, k, v, lse, delta, causal, scale, window: tuple[int, int] = UNBOUNDED):
     fai = _fai()
     out_s = surrogate_out(dout, delta)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     fai._flash_attn_backward(
-        dout, q, k, v, out_s, lse if window == (-1, -1) else flash_lse(lse), dq, dk, dv, dropout_p=0.0,
+        dout, q, k, v, out_s, lse if window == UNBOUNDED else flash_lse(lse), dq, dk, dv, dropout_p=0.0,
         softmax_scale=scale, causal=causal, alibi_slopes=None, deterministic=False, rng_state=None,
         **_window_kwargs(fai._flash_attn_backward, *window))
     return dq, dk, dv

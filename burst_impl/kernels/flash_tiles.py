@@ -17,10 +17,9 @@ from typing import Callable
 import torch
 
 from . import masked
-from .common import TileMask
+from .common import VARLEN, TileMask
 
-# tile kinds of the varlen entry points: causal within each document, or whole documents
-VARLEN = ("varlen", "varlen_full")
+UNBOUNDED = (-1, -1)        # the kernels' window of an unmasked call
 
 
 def flash_window(n_rows: int, n_cols: int, lo: int | None, hi: int | None) -> tuple[int, int] | None:

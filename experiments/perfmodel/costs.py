@@ -55,7 +55,7 @@ from typing import ClassVar
 
 from ..profiles.hardware import Hardware, Link
 from burst_impl.flops import MODE_FACTOR, entries_flops
-from burst_impl.kernels.common import TileMask
+from burst_impl.kernels.common import VARLEN, TileMask
 
 FP32 = 4
 # FlashAttention-2's thread-block tile (query rows, key columns) at head dim 128 on A100 and H100, the kernel whose
@@ -65,7 +65,6 @@ FP32 = 4
 # shared memory per block: A100, H100); Dao-AILab/flash-attention at 01afd16. A problem whose side is not a
 # multiple of its tile runs the last tile whole.
 FLASH_BLOCKS = {"forward": (128, 64), "backward": (64, 128)}
-VARLEN = ("varlen", "varlen_full")
 
 
 def padded_area(rows: int, cols: int, mode: str) -> float:
@@ -152,9 +151,7 @@ class CostModel:
         if mode == "forward":
             return acc.forward_efficiency(tokens, causal)
         fb = acc.efficiency(tokens, causal)
-        has_forward = (acc.attn_efficiency_causal_forward if causal and acc.attn_efficiency_causal
-                       else acc.attn_efficiency_forward)
-        if mode == "fwd_bwd" or has_forward is None:
+        if mode == "fwd_bwd" or acc.tables(causal)[1] is None:
             return fb
         f = acc.forward_efficiency(tokens, causal)
         # the backward's efficiency, from the forward's and the combined one at the convention's factors

@@ -117,14 +117,19 @@ class Accelerator:
         waves = blocks / (self.attn_grid.sms * self.attn_grid.blocks_per_sm)
         return waves / math.ceil(waves)
 
+    def tables(self, causal: bool = False) -> tuple[tuple, tuple | None]:
+        """(forward + backward table, forward table or None) of a problem: the causal pair for a causal
+        problem where the profile has one, else the plain pair."""
+        if causal and self.attn_efficiency_causal:
+            return self.attn_efficiency_causal, self.attn_efficiency_causal_forward
+        return self.attn_efficiency, self.attn_efficiency_forward
+
     def efficiency(self, tokens: int, causal: bool = False) -> float:
-        table = self.attn_efficiency_causal if causal and self.attn_efficiency_causal else self.attn_efficiency
-        return _interp(table, tokens)
+        return _interp(self.tables(causal)[0], tokens)
 
     def forward_efficiency(self, tokens: int, causal: bool = False) -> float:
-        if causal and self.attn_efficiency_causal:
-            return _interp(self.attn_efficiency_causal_forward or self.attn_efficiency_causal, tokens)
-        return _interp(self.attn_efficiency_forward or self.attn_efficiency, tokens)
+        both, forward = self.tables(causal)
+        return _interp(forward or both, tokens)
 
     def attention_flops_per_s(self, dtype: str, tokens: int) -> float:
         """FLOP/s a flash kernel sustains on blocks of ``tokens`` rows (peak x efficiency)."""
