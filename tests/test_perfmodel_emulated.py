@@ -67,7 +67,9 @@ def test_the_emulated_model_adds_its_host_and_excess_terms_and_nothing_else(meth
     same = [t for t in full.tasks if not t.name.endswith(EXCESS_SUFFIX)]
     assert [t.name for t in same] == [t.name for t in base.tasks]
     for b, f in zip(base.tasks, same):
-        assert (f.kind, f.resource, f.rank, named(full, f)) == (b.kind, b.resource, b.rank, named(base, b))
+        # an all-to-all's later pieces and its end also wait for the held tasks (the test below)
+        deps = [n for n in named(full, f) if not n.endswith(EXCESS_SUFFIX)]
+        assert (f.kind, f.resource, f.rank, deps) == (b.kind, b.resource, b.rank, named(base, b))
         assert f.duration == pytest.approx(b.duration + (HOST if b.kind == "compute" else 0.0), abs=1e-15)
     # one excess task per non-empty transfer, on its sender's compute stream: a + k x bytes of its class
     sends = {t.name: t for t in base.tasks if t.kind == "comm" and sum(t.nbytes.values())}
@@ -76,7 +78,36 @@ def test_the_emulated_model_adds_its_host_and_excess_terms_and_nothing_else(meth
     for name, t in extra.items():
         s = sends[name]
         a, k = EXCESS["intra" if s.resource.startswith("send.intra") else "inter"]
-        assert t.kind == "compute" and t.resource == f"compute/{s.rank}" and named(full, t) == named(base, s)
+        deps = [n for n in named(full, t) if not n.endswith(EXCESS_SUFFIX)]
+        assert t.kind == "compute" and t.resource == f"compute/{s.rank}" and deps == named(base, s)
         assert t.duration == pytest.approx(a + k * sum(s.nbytes.values()))
     assert {s.resource.split("/")[0] for s in sends.values()} == {"send.intra", "send.inter"}
     assert full.makespan > base.makespan
+
+
+def test_an_all_to_alls_pieces_go_in_posting_order_behind_their_senders_held_work():
+    """A rank posts its pieces to r+1, ..., r-1 (burst_impl.collectives._all_to_all_receive_first): on 2 x 2,
+    rank 0 sends intra (to 1) then inter (2, 3), rank 1 inter (2, 3) then intra (0). A run's link starts when
+    the sender's held work on the runs before it is done; the call ends after every piece and held task."""
+    shape = AttnShape(batch=1, seqlen=256, heads=4, kv_heads=4, head_dim=8, world_size=4, dtype="float32",
+                      causal=False, layout="contiguous")
+    hw = emulated_hardware(_cluster(), "float32")
+    case = SimpleNamespace(method="ulysses", shape=shape, mode="forward", level="op")
+    times = KernelTimes(procs=4, threads=1, seconds={k: (1e-9 if k == HBM else 0.01)
+                                                     for k in needed([case], hw, predict=predict_case)})
+
+    def schedule(**terms):
+        sch = predict_case("ulysses", shape, mode="forward", level="op", hardware=hw, keep_schedule=True,
+                           costs=lambda h, dt: EmulatedCosts(h, dt, times=times, **terms)).schedule
+        return {t.name: t for t in sch.tasks}
+
+    runs = {0: ["intra[r0,p0]", "inter[r0,p1]"], 1: ["inter[r1,p0]", "intra[r1,p2]"],
+            2: ["intra[r2,p0]", "inter[r2,p1]"], 3: ["inter[r3,p0]", "intra[r3,p2]"]}
+    base, full = schedule(), schedule(excess=EXCESS)
+    for rank, (first, second) in runs.items():
+        a, b = f"a2a_q.{first}", f"a2a_q.{second}"
+        assert base[a].start == base[b].start          # nothing holds the sender: both runs start together
+        assert full[b].start == pytest.approx(full[a + EXCESS_SUFFIX].end)   # the second waits for the first's work
+        assert full[b + EXCESS_SUFFIX].start == pytest.approx(full[a + EXCESS_SUFFIX].end)
+        assert full["a2a_q.done[g0]"].end >= max(full[b].end, full[b + EXCESS_SUFFIX].end)
+    assert full["a2a_q.done[g0]"].end > base["a2a_q.done[g0]"].end

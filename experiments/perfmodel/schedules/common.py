@@ -24,12 +24,14 @@ Communication model (docs/papers.md §1 "Overlap"; burst_impl/comm.py, attention
 * Collectives (all-reduce, all-gather, reduce-scatter) are NCCL's ring
   algorithm over the group in rank order: 2(G-1) (or G-1) steps of 1/G of the
   buffer, each step needing the previous step's chunk from the left neighbour.
-* An all-to-all sends its G-1 pieces concurrently on the intra-node and the
-  inter-node channel and ends, for the whole group, when the last piece lands.
+* An all-to-all sends its G-1 pieces on the intra-node and the inter-node
+  channel in the order the rank posts them (``all_to_all``) and ends, for the
+  whole group, when the last piece lands.
 """
 from __future__ import annotations
 
 from collections import Counter
+from itertools import groupby
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -99,22 +101,31 @@ class Ctx:
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
              crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1) -> int:
+        """A transfer (``send_held``), its task alone."""
+        return self.send_held(src, dst, name, nbytes, deps=deps, phase=phase, crossing=crossing, step=step,
+                              messages=messages)[0]
+
+    def send_held(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
+                  crossing: dict[tuple[int, int], int] | None = None, step: bool = False,
+                  messages: int = 1) -> tuple[int, int | None]:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
         send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
         (``CostModel.transfer``: the hop latency alone, where the profile has one). ``messages``: the
         equal messages the transfer stands for (an all-to-all's pieces on one link class,
-        ``CostModel.sender_seconds``)."""
+        ``CostModel.sender_seconds``). Returns the transfer's task and the task its sender is held by
+        (None where the cost model holds it for nothing)."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
         seconds = self.cost.transfer(total, same, conc, step=step)
         extra = self.cost.sender_seconds(total, same, messages)
-        if extra > 0:   # a zero task would still hold the sender's stream until the send's deps are met
-            self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}", duration=extra,
-                         deps=deps, rank=src, phase=phase)
+        held = None     # a zero task would still hold the sender's stream until the send's deps are met
+        if extra > 0:
+            held = self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}",
+                                duration=extra, deps=deps, rank=src, phase=phase)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
-                            nbytes={k: v for k, v in nbytes.items() if v})
+                            nbytes={k: v for k, v in nbytes.items() if v}), held
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -228,7 +239,14 @@ def ring_collective(ctx: Ctx, group: list[int], *, phase: str, name: str, nbytes
 def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbytes: dict,
                ready: dict[int, int | None]) -> dict[int, int]:
     """One all-to-all in each group (side by side). Each rank sends 1/(u-1) of its registry bytes
-    to each other member: its intra-node pieces on one channel, inter-node ones on the other."""
+    to each other member: its intra-node pieces on one channel, inter-node ones on the other.
+
+    A rank posts its pieces to the members after it in group order, wrapping round (r+1, ..., r-1:
+    ``burst_impl.collectives._all_to_all_receive_first``), and the link classes come in runs of that
+    order (rank 0 of a node of 4 in a 2 x 4 group: 3 intra pieces, then 4 inter). A run's link starts when
+    its sender has done the work it is held for on the pieces posted before it (``Ctx.send``'s held task;
+    none on a GPU profile, where the runs start together), and the call ends, for the whole group, when
+    every piece has landed and every sender's held work is done."""
     u = len(groups[0])
     if u == 1:
         return {g: ctx.sch.marker(f"{name}.done[r{g}]", [ready.get(g)], rank=g, phase=phase)
@@ -241,16 +259,18 @@ def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbyt
     for grp in groups:
         start = ctx.sch.marker(f"{name}.start[g{grp[0]}]", [ready.get(g) for g in grp], phase=phase)
         sent = []
-        for g in grp:
-            others = [h for h in grp if h != g]
-            for same in (True, False):
-                idx = [j for j, h in enumerate(others) if ctx.place.same_node(g, h) == same]
-                if not idx:
-                    continue
-                b = {k: sum(pieces[j][k] for j in idx) for k in nbytes}
-                dst = others[idx[0]]
-                sent.append(ctx.send(g, dst, f"{name}.{'intra' if same else 'inter'}[r{g}]", b, deps=[start],
-                                     phase=phase, crossing=crossing, messages=len(idx)))
+        for i, g in enumerate(grp):
+            posted = [grp[(i + j) % u] for j in range(1, u)]     # piece j-1 of ``pieces`` to posted[j-1]
+            held = [start]
+            for same, run in groupby(range(u - 1), key=lambda j: ctx.place.same_node(g, posted[j])):
+                run = list(run)
+                b = {k: sum(pieces[j][k] for j in run) for k in nbytes}
+                tag = f"{name}.{'intra' if same else 'inter'}[r{g},p{run[0]}]"
+                link, work = ctx.send_held(g, posted[run[0]], tag, b, deps=list(held), phase=phase,
+                                           crossing=crossing, messages=len(run))
+                sent.append(link)
+                held.append(work)
+            sent += held[1:]
         done = ctx.sch.marker(f"{name}.done[g{grp[0]}]", sent, phase=phase)
         end.update({g: done for g in grp})
     return end
