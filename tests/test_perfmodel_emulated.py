@@ -111,3 +111,30 @@ def test_an_all_to_alls_pieces_go_in_posting_order_behind_their_senders_held_wor
         assert full[b + EXCESS_SUFFIX].start == pytest.approx(full[a + EXCESS_SUFFIX].end)
         assert full["a2a_q.done[g0]"].end >= max(full[b].end, full[b + EXCESS_SUFFIX].end)
     assert full["a2a_q.done[g0]"].end > base["a2a_q.done[g0]"].end
+
+
+@pytest.mark.parametrize("method, two_way", [("burst", False), ("burst_double_ring", True)])
+def test_an_inter_node_hop_is_charged_the_probe_case_of_its_own_pattern(method, two_way):
+    """A flat ring's edge rank sends across and receives inside its node: the probe's ``oneway`` case. The double
+    ring's inter ring on 2 nodes exchanges both ways with one peer: the ``pair`` case. A probe without the
+    one-way case (older records) charges every inter hop the pair line."""
+    shape = AttnShape(batch=1, seqlen=256, heads=4, kv_heads=4, head_dim=8, world_size=4, dtype="float32",
+                      causal=False, layout="contiguous")
+    hw = emulated_hardware(_cluster(), "float32")
+    case = SimpleNamespace(method=method, shape=shape, mode="forward", level="op")
+    times = KernelTimes(procs=4, threads=1, seconds={k: (1e-9 if k == HBM else 0.01)
+                                                     for k in needed([case], hw, predict=predict_case)})
+    lines = {**EXCESS, "inter_oneway": (0.0, 1e-9)}
+
+    def inter_charges(excess):
+        sch = predict_case(method, shape, mode="forward", level="op", hardware=hw, keep_schedule=True,
+                           costs=lambda h, dt: EmulatedCosts(h, dt, times=times, excess=excess)).schedule
+        sends = {t.name: t for t in sch.tasks if t.kind == "comm" and t.resource.startswith("send.inter")}
+        held = {t.name[:-len(EXCESS_SUFFIX)]: t.duration for t in sch.tasks if t.name.endswith(EXCESS_SUFFIX)}
+        assert sends and set(sends) <= set(held)
+        return [(held[n], sum(t.nbytes.values())) for n, t in sends.items()]
+
+    a, k = lines["inter" if two_way else "inter_oneway"]
+    assert all(d == pytest.approx(a + k * b) for d, b in inter_charges(lines))
+    a, k = EXCESS["inter"]
+    assert all(d == pytest.approx(a + k * b) for d, b in inter_charges(EXCESS))

@@ -224,5 +224,8 @@ def test_fit_excess_keeps_both_terms_non_negative():
     assert a == 0 and k == pytest.approx((1e6 * 0.001 + 2e6 * 0.005) / (1e12 + 4e12))
     one = excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": 0.004}])
     assert one == {"intra": (0.0, pytest.approx(2e-9))}
+    # the one-way case fits the line of a flat ring's edge hop, apart from the pair exchange's
+    both = excess.fit_excess(steep + [{"pattern": "oneway", "bytes": 2e6, "cpu_excess_s": 0.002}])
+    assert both["inter"] == (a, k) and both["inter_oneway"] == (0.0, pytest.approx(1e-9))
     # a measured excess below 0 (noise: both faster than the slower of the two) counts as none
     assert excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)

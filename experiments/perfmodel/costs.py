@@ -264,7 +264,9 @@ class CostModel:
         """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
         return seconds
 
-    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1) -> float:
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True) -> float:
         """Compute-stream seconds a transfer of ``nbytes`` in ``messages`` equal messages (an all-to-all's
-        pieces to the peers on one link class) takes from its sender while it runs: none."""
+        pieces to the peers on one link class) takes from its sender while it runs: none. ``two_way``: the
+        sender also receives over the same link class meanwhile (a pair exchange), not only sends (a flat
+        ring's hop across nodes)."""
         return 0.0

@@ -58,9 +58,11 @@ class Case:
 
 
 # the block sizes of cpu_double_ring_emulated_2x4 (2K and 8K tokens over 8 ranks: K and V of 256 and
-# 1024 tokens x 8 x 32 float32 = 512 KiB and 2 MiB per hop), with the compute of a block of that size
+# 1024 tokens x 8 x 32 float32 = 512 KiB and 2 MiB per hop), with the compute of a block of that size; the
+# one-way case (a flat ring's edge hop, the model's ``inter_oneway`` line) at both sizes, so that its line has
+# an intercept of its own (probes before 2026-12-04 have the 2 MiB case alone: a line through the origin)
 CASES = (Case("ring", 256, 1 << 19), Case("ring", 1024, 1 << 21), Case("pair", 1024, 1 << 19),
-         Case("pair", 1024, 1 << 21), Case("oneway", 1024, 1 << 21))
+         Case("pair", 1024, 1 << 21), Case("oneway", 1024, 1 << 19), Case("oneway", 1024, 1 << 21))
 PATTERNS = ("ring", "pair", "oneway")
 
 

@@ -9,8 +9,9 @@ Three things differ from an accelerator, each measured on this machine apart fro
 * host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels;
 * excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs
-  (``excess.fit_excess``, per link class): gloo's threads and the kernel's TCP work run out of the
-  rank's capped share;
+  (``excess.fit_excess``, per link class, and across nodes per pattern: a hop whose sender also receives
+  across is the probe's pair exchange, one whose sender receives inside its node its one-way case):
+  gloo's threads and the kernel's TCP work run out of the rank's capped share;
 * small messages: a transfer of messages no larger than the message probe measured holds its sender
   ``held(bytes)`` per message instead (``message.fit_messages``): a rank that waits for a message of a
   few KiB is held by its own send and receive path and its wake-up, not by the bytes.
@@ -48,12 +49,13 @@ class EmulatedCosts(CostModel):
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s
 
-    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1) -> float:
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True) -> float:
         if nbytes <= 0:
             return 0.0
         if self.messages is not None and self.messages.covers(nbytes / messages):
             return messages * self.messages.held(nbytes / messages)
-        a, k = self.excess.get("intra" if same_node or self.hw.inter is None else "inter", (0.0, 0.0))
+        klass = "intra" if same_node or self.hw.inter is None else "inter" if two_way else "inter_oneway"
+        a, k = self.excess.get(klass, self.excess.get("inter", (0.0, 0.0)) if klass == "inter_oneway" else (0.0, 0.0))
         return a + k * nbytes
 
     def _get(self, key: tuple) -> float:

@@ -13,7 +13,10 @@ import json
 from pathlib import Path
 
 OVERLAP_FILE = "overlap_probe.json"
-EXCESS_PATTERN = {"intra": "ring", "inter": "pair"}     # the probe's symmetric cases per link class
+# the probe's case per hop pattern: an intra-node ring; an inter-node hop whose sender also receives across
+# (a pair exchange: the double ring's inter ring), or one whose sender receives inside its node (a flat ring's
+# edge rank: the ``oneway`` case)
+EXCESS_PATTERN = {"intra": "ring", "inter": "pair", "inter_oneway": "oneway"}
 
 
 def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:

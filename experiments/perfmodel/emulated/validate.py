@@ -246,7 +246,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     rep["call_cpu"] = call and call["path"]
     rep["text"] += "\n" + (
         "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): " + ", ".join(
-            f"{k} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
+            f"{k.replace('_', ' ')} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
     rep["text"] += "\n" + host_text(rep["rows"], call)

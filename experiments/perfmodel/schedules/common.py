@@ -100,14 +100,15 @@ class Ctx:
                             deps=deps, rank=rank, phase=phase, flops=flops)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
-             crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1) -> int:
+             crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1,
+             two_way: bool = True) -> int:
         """A transfer (``send_held``), its task alone."""
         return self.send_held(src, dst, name, nbytes, deps=deps, phase=phase, crossing=crossing, step=step,
-                              messages=messages)[0]
+                              messages=messages, two_way=two_way)[0]
 
     def send_held(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
                   crossing: dict[tuple[int, int], int] | None = None, step: bool = False,
-                  messages: int = 1) -> tuple[int, int | None]:
+                  messages: int = 1, two_way: bool = True) -> tuple[int, int | None]:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
         send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
         (``CostModel.transfer``: the hop latency alone, where the profile has one). ``messages``: the
@@ -118,7 +119,7 @@ class Ctx:
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
         seconds = self.cost.transfer(total, same, conc, step=step)
-        extra = self.cost.sender_seconds(total, same, messages)
+        extra = self.cost.sender_seconds(total, same, messages, two_way)
         held = None     # a zero task would still hold the sender's stream until the send's deps are met
         if extra > 0:
             held = self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}",
@@ -171,6 +172,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     acc_parts = split_table(acc, n - first_acc) if acc is not None else []
     B, S, C, P, A = {}, {}, {}, {}, {}
     members = [(ring, i, g) for ring in rings for i, g in enumerate(ring)]
+    # a rank's hop is two-way across nodes when it also receives from another node
+    across = {g: not ctx.place.same_node(ring[(i - 1) % n], g) for ring, i, g in members}
     for s in range(n):
         for ring, i, g in members:
             prev = ring[(i - 1) % n]
@@ -183,7 +186,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             for ring, i, g in members:
                 nxt = ring[(i + 1) % n]
                 S[g, s] = ctx.send(g, nxt, f"{name}.send[r{g},s{s}]", hop_sends[s], deps=[B[g, s], B[nxt, s]],
-                                   phase=phase, crossing=crossing)
+                                   phase=phase, crossing=crossing, two_way=across[g])
         for ring, i, g in members:
             last = B[g, s]
             if not overlap and s < n - 1:
@@ -202,7 +205,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                 nxt = ring[(i + 1) % n]
                 if n > 1:
                     A[g, s] = ctx.send(g, nxt, f"{name}.acc[r{g},s{s}]", acc_parts[s - first_acc],
-                                       deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing)
+                                       deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing, two_way=across[g])
     end = {}
     for ring, i, g in members:
         prev = ring[(i - 1) % n]
@@ -231,7 +234,7 @@ def ring_collective(ctx: Ctx, group: list[int], *, phase: str, name: str, nbytes
             nxt, prev = group[(i + 1) % n], group[(i - 1) % n]
             deps = [ready.get(g), ready.get(nxt)] if k == 0 else [X[prev, k - 1]]
             X[g, k] = ctx.send(g, nxt, f"{name}[r{g},k{k}]", parts[k], deps=deps, phase=phase, crossing=crossing,
-                               step=k > 0)
+                               step=k > 0, two_way=not ctx.place.same_node(prev, g))
     return {g: ctx.sch.marker(f"{name}.done[r{g}]", [X[g, steps - 1], X[group[(i - 1) % n], steps - 1]],
                               rank=g, phase=phase) for i, g in enumerate(group)}
 
