@@ -99,6 +99,12 @@ def test_emulated_validation_predicts_from_the_kernel_table():
     for r in rows:
         assert math.isfinite(r["predicted_s"]) and r["error"] == pytest.approx(r["predicted_s"] / 0.01 - 1)
     assert "NOT met" in validate_decode.error_table(rows)["text"] or validate_decode.error_table(rows)["met"]
+    assert all(r["error_mean"] is None for r in rows) and "mean step" not in validate_decode.error_table(rows)["text"]
+    # with the mean step recorded, its error is beside the median's; the verdict stays the median's
+    (row,) = validate_decode.compare([{**recs[0], "time_mean_s": 0.02}], times)
+    assert row["error_mean"] == pytest.approx(row["predicted_s"] / 0.02 - 1)
+    table = validate_decode.error_table([{**row, "error": 0.5, "error_mean": 0.1}])
+    assert not table["met"] and "against the mean step: 1 of 1 rows within 20% (worst 10.0%)" in table["text"]
 
 
 def test_a_decode_steps_own_call_gives_its_host_term():
