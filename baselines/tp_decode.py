@@ -14,7 +14,8 @@ import torch
 
 from burst_impl import comm
 from burst_impl.inference import ShardedKVCache
-from burst_impl.inference.partial import check_attention_args, decode_all_live, decode_mask, partial_attention
+from burst_impl.inference.decode import attend_new_tokens
+from burst_impl.inference.partial import check_attention_args, decode_mask
 from burst_impl.inference.agree import agree
 from burst_impl.kernels import default_scale
 
@@ -76,14 +77,6 @@ def tp_decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, la
           dict(op="tp_decode", layer=layer, window=window, shape=tuple(getattr(q, "shape", ())),
                lengths=cache.lengths(layer) if isinstance(cache, ShardedKVCache) and
                layer in range(cache.n_layers) else None))
-    mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)
-    outs, lses = [], []
-    for b in range(cache.batch):
-        owners = [0] * q.shape[1]            # the head-sharded cache is a one-rank cache per rank
-        pos = cache.append(layer, b, k_new[b], v_new[b], owners)
-        s = cache.shard(layer, b)
-        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend,
-                                   all_live=decode_all_live(window, owners, 0))
-        outs.append(o)
-        lses.append(lse)
-    return torch.stack(outs).to(q.dtype), torch.stack(lses)
+    out, lse = attend_new_tokens(q, k_new, v_new, cache, layer, window, default_scale(q.shape[-1], softmax_scale),
+                                 backend)
+    return out.to(q.dtype), lse

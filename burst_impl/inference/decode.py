@@ -72,6 +72,24 @@ def check_positions(positions: Tensor, lengths: list[int], n: int) -> None:
                              f"so its new tokens are at positions {length}..{length + n - 1}")
 
 
+def attend_new_tokens(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer: int,
+                      window: int | None, scale: float, backend: str | None) -> tuple[Tensor, Tensor]:
+    """Append each sequence's new tokens that this rank owns (``ShardedKVCache.owners``) to ``cache`` at
+    ``layer`` and attend the new queries over the rank's shard -> (out (B, q, Z, d), lse (B, Z, q)) in the
+    statistics dtype. Shared with TP decode, whose head-sharded cache is a one-rank cache (every owner 0)."""
+    mask = decode_mask(window)
+    outs, lses = [], []
+    for b in range(cache.batch):
+        owners = cache.owners(layer, b, q.shape[1])
+        pos = cache.append(layer, b, k_new[b], v_new[b], owners)
+        s = cache.shard(layer, b)
+        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend,
+                                   all_live=decode_all_live(window, owners, cache.rank))
+        outs.append(o)
+        lses.append(lse)
+    return torch.stack(outs), torch.stack(lses)
+
+
 def decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer: int, *,
            merge: str = "all_gather", window: int | None = None, softmax_scale: float | None = None,
            positions: Tensor | None = None, group=None, backend: str | None = None) -> tuple[Tensor, Tensor]:
@@ -87,17 +105,9 @@ def decode(q: Tensor, k_new: Tensor, v_new: Tensor, cache: ShardedKVCache, layer
                                  backend),
           dict(op="decode", layer=layer, merge=merge, window=window, scale=softmax_scale,
                shape=tuple(getattr(q, "shape", ())), dtype=getattr(q, "dtype", None), **cache_state(cache, layer)))
-    mask, scale = decode_mask(window), default_scale(q.shape[-1], softmax_scale)
-    outs, lses = [], []
-    for b in range(cache.batch):
-        owners = cache.owners(layer, b, q.shape[1])
-        pos = cache.append(layer, b, k_new[b], v_new[b], owners)
-        s = cache.shard(layer, b)
-        o, lse = partial_attention(q[b], pos, s.k, s.v, s.pos, mask, scale, backend,
-                                   all_live=decode_all_live(window, owners, cache.rank))
-        outs.append(o)
-        lses.append(lse)
-    out, lse = torch.stack(outs).to(q.dtype), torch.stack(lses)        # (B, q, Z, d), (B, Z, q)
+    out, lse = attend_new_tokens(q, k_new, v_new, cache, layer, window, default_scale(q.shape[-1], softmax_scale),
+                                 backend)
+    out = out.to(q.dtype)                                               # (B, q, Z, d), (B, Z, q)
     if cache.world_size == 1:
         return out, lse
     if merge == "all_gather":

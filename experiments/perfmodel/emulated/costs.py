@@ -55,7 +55,9 @@ class EmulatedCosts(CostModel):
         if self.messages is not None and self.messages.covers(nbytes / messages):
             return messages * self.messages.held(nbytes / messages)
         klass = "intra" if same_node or self.hw.inter is None else "inter" if two_way else "inter_oneway"
-        a, k = self.excess.get(klass, self.excess.get("inter", (0.0, 0.0)) if klass == "inter_oneway" else (0.0, 0.0))
+        if klass not in self.excess and klass == "inter_oneway":
+            klass = "inter"         # a probe without the one-way case: every inter hop on the pair line
+        a, k = self.excess.get(klass, (0.0, 0.0))
         return a + k * nbytes
 
     def _get(self, key: tuple) -> float:

@@ -218,6 +218,14 @@ def kernel_times(out: Path, cases, keys: set, *, measure_missing: bool = True, s
     return times
 
 
+def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dict | None, dict | None,
+                                                                            MessageCost | None]:
+    """(call CPU, overlap excess, message cost) a validation prices ``experiment``'s run with: each the
+    experiment's own file where it has one, else the results root's (``excess.probe_path``)."""
+    return (load_call_cpu(results_root, experiment), load_excess(results_root, profile, experiment),
+            load_messages(results_root, profile, experiment))
+
+
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                         rounds: int = 3, require_calibration: bool = False) -> dict:
     """``error_table`` of an emulated experiment's latest records. The kernel times are read from
@@ -234,11 +242,9 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
         raise ValueError(f"experiment={experiment!r}: the run had given link rates and no compute calibration; "
                          f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
-    call = load_call_cpu(results_root, experiment)
+    call, ex, msgs = load_probes(results_root, experiment, cases[0].rec["cluster"].get("profile"))
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"), experiment)
-    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"), experiment)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex

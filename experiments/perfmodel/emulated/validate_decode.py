@@ -30,12 +30,13 @@ from ..model import predict_case
 from .cases import SHAPE_KEYS, Predicted
 from .costs import EmulatedCosts
 from .decode_costs import decode_twin
-from .excess import OVERLAP_FILE, load_excess
+from .excess import OVERLAP_FILE
 from .hardware import emulated_hardware
-from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, load_call_cpu, per_op_from, small_case
+from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
 from .measured import KernelTimes, needed
-from .message import MessageCost, for_host, load_messages
-from .validate import TARGET, calibration_key, host_text, kernel_times, load_scale, messages_text, run_cpus
+from .message import MessageCost, for_host
+from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, load_scale, messages_text,
+                       run_cpus)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -180,11 +181,9 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     cases = cases_of(records)
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
-    call = load_call_cpu(results_root, experiment)
+    call, ex, msgs = load_probes(results_root, experiment, cases[0].rec["cluster"].get("profile"))
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    ex = load_excess(results_root, cases[0].rec["cluster"].get("profile"), experiment)
-    msgs = load_messages(results_root, cases[0].rec["cluster"].get("profile"), experiment)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")

@@ -263,17 +263,17 @@ def all_to_all(ctx: Ctx, groups: list[list[int]], *, phase: str, name: str, nbyt
         start = ctx.sch.marker(f"{name}.start[g{grp[0]}]", [ready.get(g) for g in grp], phase=phase)
         sent = []
         for i, g in enumerate(grp):
-            posted = [grp[(i + j) % u] for j in range(1, u)]     # piece j-1 of ``pieces`` to posted[j-1]
-            held = [start]
+            posted = [grp[(i + j) % u] for j in range(1, u)]     # piece j of ``pieces`` to posted[j]
+            held = []                                           # the sender's held work on the runs so far
             for same, run in groupby(range(u - 1), key=lambda j: ctx.place.same_node(g, posted[j])):
                 run = list(run)
                 b = {k: sum(pieces[j][k] for j in run) for k in nbytes}
                 tag = f"{name}.{'intra' if same else 'inter'}[r{g},p{run[0]}]"
-                link, work = ctx.send_held(g, posted[run[0]], tag, b, deps=list(held), phase=phase,
+                link, work = ctx.send_held(g, posted[run[0]], tag, b, deps=[start, *held], phase=phase,
                                            crossing=crossing, messages=len(run))
                 sent.append(link)
                 held.append(work)
-            sent += held[1:]
+            sent += held
         done = ctx.sch.marker(f"{name}.done[g{grp[0]}]", sent, phase=phase)
         end.update({g: done for g in grp})
     return end
