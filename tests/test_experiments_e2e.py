@@ -53,6 +53,10 @@ def test_tiny_sweep_records_figures_and_resume(tmp_path):
         assert r["world_size"] == 2 and r["config"]["backend"] == "gloo"
         assert r["tflops_total"] > 0 and r["tokens_per_s"] > 0
         assert r["mem_peak_bytes"] > 0 and len(r["mem_peak_bytes_per_rank"]) == 2
+        # each rank's process CPU per step beside the time: a step cannot cost a rank more CPU than its wall
+        # time on every core of the machine, nor nothing
+        cpu = r["time_cpu_s_per_rank"]
+        assert len(cpu) == 2 and all(0 < c <= (os.cpu_count() or 1) * r["time_max_s"] for c in cpu), cpu
         # the byte counters agree with each method's formula
         assert r["comm_fwd_bytes"] == r["comm_fwd_formula_bytes"] > 0
         assert r["comm_bwd_bytes"] == r["comm_bwd_formula_bytes"] > 0

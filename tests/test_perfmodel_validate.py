@@ -229,3 +229,20 @@ def test_fit_excess_keeps_both_terms_non_negative():
     assert both["inter"] == (a, k) and both["inter_oneway"] == (0.0, pytest.approx(1e-9))
     # a measured excess below 0 (noise: both faster than the slower of the two) counts as none
     assert excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)
+
+
+def test_each_ranks_cpu_per_step_reads_at_the_cap_beside_the_model():
+    """A record with each rank's CPU per step (``time_cpu_s_per_rank``) gets the busiest rank's CPU at its cap
+    (the wall time that much CPU takes a rank capped at ``cpus``) and the model's critical compute beside it; a
+    record without the field, or from an uncapped run, shows none and leaves the table as it was."""
+    capped = _cluster(cpus=0.25)
+    rec = {**_record(4096, "burst", 1.0, capped), "time_cpu_s_per_rank": [0.1, 0.2]}
+    old = _record(4096, "burst", 1.0, capped)
+    times = _times([rec])
+    row = validate.compare([rec], times, rescale=False)[0]
+    assert row["cpu_at_cap_s"] == pytest.approx(0.2 / 0.25)            # the busiest rank, 4 x its CPU at a quarter
+    assert validate.compare([old], times, rescale=False)[0]["cpu_at_cap_s"] is None
+    assert validate.compare([{**rec, "cluster": _cluster()}], times, rescale=False)[0]["cpu_at_cap_s"] is None
+    text = validate.error_table([row])["text"]
+    assert "CPU/cap s" in text and f"{0.8:9.3f} {row['critical_compute_s']:12.3f}" in text
+    assert "CPU/cap s" not in validate.error_table(validate.compare([old], times, rescale=False))["text"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import matplotlib
 import pandas as pd
@@ -70,6 +71,23 @@ def test_time_interleaved_alternates_and_pairs_samples_by_round():
     assert res.rounds == 3 and res.stop in ("converged", "max_repeats")
     assert [len(s) for s in res.samples] == [3, 3]
     assert calls == ["a", "A", "B"] + ["a", "A", "B", ] * 3   # warm-up each, then rounds A B A B
+
+
+def test_time_interleaved_records_each_ranks_cpu_per_round():
+    """A step that spins holds its CPU for its whole wall time; one that sleeps holds almost none. 30 ms each:
+    the process clock's resolution is far finer, and a spin cannot take less CPU than about its wall time
+    unless the machine takes the core away (then its wall time grows too, so the ratio's 0.5 bound holds)."""
+    def spin():
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.03:
+            pass
+
+    res = time_interleaved([(spin, None), (lambda: time.sleep(0.03), None)], warmup=0, device=CPU,
+                           policy=RepeatPolicy(min_repeats=3, max_repeats=3))
+    (spin_cpu,), (sleep_cpu,) = res.cpu_samples          # one rank, three rounds each
+    assert len(spin_cpu) == len(sleep_cpu) == 3
+    assert all(c > 0.5 * w for c, w in zip(spin_cpu, res.samples[0]))
+    assert all(c < 0.01 for c in sleep_cpu)
 
 
 def test_adaptive_repeats_stop_when_converged():

@@ -124,6 +124,10 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
         rec["repeat_stop"] = timed.stop
         # the mean rank's time beside the slowest's (time_median_s): what codes that average over ranks report
         rec["time_mean_rank_s"] = statistics.median(timed.mean_samples[i]) if timed.mean_samples else None
+        # each rank's process CPU per step (median over rounds): beside the time, whether a rank's step is
+        # its own CPU work at its cap (an emulated rank) or waits (experiments/perfmodel/emulated/validate.py)
+        rec["time_cpu_s_per_rank"] = ([statistics.median(r) for r in timed.cpu_samples[i]]
+                                      if timed.cpu_samples else None)
         rec["rounds"] = timed.rounds          # samples taken (``repeats`` is the configured minimum)
         rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}

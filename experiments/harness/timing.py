@@ -85,23 +85,26 @@ def _warm_up(step: Callable[[], object], setup: Callable[[], object] | None, war
 
 
 def _sample(step: Callable[[], object], setup: Callable[[], object] | None, device: torch.device,
-            group) -> float:
+            group) -> tuple[float, float]:
     """One timed step on this rank: its setup untimed, then every rank synchronised and met at the
-    barrier, then the step alone between the two clock readings."""
+    barrier, then the step alone between the two clock readings. -> (wall seconds, this process's CPU
+    seconds over the step: every thread's, gloo's included, the work a capped CPU rank pays for at its
+    cap; on a GPU the host's share, whose queueing the events do not see)."""
     if setup is not None:
         setup()
     synchronize(device)
     barrier(group, device)
+    c0 = time.process_time()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step()
         end.record()
         torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1e3
+        return start.elapsed_time(end) / 1e3, time.process_time() - c0
     t0 = time.perf_counter()
     step()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def time_steps(step: Callable[[], object], *, warmup: int, repeats: int, device: torch.device,
@@ -111,7 +114,7 @@ def time_steps(step: Callable[[], object], *, warmup: int, repeats: int, device:
         raise ValueError(f"repeats={repeats} must be at least 1")
     with comm.agree_once():   # the warm-up agrees on the inputs; the timed calls reuse it
         _warm_up(step, setup, warmup, device)
-        local = [_sample(step, setup, device, group) for _ in range(repeats)]
+        local = [_sample(step, setup, device, group)[0] for _ in range(repeats)]
     return max_over_ranks(local, device, group)
 
 
@@ -195,6 +198,8 @@ class Interleaved:
     stop: str                       # converged | max_repeats | time_budget
     rounds: int
     mean_samples: list[list[float]] | None = None   # the same rounds' mean over ranks
+    # per step, per rank: the rank's process CPU seconds in each round (``_sample``), round order
+    cpu_samples: list[list[list[float]]] | None = None
 
 
 def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
@@ -220,23 +225,30 @@ def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device
     t_rounds = time.perf_counter()
     samples: list[list[float]] = [[] for _ in steps]
     means: list[list[float]] = [[] for _ in steps]
+    cpus: list[list[list[float]]] = [[] for _ in steps]
+    k = len(steps)
     while True:
         local = []
         for i, (step, setup) in enumerate(steps):
             if on_step is not None:
                 on_step(i)
             local.append(_sample(step, setup, device, group))
-        per_rank = over_ranks(local + [time.perf_counter() - t0], device, group)
-        *times, elapsed = (max(col) for col in zip(*per_rank))
-        for s, m, col in zip(samples, means, zip(*per_rank)):
+        # one gather a round: every step's wall time, the elapsed time, every step's CPU time
+        per_rank = over_ranks([w for w, _ in local] + [time.perf_counter() - t0] + [c for _, c in local],
+                              device, group)
+        cols = list(zip(*per_rank))
+        elapsed = max(cols[k])
+        for s, m, c, col, cpu in zip(samples, means, cpus, cols[:k], cols[k + 1:]):
             s.append(max(col))
             m.append(sum(col) / len(col))
+            c.append(list(cpu))
         n = len(samples[0])
         # the next round costs about what the rounds so far cost on average (setups included)
         round_s = (elapsed - (t_rounds - t0)) / n
         why = policy.stop(samples, elapsed, round_s)
         if why:
-            return Interleaved(samples=samples, stop=why, rounds=n, mean_samples=means)
+            return Interleaved(samples=samples, stop=why, rounds=n, mean_samples=means,
+                               cpu_samples=[[list(r) for r in zip(*c)] for c in cpus])
 
 
 def summarize(samples: list[float], level: float = 0.95) -> dict[str, float]:

@@ -124,6 +124,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
                                                                    excess=excess, messages=messages))
         measured = float(c.rec["time_median_s"])
+        cpu, cap = c.rec.get("time_cpu_s_per_rank"), run_cpus(c.rec["cluster"])
         rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
                      "case": " ".join(x for x in (c.shape.layout, "causal" if c.shape.causal else "full",
                                                   c.shape.mask) if x), "kind": c.kind,
@@ -132,6 +133,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
                      "load_scale": k, "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
+                     # the busiest rank's measured CPU per step at its cap: a step this long is all its own work
+                     "cpu_at_cap_s": max(cpu) / cap if cpu and cap else None,
                      "samples": list(c.rec.get("time_samples_s") or [])})
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 
@@ -156,13 +159,21 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     # a spec sweeping layouts or masks (cpu_sparse_masks, cpu_varlen_magiattention_2x4: causal and full too) has
     # several rows per (N, method): say which
     cases = len({r.get("case", "") for r in rows}) > 1
+    # records with each rank's CPU per step (measured since 2026-12-04): the busiest rank's CPU at its cap, and the
+    # model's compute on its critical path, so a miss reads as CPU work the model lacks or waiting it lacks
+    cpu = any(r.get("cpu_at_cap_s") is not None for r in rows)
+    if cpu:
+        lines[-1] += f" {'CPU/cap s':>9} {'crit. comp s':>12}"
     if cases:
         lines[-1] += "  case"
     for r in rows:
         flag = "" if r["seqlen"] not in top else ("  ok" if abs(r["error"]) <= target else "  OUT")
         flag += f"  {r.get('case', '')}" if cases else ""
+        busy = "" if not cpu else (f" {r['cpu_at_cap_s']:9.3f}" if r.get("cpu_at_cap_s") is not None
+                                   else f" {'-':>9}") + f" {r['critical_compute_s']:12.3f}"
         lines.append(f"{r['seqlen']:>6} {r['method']:<{w}} {r['measured_s']:10.3f} {r['predicted_s']:11.3f} "
-                     f"{r['ratio']:9.2f} {r['error']:+7.1%} {r['critical_comm_s']:12.3f} {r['load_scale']:5.2f}{flag}")
+                     f"{r['ratio']:9.2f} {r['error']:+7.1%} {r['critical_comm_s']:12.3f} {r['load_scale']:5.2f}"
+                     f"{busy}{flag}")
     lines += parts_lines(rows)
     n_txt = ", ".join(str(n) for n in top) or "-"
     lines.append(f"target |error| <= {target:.0%} for every method at the two largest N ({n_txt}): "
