@@ -66,7 +66,7 @@ def _cpu_per_call(setup, step, calls: int) -> dict:
                 wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
 
 
-def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
+def _calls(name: str, n: int, node_size: int, calls: int = CALLS, layout: str = "zigzag") -> dict:
     from baselines import get
 
     m, world = get(name), dist.get_world_size()
@@ -78,11 +78,11 @@ def _calls(name: str, n: int, node_size: int, calls: int = CALLS) -> dict:
         q.grad = k.grad = v.grad = None
 
     def step():
-        out = m.call(q, k, v, causal=True, layout="zigzag", node_size=node_size)
+        out = m.call(q, k, v, causal=True, layout=layout, node_size=node_size)
         (out[0] if isinstance(out, tuple) else out).backward(do)
 
     return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", causal=True, layout="zigzag", **_cpu_per_call(setup, step, calls))
+                dtype="float32", causal=True, layout=layout, **_cpu_per_call(setup, step, calls))
 
 
 def _decode_calls(name: str, context: int, batch: int, node_size: int, calls: int = CALLS) -> dict:
@@ -107,7 +107,7 @@ def _records(name: str, n: int, args) -> list[dict]:
     """The records of one method at one N: a training call, or a decode step at each ``--batch``."""
     if name.startswith(DECODE_PREFIX):
         return [_decode_calls(name, n, b, args.node_size, args.calls) for b in _batches(args.batch)]
-    return [_calls(name, n, args.node_size, args.calls)]
+    return [_calls(name, n, args.node_size, args.calls, layout) for layout in args.layouts.split(",")]
 
 
 def _worker(rank: int, port: int, args) -> None:
@@ -130,8 +130,10 @@ def _worker(rank: int, port: int, args) -> None:
 
 
 def _merge(path: Path, recs: list[dict]) -> None:
-    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size and batch."""
-    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"))   # noqa: E731
+    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size, batch and
+    layout."""
+    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"),   # noqa: E731
+                     r.get("layout", "zigzag"))
     rows = json.loads(path.read_text())["rows"] if path.exists() else []
     new = {key(r) for r in recs}
     rows = [r for r in rows if key(r) not in new] + recs
@@ -154,6 +156,9 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--node-size", type=int, default=4)
     ap.add_argument("--seqlen", default="64,2048", help="comma-separated; each a multiple of 2 x world size")
     ap.add_argument("--methods", default=METHODS, help="registry names, or decode:<row> (module docstring)")
+    ap.add_argument("--layouts", default="zigzag",
+                    help="comma-separated layouts of the training calls (zigzag; balanced: more kernel calls a step "
+                         "at the same ops, host_cost.per_call_host)")
     ap.add_argument("--batch", default="1", help="comma-separated sequences per decode step (decode rows only)")
     ap.add_argument("--calls", type=int, default=CALLS, help="timed calls per method and N, after one warm-up")
     ap.add_argument("--out", help="JSON file to add the records to (the emulated validation's call_cpu.json)")
@@ -166,6 +171,10 @@ def _args(argv) -> argparse.Namespace:
         ap.error(f"--methods: {bad} not in the registry nor decode:<row> with a row of {ROWS}")
     if not _batches(args.batch):
         ap.error(f"--batch={args.batch!r} must be comma-separated positive integers")
+    from burst_impl.layout import LAYOUTS, is_balanced_name
+    bad = [x for x in args.layouts.split(",") if x not in LAYOUTS and not is_balanced_name(x)]
+    if bad:
+        ap.error(f"--layouts: {bad} not among {LAYOUTS} nor balanced[:K]")
     if args.calls < 1:
         ap.error(f"--calls={args.calls} must be >= 1")
     if args.world_size < 1 or args.node_size < 1 or args.world_size % args.node_size:

@@ -68,6 +68,50 @@ def test_the_host_term_makes_the_measured_call_cost_its_cpu_and_lengthens_every_
     assert "burst" in text and f"{host['host_s_per_op'] * 1e3:.2f} ms x {host['ops']} ops" in text
 
 
+def _tile_call(zigzag_cpu: float, balanced_cpu: float) -> dict:
+    # burst's two causal calls at 16 tokens, zigzag (1 tile a ring step) and balanced (several): cpu_per_call
+    # --layouts zigzag,balanced
+    row = {"method": "burst", "seqlen": 16, "world_size": 2, "node_size": 1, "heads": 2, "head_dim": 8,
+           "dtype": "float32", "causal": True}
+    return {"rows": [{**row, "layout": "zigzag", "cpu_s_median": zigzag_cpu},
+                     {**row, "layout": "balanced", "cpu_s_median": balanced_cpu}], "path": "call_cpu.json"}
+
+
+def _small_busy(times, hw, layout: str, **costs) -> float:
+    shape = AttnShape(1, 16, 2, 2, 8, 2, dtype="float32", causal=True, layout=layout)
+    p = predict_case("burst", shape, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True,
+                     costs=lambda h, dt: EmulatedCosts(h, dt, times=times, **costs))
+    return host_cost.compute_per_rank(p.schedule)[0]
+
+
+def test_the_host_per_kernel_call_makes_the_two_layouts_differ_by_their_measured_cpu():
+    """Two calls at the same N and ops, one with more kernel calls (balanced): the term per kernel call makes the
+    model's difference between them the measured one at the cap, and the op's term is what is left of zigzag's."""
+    recs = [_record(256, 0.6)]
+    call = _tile_call(zigzag_cpu=1.0, balanced_cpu=1.3)
+    # 10 ms a kernel: the 6 more calls cost the model 60 ms, under the measured 0.3 s / 0.5 CPU
+    times = KernelTimes(procs=2, threads=1, seconds={k: (1e-9 if k == HBM else 0.01)
+                                                     for k in validate.needed_keys(recs, call)})
+    hw = emulated_hardware(recs[0]["cluster"], "float32")
+    (row,) = validate.compare(recs, times, rescale=False, call=call)
+    tile, host = row["call_host"], row["host"]
+    assert tile["calls"] == (4, 10)               # per rank, forward and backward: 2 and 5 tiles (burst_impl.plan)
+    h = tile["call_host_s"]
+    assert h > 0
+    zz, bal = (_small_busy(times, hw, x, call_host_s=h) for x in ("zigzag", "balanced"))
+    assert bal - zz == pytest.approx((1.3 - 1.0) / CPUS, rel=1e-9)
+    assert _small_busy(times, hw, "zigzag", call_host_s=h, host_s=host["host_s_per_op"]) == \
+        pytest.approx(1.0 / CPUS, rel=1e-9)
+    assert f"host work per kernel call (burst's calls at N=16 on zigzag and balanced" in \
+        validate.host_text([row], call)
+    # without the balanced call, or with a balanced call no dearer than the model's own kernels: no such term
+    zig_only = {**call, "rows": call["rows"][:1]}
+    (row,) = validate.compare(recs, _times(recs, zig_only), rescale=False, call=zig_only)
+    assert row["call_host"] is None and "per kernel call" not in validate.host_text([row], zig_only)
+    cheap = _tile_call(zigzag_cpu=1.0, balanced_cpu=1.0)
+    assert validate.compare(recs, times, rescale=False, call=cheap)[0]["call_host"]["call_host_s"] == 0.0
+
+
 def test_no_host_term_below_the_models_own_compute_without_a_cap_or_a_matching_call():
     recs = [_record(256, 0.6)]
     call = _call(cpu_s=1e-6)                                # less than the model's own kernels there
@@ -129,6 +173,8 @@ def test_cpu_per_call_out_replaces_rows_of_the_same_call(tmp_path):
     rows = json.loads(path.read_text())["rows"]
     assert sorted((r["method"], r["cpu_s_median"]) for r in rows) == [("burst", 2.0), ("usp", 1.0)]
     assert host_cost.load_call_cpu(tmp_path)["rows"] == rows and host_cost.load_call_cpu(tmp_path / "x") is None
+    _merge(path, [{**row, "layout": "balanced", "cpu_s_median": 3.0}])     # another layout: a row of its own
+    assert len(json.loads(path.read_text())["rows"]) == 3
 
 
 def test_cpu_per_call_keeps_a_decode_rows_batches_apart_and_refuses_unknown_rows(tmp_path, capsys):
@@ -141,7 +187,9 @@ def test_cpu_per_call_keeps_a_decode_rows_batches_apart_and_refuses_unknown_rows
     rows = json.loads(path.read_text())["rows"]
     assert sorted((r["batch"], r["cpu_s_median"]) for r in rows) == [(1, 2.0), (4, 1.0)]
     assert _args(["--methods", "decode:cp_heads,burst", "--batch", "1,4"]).batch == "1,4"
-    for argv, words in ((["--methods", "decode:ring"], "decode:<row>"), (["--batch", "0"], "--batch")):
+    assert _args(["--layouts", "zigzag,balanced"]).layouts == "zigzag,balanced"
+    for argv, words in ((["--methods", "decode:ring"], "decode:<row>"), (["--batch", "0"], "--batch"),
+                        (["--layouts", "zigzag,diagonal"], "--layouts")):
         with pytest.raises(SystemExit):
             _args(argv)
         assert words in capsys.readouterr().err

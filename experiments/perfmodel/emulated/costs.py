@@ -7,7 +7,10 @@ Three things differ from an accelerator, each measured on this machine apart fro
   (``measured.py``) x ``scale`` (``validate.load_scale``: the
   run's own calibration over the table's time for the same work; the machine's load differs);
 * host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
-  CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels;
+  CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels; and
+  every kernel call ``call_host_s`` more (``host_cost.per_call_host``): a plan's tile is selected
+  before its kernel and merged after it (``burst_impl.attention.forward_tiles``), work the kernel
+  table does not time;
 * excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs
   (``excess.fit_excess``, per link class, and across nodes per pattern: a hop whose sender also receives
   across is the probe's pair exchange, one whose sender receives inside its node its one-way case):
@@ -37,6 +40,7 @@ class EmulatedCosts(CostModel):
     times: KernelTimes | None = None
     scale: float = 1.0
     host_s: float = 0.0                  # host seconds per op on the compute stream
+    call_host_s: float = 0.0             # host seconds per attention kernel call (a tile's selects and merge)
     # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
     messages: MessageCost | None = None     # small blocking messages (message.py); None: the excess line for all
@@ -74,13 +78,13 @@ class EmulatedCosts(CostModel):
         # a band or varlen tile (burst_impl.plan): its own measured time, the exact masked path on its mask
         key = masked_key(batch, heads, head_dim, rows, cols, mask, mode, self.dtype)
         if key is not None:
-            return self._get(key), flops
+            return self._get(key) + self.call_host_s, flops
         t = self._get(("attention", batch, heads, head_dim, rows, cols, bool(causal), mode, self.dtype))
         # a plain tile, or a dense one: the measured tile scaled to its live entries (for a dense tile an
         # approximation: the exact masked path is slower per entry than the fused kernel). The key was
         # timed with this ``causal``, so the scale is against the live entries of THAT work (half the
         # tile when causal): a causal call with its convention's entries is the measured time itself.
-        return t * entries / (rows * cols / (2.0 if causal else 1.0)), flops
+        return t * entries / (rows * cols / (2.0 if causal else 1.0)) + self.call_host_s, flops
 
     def gemm(self, m, n, k, *, dtype=None):
         return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k

@@ -19,6 +19,17 @@ per op on every op of a rank's compute stream, at every N. Medians over ranks; t
     host = host_per_op(call, "burst_double_ring", world_size=8, node_size=4, dtype="float32",
                        hardware=hw, costs=costs, cpus=0.25)
 
+A plan's tiles cost the host too: each is selected before its kernel and merged after it, work the kernel
+table does not time. ``per_call_host`` measures it apart from the op's, from two calls of ``CALL_METHOD`` that
+differ only in their kernel calls: at the same small N and ops, the balanced layout runs several tiles a ring
+step where zigzag runs one (``cpu_per_call --layouts zigzag,balanced``). The model counts each call's kernel
+calls (its compute with one second added per call, less its compute without):
+
+    host per kernel call = (CPU balanced - CPU zigzag) / cap - (model balanced - model zigzag)
+                           / (kernel calls balanced - kernel calls zigzag)
+
+``host_per_op`` then takes the model's compute with that term in it, so the op's share is what is left.
+
 A decode step is measured the same way as its own call (``cpu_per_call --methods decode:<row>``: one
 ``decode_layer.decode_step`` at a few tokens of context, at the run's batch), since its ops are not a
 training call's: ``decode_small_case`` finds that row and ``per_op_from`` divides by the decode
@@ -26,17 +37,20 @@ schedule's ops (``validate_decode`` builds it).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
 
 from baselines import AttnShape
+from burst_impl.layout import is_balanced_name
 
 from ..model import predict_case
 from ..schedules.common import EXCESS_SUFFIX
 from .excess import probe_path
 
 CALL_CPU_FILE = "call_cpu.json"
+CALL_METHOD, CALL_LAYOUTS = "burst", ("zigzag", "balanced")   # per_call_host's two measured calls
 DECODE_PREFIX = "decode:"      # call_cpu.json rows of a decode step (benchmarks.cpu_per_call --methods decode:<row>)
 
 
@@ -61,18 +75,26 @@ def load_call_cpu(results_root, experiment: str | None = None) -> dict | None:
     return {"rows": list(rec["rows"]), "path": str(path)}
 
 
+def _layout_is(row: dict, layout: str | None) -> bool:
+    """``layout`` None: the op's own call, any layout but a balanced one (measured for ``per_call_host``)."""
+    have = row.get("layout", "zigzag")
+    return have == layout if layout is not None else not is_balanced_name(have)
+
+
 def _smallest(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str,
-              batch: int | None = None) -> dict | None:
-    """The smallest-N row of ``call`` for ``method`` at this world and node size and dtype (and ``batch``)."""
+              batch: int | None = None, layout: str | None = None) -> dict | None:
+    """The smallest-N row of ``call`` for ``method`` at this world and node size, dtype and layout (``_layout_is``)
+    (and ``batch``)."""
     rows = [r for r in (call or {}).get("rows", []) if r["method"] == method and int(r["world_size"]) == world_size
-            and int(r["node_size"]) == node_size and r["dtype"] == dtype
+            and int(r["node_size"]) == node_size and r["dtype"] == dtype and _layout_is(r, layout)
             and (batch is None or int(r.get("batch", 1)) == batch)]
     return min(rows, key=lambda r: int(r["seqlen"])) if rows else None
 
 
-def small_case(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str) -> SmallCase | None:
-    """The smallest measured call of ``method`` at this world and node size and dtype, or None."""
-    r = _smallest(call, method, world_size=world_size, node_size=node_size, dtype=dtype)
+def small_case(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str,
+               layout: str | None = None) -> SmallCase | None:
+    """The smallest measured call of ``method`` at this world and node size, dtype and layout, or None."""
+    r = _smallest(call, method, world_size=world_size, node_size=node_size, dtype=dtype, layout=layout)
     if r is None:
         return None
     shape = AttnShape(1, int(r["seqlen"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]), world_size,
@@ -100,6 +122,33 @@ def compute_per_rank(schedule) -> tuple[float, int]:
             busy[t.rank] = busy.get(t.rank, 0.0) + t.duration
             ops[t.rank] = ops.get(t.rank, 0) + (not t.name.endswith(EXCESS_SUFFIX))
     return statistics.median(busy.values()), int(statistics.median(ops.values()))
+
+
+def _compute(case: SmallCase, hardware, costs, call_host_s: float):
+    """(compute-stream seconds, ops) per rank (``compute_per_rank``) of the model's schedule of ``case``, each
+    kernel call charged ``call_host_s`` of host and no op any."""
+    cost = lambda hw, dt: dataclasses.replace(costs(hw, dt), call_host_s=call_host_s)   # noqa: E731
+    p = predict_case(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=cost,
+                     keep_schedule=True)
+    return compute_per_rank(p.schedule)
+
+
+def per_call_host(call: dict | None, *, world_size: int, node_size: int, dtype: str, hardware, costs,
+                  cpus: float | None) -> dict | None:
+    """The host seconds per kernel call (module docstring), with what it came from; None when the run was not
+    capped, or ``call`` lacks ``CALL_METHOD``'s two layouts at one N, or they do not differ in kernel calls."""
+    cases = [small_case(call, CALL_METHOD, world_size=world_size, node_size=node_size, dtype=dtype, layout=x)
+             for x in CALL_LAYOUTS]
+    if not cpus or None in cases or cases[0].shape.seqlen != cases[1].shape.seqlen:
+        return None
+    (m0, _), (m1, _) = (_compute(c, hardware, costs, 0.0) for c in cases)
+    (u0, _), (u1, _) = (_compute(c, hardware, costs, 1.0) for c in cases)
+    calls = (round(u0 - m0), round(u1 - m1))          # one second a call: the model's kernel calls per rank
+    if calls[1] <= calls[0]:
+        return None
+    extra = (cases[1].cpu_s - cases[0].cpu_s) / cpus - (m1 - m0)
+    return {"call_host_s": max(0.0, extra / (calls[1] - calls[0])), "calls": calls, "seqlen": cases[0].shape.seqlen,
+            "cpu_s": (cases[0].cpu_s, cases[1].cpu_s), "model_s": (m0, m1), "cpus": cpus}
 
 
 def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str, hardware,

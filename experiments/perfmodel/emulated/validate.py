@@ -46,7 +46,8 @@ from .cases import SHAPE_KEYS, case_of
 from .costs import EmulatedCosts
 from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
-from .host_cost import CALL_CPU_FILE, SmallCase, host_per_op, load_call_cpu, small_case
+from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, host_per_op, load_call_cpu,
+                        per_call_host, small_case)
 from .measured import KernelTimes, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 
@@ -92,8 +93,10 @@ def needed_keys(records, call: dict | None = None) -> set:
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         keys |= needed([c], hw)
-        small = _small(call, c)
-        if small is not None:
+        node = int(c.rec["cluster"]["ranks_per_node"])
+        smalls = [_small(call, c)] + [small_case(call, CALL_METHOD, world_size=c.shape.world_size, node_size=node,
+                                                 dtype=c.shape.dtype, layout=x) for x in CALL_LAYOUTS]
+        for small in (s for s in smalls if s is not None):
             keys |= needed([small], hw, predict=predict_case)
         cal = calibration_key(c.rec["cluster"])
         if cal is not None:
@@ -108,21 +111,30 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
     messages (``message.fit_messages``; None: the excess line for every size)."""
-    rows, hosts = [], {}
+    rows, hosts, calls = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
-        key = (c.method, c.shape.world_size, c.shape.dtype, repr(hw), k, run_cpus(c.rec["cluster"]))
+        cpus = run_cpus(c.rec["cluster"])
+        run = (c.shape.world_size, c.shape.dtype, repr(hw), k, cpus)
+
+        def small(h, dt, k=k, cpus=cpus, ch=0.0):      # the small calls' cost model: no host per op
+            return EmulatedCosts(h, dt, times=times, scale=k, excess=excess, messages=for_host(messages, cpus),
+                                 call_host_s=ch)
+        if run not in calls:          # the host per kernel call: once per run, from burst's two layouts
+            calls[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
+                                       node_size=hw.devices_per_node, hardware=hw, costs=small)
+        ch = calls[run]["call_host_s"] if calls[run] else 0.0
+        key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                                     node_size=hw.devices_per_node, hardware=hw, cpus=key[-1],
-                                     costs=lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k, excess=excess,
-                                                                            messages=for_host(messages, key[-1])))
+                                     node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
+                                     costs=lambda h, dt, small=small, ch=ch: small(h, dt, ch=ch))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
-        p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
-                                                                   excess=excess, messages=messages))
+        p = c.predict(hw, lambda h, dt, k=k, hs=hs, ch=ch: EmulatedCosts(
+            h, dt, times=times, scale=k, host_s=hs, call_host_s=ch, excess=excess, messages=messages))
         measured = float(c.rec["time_median_s"])
         cpu, cap = c.rec.get("time_cpu_s_per_rank"), run_cpus(c.rec["cluster"])
         rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
@@ -133,6 +145,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
                      "load_scale": k, "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
+                     "call_host": calls[run],
                      # the busiest rank's measured CPU per step at its cap: a step this long is all its own work
                      "cpu_at_cap_s": max(cpu) / cap if cpu and cap else None,
                      "samples": list(c.rec.get("time_samples_s") or [])})
@@ -290,7 +303,13 @@ def host_text(rows: list[dict], call: dict | None) -> str:
     if not per:
         return f"{call['path']}: no call of the runs' methods at their world and node size (or the run was " \
                "not capped): the host's work around each op costs nothing"
-    return (f"host work per op (CPU per call at a few tokens per rank, {call['path']}, / the rank's cap, less "
+    tile = next((r["call_host"] for r in rows if r.get("call_host")), None)
+    lead = "" if tile is None else (
+        f"host work per kernel call ({CALL_METHOD}'s calls at N={tile['seqlen']} on {' and '.join(CALL_LAYOUTS)}: "
+        f"{tile['cpu_s'][0] * 1e3:.1f} and {tile['cpu_s'][1] * 1e3:.1f} ms CPU, {tile['calls'][0]} and "
+        f"{tile['calls'][1]} kernel calls a rank, model {tile['model_s'][0] * 1e3:.0f} and "
+        f"{tile['model_s'][1] * 1e3:.0f} ms): {tile['call_host_s'] * 1e3:.2f} ms; ")
+    return lead + (f"host work per op (CPU per call at a few tokens per rank, {call['path']}, / the rank's cap, less "
             "the model's own compute there): " + ", ".join(
                 f"{m} {h['host_s_per_op'] * 1e3:.2f} ms x {h['ops']} ops (N={h['seqlen']}: {h['cpu_s'] * 1e3:.1f} ms "
                 f"CPU / {h['cpus']:g} = {h['measured_s'] * 1e3:.0f} ms, model {h['model_s'] * 1e3:.0f} ms)"
