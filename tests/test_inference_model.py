@@ -105,6 +105,12 @@ def test_emulated_validation_predicts_from_the_kernel_table():
     assert row["error_mean"] == pytest.approx(row["predicted_s"] / 0.02 - 1)
     table = validate_decode.error_table([{**row, "error": 0.5, "error_mean": 0.1}])
     assert not table["met"] and "against the mean step: 1 of 1 rows within 20% (worst 10.0%)" in table["text"]
+    # each rank's CPU per step: the busiest rank's, and the share of a core it ran at over the median step
+    (row,) = validate_decode.compare([{**recs[0], "time_cpu_s_per_rank": [0.002, 0.005]}], times)
+    assert row["cpu_s"] == 0.005
+    text = validate_decode.error_table([row])["text"]
+    assert "CPU ms" in text and f"{5.0:7.2f} {0.5:5.2f}" in text
+    assert "CPU ms" not in validate_decode.error_table(rows)["text"]
 
 
 def test_a_decode_steps_own_call_gives_its_host_term():

@@ -143,6 +143,9 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
+                     # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
+                     # is the CPU share the rank ran at, which the model takes as the cap
+                     "cpu_s": max(c.rec["time_cpu_s_per_rank"]) if c.rec.get("time_cpu_s_per_rank") else None,
                      "ci_s": [c.rec.get("time_ci_lo_s"), c.rec.get("time_ci_hi_s")]})
     return sorted(rows, key=lambda r: (r["mode"], r["world_size"], r["batch"], r["seqlen"], r["row"]))
 
@@ -158,9 +161,15 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
              "load, links as shaped; nothing fitted for inference",
              f"{'mode':<6} {'G':>2} {'B':>3} {'N':>8} {'row':<14} {'measured ms':>11} {'predicted ms':>12} "
              f"{'error':>7} {'crit. comm ms':>13}       {'mean ms':>8} {'vs mean':>7}"]
+    cpu = any(r.get("cpu_s") is not None for r in rows)
+    if cpu:
+        lines[-1] += f" {'CPU ms':>7} {'share':>5}"
     for r in rows:
         flag = "  ok " if abs(r["error"]) <= target else "  OUT"
         mean = "" if r.get("error_mean") is None else f"{r['measured_mean_s'] * 1e3:8.2f} {r['error_mean']:+7.1%}"
+        if cpu:      # the busiest rank's CPU per step and the share of a core it ran at over the median step
+            mean = (mean or " " * 16) + (f" {r['cpu_s'] * 1e3:7.2f} {r['cpu_s'] / r['measured_s']:5.2f}" if r.get("cpu_s") is not None
+                     else f" {'-':>7} {'-':>5}")
         lines.append(f"{r['mode']:<6} {r['world_size']:>2} {r['batch']:>3} {r['seqlen']:>8} {r['row']:<14} "
                      f"{r['measured_s'] * 1e3:11.2f} {r['predicted_s'] * 1e3:12.2f} {r['error']:+7.1%} "
                      f"{r['critical_comm_s'] * 1e3:13.2f}{flag}  {mean}")
