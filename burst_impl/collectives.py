@@ -116,6 +116,11 @@ def _all_to_all_receive_first(recv: Tensor, send: Tensor, group) -> None:
         req.wait()
 
 
+# torch 2.13 renamed the flat collectives (the old names warn); a GPU venv may reuse an older torch that has only them
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: Nodes | None = None) -> Tensor:
     """Concatenate every rank's ``x`` along ``dim`` in rank order. Not differentiable."""
     G = _size(group)
@@ -124,7 +129,7 @@ def all_gather_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: Nodes 
     x = x.contiguous()
     out = torch.empty(G * x.numel(), dtype=x.dtype, device=x.device)  # flat: rank j's x at block j
     comm.record(phase, kind, comm.nbytes(x) * (G - 1), _ring_link(group, nodes))
-    dist.all_gather_into_tensor(out, x.view(-1), group=group)
+    _ALL_GATHER(out, x.view(-1), group=group)
     return torch.cat(out.view((G,) + tuple(x.shape)).unbind(0), dim=dim)
 
 
@@ -138,7 +143,7 @@ def reduce_scatter_(x: Tensor, dim: int, group, phase: str, kind: str, nodes: No
     send = torch.stack(x.chunk(G, dim=dim), dim=0).contiguous()  # (G, ...) part j for rank j
     out = torch.empty_like(send[0])
     comm.record(phase, kind, comm.nbytes(send) * (G - 1) // G, _ring_link(group, nodes))
-    dist.reduce_scatter_tensor(out.view(-1), send.view(-1), group=group)
+    _REDUCE_SCATTER(out.view(-1), send.view(-1), group=group)
     return out
 
 
