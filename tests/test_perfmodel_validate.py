@@ -66,6 +66,9 @@ def test_error_table_judges_the_two_largest_n_only():
     assert rep["largest_n"] == [1024, 4096]
     assert rep["met"] and rep["worst_abs_error"] == pytest.approx(0.15, rel=1e-6)
     assert "met (worst 15.0%)" in rep["text"] and "OUT" not in rep["text"]
+    # the judged rows' spread, at each bound issues set on the model (+10% and -15%, each on a bound as rounded;
+    # N=256 is not judged)
+    assert "2 within 15%, 2 within 20%; median |error| 12.5%" in rep["text"] and "of the 2 judged rows" in rep["text"]
     # one case at +25% fails the target, and the table says which
     recs[0] = _record(4096, "burst", hand[4096] / 1.25)
     rep = validate.error_table(validate.compare(recs, _times(recs), rescale=False))
