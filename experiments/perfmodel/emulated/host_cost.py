@@ -25,7 +25,7 @@ differ only in their kernel calls: at the same small N and ops, the balanced lay
 step where zigzag runs one (``cpu_per_call --layouts zigzag,balanced``). The model counts each call's kernel
 calls (its compute with one second added per call, less its compute without):
 
-    host per kernel call = (CPU balanced - CPU zigzag) / cap - (model balanced - model zigzag)
+    host per kernel call = [(CPU balanced - CPU zigzag) / cap - (model balanced - model zigzag)]
                            / (kernel calls balanced - kernel calls zigzag)
 
 ``host_per_op`` then takes the model's compute with that term in it, so the op's share is what is left.
