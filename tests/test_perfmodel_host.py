@@ -102,7 +102,7 @@ def test_the_host_per_kernel_call_makes_the_two_layouts_differ_by_their_measured
     assert bal - zz == pytest.approx((1.3 - 1.0) / CPUS, rel=1e-9)
     assert _small_busy(times, hw, "zigzag", call_host_s=h, host_s=host["host_s_per_op"]) == \
         pytest.approx(1.0 / CPUS, rel=1e-9)
-    assert f"host work per kernel call (burst's calls at N=16 on zigzag and balanced" in \
+    assert "host work per kernel call (burst's calls at N=16 on zigzag and balanced" in \
         validate.host_text([row], call)
     # without the balanced call, or with a balanced call no dearer than the model's own kernels: no such term
     zig_only = {**call, "rows": call["rows"][:1]}

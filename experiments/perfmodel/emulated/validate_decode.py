@@ -168,8 +168,9 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
         flag = "  ok " if abs(r["error"]) <= target else "  OUT"
         mean = "" if r.get("error_mean") is None else f"{r['measured_mean_s'] * 1e3:8.2f} {r['error_mean']:+7.1%}"
         if cpu:      # the busiest rank's CPU per step and the share of a core it ran at over the median step
-            mean = (mean or " " * 16) + (f" {r['cpu_s'] * 1e3:7.2f} {r['cpu_s'] / r['measured_s']:5.2f}" if r.get("cpu_s") is not None
-                     else f" {'-':>7} {'-':>5}")
+            c = r.get("cpu_s")
+            mean = (mean or " " * 16) + (f" {c * 1e3:7.2f} {c / r['measured_s']:5.2f}" if c is not None
+                                         else f" {'-':>7} {'-':>5}")
         lines.append(f"{r['mode']:<6} {r['world_size']:>2} {r['batch']:>3} {r['seqlen']:>8} {r['row']:<14} "
                      f"{r['measured_s'] * 1e3:11.2f} {r['predicted_s'] * 1e3:12.2f} {r['error']:+7.1%} "
                      f"{r['critical_comm_s'] * 1e3:13.2f}{flag}  {mean}")
