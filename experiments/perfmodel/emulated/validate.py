@@ -81,9 +81,18 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
     return flops / float(cluster["calibration"]["per_rank_flops_s"]) / times.seconds[key]
 
 
-def _small(call: dict | None, c) -> SmallCase | None:
-    return small_case(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                      node_size=int(c.rec["cluster"]["ranks_per_node"]))
+def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
+    """The measured small call of ``method`` (the record's own by default) at the record's world and node size."""
+    return small_case(call, method or c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
+                      node_size=int(c.rec["cluster"]["ranks_per_node"]), layout=layout)
+
+
+def small_call_costs(times: KernelTimes, scale: float, excess: dict | None, messages: MessageCost | None,
+                     cpus: float | None, call_host_s: float = 0.0):
+    """The cost model of a small call measured as CPU (``host_cost``): no host per op (that is what it
+    measures), its messages at their CPU (``message.for_host``)."""
+    return lambda h, dt: EmulatedCosts(h, dt, times=times, scale=scale, excess=excess or {},
+                                       messages=for_host(messages, cpus), call_host_s=call_host_s)
 
 
 def needed_keys(records, call: dict | None = None) -> set:
@@ -94,9 +103,7 @@ def needed_keys(records, call: dict | None = None) -> set:
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         keys |= needed([c], hw)
-        node = int(c.rec["cluster"]["ranks_per_node"])
-        smalls = [_small(call, c)] + [small_case(call, CALL_METHOD, world_size=c.shape.world_size, node_size=node,
-                                                 dtype=c.shape.dtype, layout=x) for x in CALL_LAYOUTS]
+        smalls = [_small(call, c)] + [_small(call, c, CALL_METHOD, x) for x in CALL_LAYOUTS]
         for small in (s for s in smalls if s is not None):
             keys |= needed([small], hw, predict=predict_case)
         cal = calibration_key(c.rec["cluster"])
@@ -112,32 +119,29 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
     messages (``message.fit_messages``; None: the excess line for every size)."""
-    rows, hosts, calls = [], {}, {}
+    rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         k = load_scale(c.rec["cluster"], times) if rescale else 1.0
         cpus = run_cpus(c.rec["cluster"])
         run = (c.shape.world_size, c.shape.dtype, repr(hw), k, cpus)
-
-        def small(h, dt, k=k, cpus=cpus, ch=0.0):      # the small calls' cost model: no host per op
-            return EmulatedCosts(h, dt, times=times, scale=k, excess=excess, messages=for_host(messages, cpus),
-                                 call_host_s=ch)
-        if run not in calls:          # the host per kernel call: once per run, from burst's two layouts
-            calls[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
-                                       node_size=hw.devices_per_node, hardware=hw, costs=small)
-        ch = calls[run]["call_host_s"] if calls[run] else 0.0
+        if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
+            per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
+                                          node_size=hw.devices_per_node, hardware=hw,
+                                          costs=small_call_costs(times, k, excess, messages, cpus))
+        ch = per_call[run]["call_host_s"] if per_call[run] else 0.0
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
-                                     costs=lambda h, dt, small=small, ch=ch: small(h, dt, ch=ch))
+                                     costs=small_call_costs(times, k, excess, messages, cpus, ch))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         p = c.predict(hw, lambda h, dt, k=k, hs=hs, ch=ch: EmulatedCosts(
             h, dt, times=times, scale=k, host_s=hs, call_host_s=ch, excess=excess, messages=messages))
         measured = float(c.rec["time_median_s"])
-        cpu, cap = c.rec.get("time_cpu_s_per_rank"), run_cpus(c.rec["cluster"])
+        cpu = c.rec.get("time_cpu_s_per_rank")
         rows.append({"seqlen": c.shape.seqlen, "method": c.label, "world_size": c.shape.world_size,
                      "case": " ".join(x for x in (c.shape.layout, "causal" if c.shape.causal else "full",
                                                   c.shape.mask) if x), "kind": c.kind,
@@ -146,9 +150,9 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
                      "load_scale": k, "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
-                     "call_host": calls[run],
-                     # the busiest rank's measured CPU per step at its cap: a step this long is all its own work
-                     "cpu_at_cap_s": max(cpu) / cap if cpu and cap else None,
+                     "call_host": per_call[run],
+                     # the busiest rank's measured CPU per step at its cap: a step this long spends the whole quota
+                     "cpu_at_cap_s": max(cpu) / cpus if cpu and cpus else None,
                      "samples": list(c.rec.get("time_samples_s") or [])})
     return sorted(rows, key=lambda r: (r["seqlen"], r["method"]))
 

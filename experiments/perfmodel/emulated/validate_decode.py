@@ -34,9 +34,9 @@ from .excess import OVERLAP_FILE
 from .hardware import emulated_hardware
 from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
 from .measured import KernelTimes, needed
-from .message import MessageCost, for_host
+from .message import MessageCost
 from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, load_scale, messages_text,
-                       run_cpus)
+                       run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -122,9 +122,7 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         step = _small_decode(call, c, hw)
         key = (c.shape.world_size, c.shape.dtype, repr(hw), k, step and (c.row, c.shape.batch))
         if key not in hosts:
-            # the small call is measured as CPU: its messages at their CPU (message.for_host)
-            small_costs = lambda h, dt, k=k: EmulatedCosts(h, dt, times=times, scale=k, excess=excess or {},  # noqa: E731
-                                                           messages=for_host(messages, cpus))
+            small_costs = small_call_costs(times, k, excess, messages, cpus)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
