@@ -57,6 +57,9 @@ def test_tiny_sweep_records_figures_and_resume(tmp_path):
         # time on every core of the machine, nor nothing
         cpu = r["time_cpu_s_per_rank"]
         assert len(cpu) == 2 and all(0 < c <= (os.cpu_count() or 1) * r["time_max_s"] for c in cpu), cpu
+        # of it the timing thread's: each round's is part of that round's process CPU, so their medians are ordered
+        main = r["time_cpu_main_s_per_rank"]
+        assert len(main) == 2 and all(0 < m <= c for m, c in zip(main, cpu)), (main, cpu)
         # the byte counters agree with each method's formula
         assert r["comm_fwd_bytes"] == r["comm_fwd_formula_bytes"] > 0
         assert r["comm_bwd_bytes"] == r["comm_bwd_formula_bytes"] > 0

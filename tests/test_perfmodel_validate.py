@@ -249,3 +249,22 @@ def test_each_ranks_cpu_per_step_reads_at_the_cap_beside_the_model():
     text = validate.error_table([row])["text"]
     assert "CPU/cap s" in text and f"{0.8:9.3f} {row['critical_compute_s']:12.3f}" in text
     assert "CPU/cap s" not in validate.error_table(validate.compare([old], times, rescale=False))["text"]
+
+
+def test_each_ranks_threads_split_beside_the_models_work_and_excess():
+    """A record with the timing thread's CPU (``time_cpu_main_s_per_rank``) splits each rank's CPU at the cap into
+    that thread's (kernels, host) and the rest (gloo's threads), beside the model's work and excess per rank on the
+    compute stream; without the field the columns are absent."""
+    capped = _cluster(cpus=0.25)
+    rec = {**_record(4096, "burst", 1.0, capped), "time_cpu_s_per_rank": [0.1, 0.2],
+           "time_cpu_main_s_per_rank": [0.08, 0.15]}
+    times = _times([rec])
+    row = validate.compare([rec], times, rescale=False, excess={"intra": (1e-3, 0.0), "inter": (1e-3, 0.0)})[0]
+    assert row["main_at_cap_s_per_rank"] == pytest.approx([0.32, 0.6])
+    assert row["rest_at_cap_s_per_rank"] == pytest.approx([0.08, 0.2])
+    assert len(row["work_s_per_rank"]) == len(row["held_s_per_rank"]) == 2
+    assert all(w > 0 for w in row["work_s_per_rank"]) and all(h > 0 for h in row["held_s_per_rank"])
+    text = validate.error_table([row])["text"]
+    assert "main/cap" in text and f" {0.6:8.3f} {max(row['work_s_per_rank']):6.3f} {0.2:8.3f}" in text
+    plain = {k: v for k, v in rec.items() if k != "time_cpu_main_s_per_rank"}
+    assert "main/cap" not in validate.error_table(validate.compare([plain], times, rescale=False))["text"]

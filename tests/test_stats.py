@@ -88,6 +88,9 @@ def test_time_interleaved_records_each_ranks_cpu_per_round():
     assert len(spin_cpu) == len(sleep_cpu) == 3
     assert all(c > 0.5 * w for c, w in zip(spin_cpu, res.samples[0]))
     assert all(c < 0.01 for c in sleep_cpu)
+    (spin_main,), (sleep_main,) = res.cpu_main_samples    # the timing thread's share: here all of it
+    assert all(0.5 * c < m <= c + 1e-3 for m, c in zip(spin_main, spin_cpu))
+    assert all(m < 0.01 for m in sleep_main)
 
 
 def test_adaptive_repeats_stop_when_converged():

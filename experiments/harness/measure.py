@@ -128,6 +128,9 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
         # its own CPU work at its cap (an emulated rank) or waits (experiments/perfmodel/emulated/validate.py)
         rec["time_cpu_s_per_rank"] = ([statistics.median(r) for r in timed.cpu_samples[i]]
                                       if timed.cpu_samples else None)
+        # of it, the timing thread's (kernels and host work); the rest is the process group's transfer threads
+        rec["time_cpu_main_s_per_rank"] = ([statistics.median(r) for r in timed.cpu_main_samples[i]]
+                                           if timed.cpu_main_samples else None)
         rec["rounds"] = timed.rounds          # samples taken (``repeats`` is the configured minimum)
         rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}

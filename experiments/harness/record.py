@@ -73,6 +73,7 @@ class Timing:
     model_s: float | None = None         # the performance model's predicted time
     mean_rank_s: float | None = None     # the mean rank's time, beside the slowest rank's (median_s)
     cpu_s_per_rank: list | None = None   # each rank's process CPU seconds per step (median over rounds)
+    cpu_main_s_per_rank: list | None = None   # of it, the timing thread's (kernels, host work; not gloo's threads)
     ttft_s: float | None = _row("ttft_s")   # decode: time to first token
     tpot_s: float | None = _row("tpot_s")   # decode: time per output token
     repeat_stop: str | None = _row("repeat_stop")

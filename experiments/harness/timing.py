@@ -85,26 +85,28 @@ def _warm_up(step: Callable[[], object], setup: Callable[[], object] | None, war
 
 
 def _sample(step: Callable[[], object], setup: Callable[[], object] | None, device: torch.device,
-            group) -> tuple[float, float]:
+            group) -> tuple[float, float, float]:
     """One timed step on this rank: its setup untimed, then every rank synchronised and met at the
     barrier, then the step alone between the two clock readings. -> (wall seconds, this process's CPU
     seconds over the step: every thread's, gloo's included, the work a capped CPU rank pays for at its
-    cap; on a GPU the host's share, whose queueing the events do not see)."""
+    cap; on a GPU the host's share, whose queueing the events do not see; the calling thread's CPU
+    seconds: the kernels (one intra-op thread on an emulated rank) and the Python and dispatcher work,
+    while the process group's worker threads, which run the transfers, make the rest)."""
     if setup is not None:
         setup()
     synchronize(device)
     barrier(group, device)
-    c0 = time.process_time()
+    c0, m0 = time.process_time(), time.thread_time()
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         step()
         end.record()
         torch.cuda.synchronize(device)
-        return start.elapsed_time(end) / 1e3, time.process_time() - c0
+        return start.elapsed_time(end) / 1e3, time.process_time() - c0, time.thread_time() - m0
     t0 = time.perf_counter()
     step()
-    return time.perf_counter() - t0, time.process_time() - c0
+    return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - m0
 
 
 def time_steps(step: Callable[[], object], *, warmup: int, repeats: int, device: torch.device,
@@ -200,6 +202,8 @@ class Interleaved:
     mean_samples: list[list[float]] | None = None   # the same rounds' mean over ranks
     # per step, per rank: the rank's process CPU seconds in each round (``_sample``), round order
     cpu_samples: list[list[list[float]]] | None = None
+    # the same, the timing thread's CPU alone (its kernels and host work; the transfers' threads excluded)
+    cpu_main_samples: list[list[list[float]]] | None = None
 
 
 def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
@@ -226,6 +230,7 @@ def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device
     samples: list[list[float]] = [[] for _ in steps]
     means: list[list[float]] = [[] for _ in steps]
     cpus: list[list[list[float]]] = [[] for _ in steps]
+    mains: list[list[list[float]]] = [[] for _ in steps]
     k = len(steps)
     while True:
         local = []
@@ -233,22 +238,25 @@ def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device
             if on_step is not None:
                 on_step(i)
             local.append(_sample(step, setup, device, group))
-        # one gather a round: every step's wall time, the elapsed time, every step's CPU time
-        per_rank = over_ranks([w for w, _ in local] + [time.perf_counter() - t0] + [c for _, c in local],
-                              device, group)
+        # one gather a round: every step's wall time, the elapsed time, every step's process and main-thread CPU
+        per_rank = over_ranks([w for w, _, _ in local] + [time.perf_counter() - t0] + [c for _, c, _ in local]
+                              + [m for _, _, m in local], device, group)
         cols = list(zip(*per_rank))
         elapsed = max(cols[k])
-        for s, m, c, col, cpu in zip(samples, means, cpus, cols[:k], cols[k + 1:]):
+        for s, m, c, t, col, cpu, main in zip(samples, means, cpus, mains, cols[:k], cols[k + 1:2 * k + 1],
+                                              cols[2 * k + 1:]):
             s.append(max(col))
             m.append(sum(col) / len(col))
             c.append(list(cpu))
+            t.append(list(main))
         n = len(samples[0])
         # the next round costs about what the rounds so far cost on average (setups included)
         round_s = (elapsed - (t_rounds - t0)) / n
         why = policy.stop(samples, elapsed, round_s)
         if why:
             return Interleaved(samples=samples, stop=why, rounds=n, mean_samples=means,
-                               cpu_samples=[[list(r) for r in zip(*c)] for c in cpus])
+                               cpu_samples=[[list(r) for r in zip(*c)] for c in cpus],
+                               cpu_main_samples=[[list(r) for r in zip(*t)] for t in mains])
 
 
 def summarize(samples: list[float], level: float = 0.95) -> dict[str, float]:

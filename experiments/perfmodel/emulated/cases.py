@@ -25,6 +25,7 @@ from baselines import AttnShape
 
 from ..model import predict_case
 from ..model_level import predict_model
+from ..schedules.common import EXCESS_SUFFIX
 
 SHAPE_KEYS = ("batch", "seqlen", "heads", "kv_heads", "head_dim", "world_size", "dtype", "causal", "layout", "mask")
 
@@ -47,6 +48,23 @@ class Predicted:
     critical_comm_s: float
     critical_compute_s: float                 # nan where the step is not one schedule (a whole model)
     parts: dict = field(default_factory=dict)   # seconds by part of the step (whole models)
+    # each rank's compute stream (rank order), split as a CPU rank's threads split it: the work its timing thread
+    # runs (kernels, host terms), and what its transfers hold it by (the excess, run by gloo's threads); () where
+    # the step is not one schedule
+    work_s_per_rank: tuple = ()
+    held_s_per_rank: tuple = ()
+
+
+def compute_split(schedule) -> tuple[tuple, tuple]:
+    """(work, held) seconds per rank on the compute streams of ``schedule``, rank order (``Predicted``)."""
+    work: dict[int, float] = {}
+    held: dict[int, float] = {}
+    for t in schedule.tasks:
+        if t.kind == "compute" and t.rank is not None:
+            to = held if t.name.endswith(EXCESS_SUFFIX) else work
+            to[t.rank] = to.get(t.rank, 0.0) + t.duration
+    ranks = sorted(set(work) | set(held))
+    return tuple(work.get(r, 0.0) for r in ranks), tuple(held.get(r, 0.0) for r in ranks)
 
 
 class AttentionCase:
@@ -65,9 +83,12 @@ class AttentionCase:
         self.shape = AttnShape(**{k: rec[k] for k in SHAPE_KEYS})
 
     def predict(self, hardware, costs) -> Predicted:
-        p = predict_case(self.method, self.shape, mode=self.mode, level=self.level, hardware=hardware, costs=costs)
+        p = predict_case(self.method, self.shape, mode=self.mode, level=self.level, hardware=hardware, costs=costs,
+                         keep_schedule=True)
         b = p.breakdown
-        return Predicted(p.time_s, b["critical_comm_s"], b["critical_compute_s"])
+        work, held = compute_split(p.schedule)
+        return Predicted(p.time_s, b["critical_comm_s"], b["critical_compute_s"], work_s_per_rank=work,
+                         held_s_per_rank=held)
 
 
 class TrainCase(AttentionCase):
