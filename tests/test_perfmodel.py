@@ -21,7 +21,7 @@ from experiments.perfmodel.costs import CostModel
 from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import predict_spec
 from experiments.perfmodel.schedules import VARIANTS, schedules
-from experiments.perfmodel.schedules.common import Ctx, ring_collective
+from experiments.perfmodel.schedules.common import Ctx, ring_collective, ring_pass
 from experiments.perfmodel.simulator import Schedule
 
 REL = 1e-9   # the toy HBM makes elementwise tasks ~1e-15 s next to ~1e-4 s of compute
@@ -149,6 +149,35 @@ def test_all_reduce_is_2g_minus_2_steps_of_one_gth():
                           steps=6, ready={})
     assert ctx.sch.end(end.values()) == pytest.approx(6 * (n / 4) / 1e9, rel=REL)
     assert ctx.sch.bytes_sent()[0] == {("forward", "x"): 2 * n * 3 // 4}
+
+
+class _HeldCost(CostModel):
+    """A cost model whose every transfer holds its sender 0.5 s (as the emulated cluster's excess does)."""
+
+    def sender_seconds(self, nbytes, same_node, messages=1, two_way=True):
+        return 0.5
+
+
+def test_a_ring_senders_held_time_does_not_wait_for_its_receiver():
+    """A ring rank posts its isend and computes (burst_impl.comm: post, compute, wait): the CPU its transfer takes
+    (the held task) starts at its post, not when the slower receiver posts its receive; the transfer itself, and
+    with it the sender's next step, still waits for the receiver (gloo sends on rendezvous)."""
+    hw = toy(per_node=4)
+    ctx = Ctx(sch=Schedule(), cost=_HeldCost(hw), place=Placement.of(hw, 3), shape=shape(3, 4096), mode="forward",
+              level="layer", table={})
+    slow = {(1, 0): 10.0}          # ring index 1 (rank 0's receiver) is slow at step 0: it reaches step 1 at 10.5 s
+
+    def work(i, owner, s):
+        return [("w", slow.get((i, s), 1.0), 0.0)]
+
+    ring_pass(ctx, [[0, 1, 2]], phase="forward", name="p", hop={("forward", "kv"): 1000}, work=work, ready={})
+    t = {x.name: x for x in ctx.sch.tasks}
+    assert t["p.step[r1,s1]"].start > 10
+    # rank 0 posts its step-1 send at 1.5 s and computes on: two steps of 1 s, each after its post's 0.5 s
+    assert t["p.w[r0,s1]"].end == pytest.approx(2 * (1.0 + 0.5), rel=REL)
+    # ...but its send at step 1 lands only once rank 1 posts its receive at step 1, so rank 0's step 2 waits for it
+    assert t["p.send[r0,s1]"].start == pytest.approx(t["p.step[r1,s1]"].start, rel=REL)
+    assert t["p.step[r0,s2]"].start >= t["p.send[r0,s1]"].end
 
 
 def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():

@@ -101,20 +101,24 @@ class Ctx:
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
              crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1,
-             two_way: bool = True) -> int:
+             two_way: bool = True, posted=None) -> int:
         """A transfer (``send_held``), its task alone."""
         return self.send_held(src, dst, name, nbytes, deps=deps, phase=phase, crossing=crossing, step=step,
-                              messages=messages, two_way=two_way)[0]
+                              messages=messages, two_way=two_way, posted=posted)[0]
 
     def send_held(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
                   crossing: dict[tuple[int, int], int] | None = None, step: bool = False,
-                  messages: int = 1, two_way: bool = True) -> tuple[int, int | None]:
+                  messages: int = 1, two_way: bool = True, posted=None) -> tuple[int, int | None]:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
         send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
         (``CostModel.transfer``: the hop latency alone, where the profile has one). ``messages``: the
         equal messages the transfer stands for (an all-to-all's pieces on one link class,
-        ``CostModel.sender_seconds``). Returns the transfer's task and the task its sender is held by
-        (None where the cost model holds it for nothing)."""
+        ``CostModel.sender_seconds``). ``posted``: for a non-blocking send (a ring's isend), the deps of
+        its post on the sender alone; the transfer still waits for ``deps`` (the receiver's matching
+        receive: gloo sends on rendezvous), but the sender's held task does not, since the sender's
+        thread goes on computing after an isend while gloo's threads wait and move the bytes. None: a
+        blocking send or collective, whose sender is held from ``deps`` on. Returns the transfer's task
+        and the task its sender is held by (None where the cost model holds it for nothing)."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
@@ -123,7 +127,7 @@ class Ctx:
         held = None     # a zero task would still hold the sender's stream until the send's deps are met
         if extra > 0:
             held = self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}",
-                                duration=extra, deps=deps, rank=src, phase=phase)
+                                duration=extra, deps=deps if posted is None else posted, rank=src, phase=phase)
         return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
                             nbytes={k: v for k, v in nbytes.items() if v}), held
@@ -186,7 +190,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             for ring, i, g in members:
                 nxt = ring[(i + 1) % n]
                 S[g, s] = ctx.send(g, nxt, f"{name}.send[r{g},s{s}]", hop_sends[s], deps=[B[g, s], B[nxt, s]],
-                                   phase=phase, crossing=crossing, two_way=across[g])
+                                   phase=phase, crossing=crossing, two_way=across[g], posted=[B[g, s]])
         for ring, i, g in members:
             last = B[g, s]
             if not overlap and s < n - 1:
@@ -205,7 +209,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                 nxt = ring[(i + 1) % n]
                 if n > 1:
                     A[g, s] = ctx.send(g, nxt, f"{name}.acc[r{g},s{s}]", acc_parts[s - first_acc],
-                                       deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing, two_way=across[g])
+                                       deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing, two_way=across[g],
+                                       posted=[P[g, s]])
     end = {}
     for ring, i, g in members:
         prev = ring[(i - 1) % n]

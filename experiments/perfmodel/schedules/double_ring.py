@@ -84,7 +84,7 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
 
     def post(side: str, g: int, ch: str, s: int, nbytes: dict, deps: list) -> None:
         X[side, g, ch, s] = ctx.send(g, peer[g, ch, 1], f"{name}.{side}.{ch}[r{g},s{s}]", nbytes, deps=deps,
-                                     phase=phase, crossing=crossing if ch == "inter" else None)
+                                     phase=phase, crossing=crossing if ch == "inter" else None, posted=deps[:1])
         posted[side, g, ch] = s
 
     for s in range(n):
