@@ -15,6 +15,7 @@ from experiments import gpu_check as G
 from experiments import gpu_memory as GM
 from experiments.figure_parts import provenance
 from experiments.harness import gemm_sweep as GS
+from experiments.harness.inference_cases import MAX_STEPS_PER_SAMPLE
 from experiments.harness import kernel_sweep as KS
 
 H200 = Path(__file__).resolve().parents[1] / "results" / "gpu_check" / "nvidia-h200"
@@ -130,3 +131,8 @@ def test_decode_spec_runs_through_the_runner(tmp_path):
     assert st.status == "ok", st.reason
     recs = [r for r in G.R.read_records(tmp_path / "decode_op" / G.R.RESULTS_FILE) if r["status"] == "ok"]
     assert sorted(r["batch"] for r in recs) == [1, 2] and all(r["mode"] == "decode" for r in recs)
+    for r in recs:   # a step of ms: a sample runs steps back to back (timing.autorange), its samples per step
+        assert 1 < r["calls_per_sample"] <= MAX_STEPS_PER_SAMPLE, r["calls_per_sample"]
+        assert r["tpot_s"] == pytest.approx(r["time_median_s"])
+        # bytes and memory over one step: the cache holds the context and one step's token
+        assert r["mem_kv_bytes_per_rank"] == [r["mem_kv_formula_bytes"]]

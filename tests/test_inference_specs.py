@@ -32,6 +32,10 @@ def test_rows_and_case_ids():
     assert [c.merge for c in ttft] == [None, None] * 2          # the prefill does not depend on the merge
     q2 = _spec(inference={"new_tokens": 2, "placement": "shortest", "merges": ["heads"]}).cases()
     assert q2[0].case_id.endswith(".heads.q2.shortest") and q2[0].new_tokens == 2
+    # consecutive decode steps per sample: decode only, and not in the case id (the same measurement, steadier)
+    assert {c.min_sample_s for c in cases if c.mode == "decode"} == {0.2}
+    assert {c.min_sample_s for c in cases if c.mode == "ttft"} == {0.0}
+    assert _spec(inference={"min_sample_s": 0}).cases()[0].case_id == cases[0].case_id
 
 
 def test_the_model_sets_the_shape_and_the_paper_specs_load():
@@ -56,6 +60,7 @@ def test_the_model_sets_the_shape_and_the_paper_specs_load():
     ({"sweep": {**BASE["sweep"], "heads": 6, "world_size": 4, "kv_heads": 2, "seqlen": 64}},
      "merge 'heads' leaves each rank heads=6 / world_size=4"),
     ({"inference": {"new_tokens": 0}}, "key 'inference.new_tokens': 0 must be >= 1"),
+    ({"inference": {"min_sample_s": -1}}, "key 'inference.min_sample_s': -1.0 must be >= 0 (seconds)"),
 ])
 def test_bad_inference_specs_are_load_errors(patch, match):
     raw = {k: v for k, v in {**BASE, **patch}.items() if v is not None}

@@ -15,7 +15,7 @@ from burst_impl.shape import AttnShape
 from experiments.harness import record, results as R
 from experiments.harness import summary as S
 from experiments.harness.spec import Case, parse_spec
-from experiments.harness.timing import (RepeatPolicy, ci_halfwidth, median_ci, ratio_interval, summarize,
+from experiments.harness.timing import (RepeatPolicy, autorange, ci_halfwidth, median_ci, ratio_interval, summarize,
                                         time_interleaved)
 
 matplotlib.use("Agg")
@@ -91,6 +91,29 @@ def test_time_interleaved_records_each_ranks_cpu_per_round():
     (spin_main,), (sleep_main,) = res.cpu_main_samples    # the timing thread's share: here all of it
     assert all(0.5 * c < m <= c + 1e-3 for m, c in zip(spin_main, spin_cpu))
     assert all(m < 0.01 for m in sleep_main)
+
+
+def test_autorange_runs_enough_calls_for_a_minimum_sample_and_per_call_divides_by_them():
+    """A 10 ms call and a 0.1 s minimum: about 10 calls (sleep overshoots, so 5-10), its setup before each
+    pilot; no minimum: one call and nothing run; the cap holds."""
+    runs = []
+    call = lambda: (runs.append("c"), time.sleep(0.01))     # noqa: E731
+    n = autorange(call, lambda: runs.append("s"), 0.1, cap=64, device=CPU, pilots=3)
+    assert 5 <= n <= 10, n
+    assert runs == ["s", "c"] * 4                             # one untimed call, then three pilots
+    runs.clear()
+    assert autorange(call, None, 0.0, cap=64, device=CPU) == 1 and runs == []
+    assert autorange(call, None, 10.0, cap=4, device=CPU) == 4
+    with pytest.raises(ValueError, match="cap=0"):
+        autorange(call, None, 0.1, cap=0, device=CPU)
+    res = time_interleaved([(lambda: time.sleep(0.004), None), (lambda: None, None)], warmup=0, device=CPU,
+                           policy=RepeatPolicy(min_repeats=3, max_repeats=3))
+    per = res.per_call([4, 1])
+    assert per.samples[0] == [x / 4 for x in res.samples[0]] and per.samples[1] == res.samples[1]
+    assert per.cpu_samples[0] == [[x / 4 for x in r] for r in res.cpu_samples[0]]
+    assert per.mean_samples[0] == [x / 4 for x in res.mean_samples[0]] and per.rounds == res.rounds
+    with pytest.raises(ValueError, match="one count >= 1 per step"):
+        res.per_call([1])
 
 
 def test_adaptive_repeats_stop_when_converged():

@@ -7,8 +7,9 @@
 A case measures one attention layer serving inference (``baselines.decode_layer``), over a KV cache of
 ``seqlen`` tokens per sequence and ``batch`` sequences (the concurrency):
 
-* ``decode`` (time per output token): one decode step of ``new_tokens`` per sequence on a cache filled
-  with synthetic K/V (``fill_cache``), rewound after every step so each is timed at the same context;
+* ``decode`` (time per output token): decode steps of ``new_tokens`` per sequence on a cache filled
+  with synthetic K/V (``fill_cache``), back to back for ``min_sample_s`` per sample (at most
+  ``MAX_STEPS_PER_SAMPLE``), rewound after every sample so each is timed at the same context;
   ``burst`` runs once per merge (``inference.merges``: the all-gather merge of a replicated model, or the
   heads merge of Helix's layout, whose output projection is then row-parallel), ``tp_v1`` is tensor
   parallel decode with head-sharded caches (the baseline);
@@ -29,6 +30,7 @@ from burst_impl.inference import MERGES, PLACEMENTS
 from burst_impl.model.config import CONFIGS, get_config
 
 INFERENCE_MODES = ("ttft", "decode", "kv_capacity")
+MAX_STEPS_PER_SAMPLE = 64    # consecutive decode steps in one sample: the cache's reserve, and the context's drift
 INFERENCE_METHODS = {"burst": "context parallel", "tp_v1": "tensor parallel"}
 UNTIMED = ("kv_capacity",)
 MODEL_AXES = ("heads", "kv_heads", "head_dim")
@@ -49,6 +51,11 @@ class InferenceSetup:
     new_tokens: int = field(default=1, metadata={"check": lambda v: None if v >= 1 else f"{v!r} must be >= 1"})
     placement: str = field(default="round_robin", metadata={
         "check": lambda v: None if v in PLACEMENTS else f"{v!r} is unknown; choose from {list(PLACEMENTS)}"})
+    # decode: a timed sample runs consecutive decode steps until it lasts this long (timing.autorange, at most
+    # MAX_STEPS_PER_SAMPLE steps), as a server decodes token after token; TPOT is the sample over its steps.
+    # 0: one step per sample, alone after the barrier (docs/inference.md, "Consecutive steps")
+    min_sample_s: float = field(default=0.2, metadata={
+        "check": lambda v: None if v >= 0 else f"{v!r} must be >= 0 (seconds)"})
     # the decoder the layer belongs to (its shape, and the whole model's step in the performance model)
     model: str | None = field(default=None, metadata={
         "check": lambda v: None if v in CONFIGS else f"{v!r} is not a model; models: {sorted(CONFIGS)}"})
@@ -93,7 +100,9 @@ def expand_rows(spec, mode: str) -> list[tuple[str, str | None]]:
 def inference_fields(spec, mode: str, merge: str | None) -> dict:
     """The Case fields of an inference case."""
     setup = spec.inference
-    return dict(merge=merge, new_tokens=setup.new_tokens if mode == "decode" else 1, placement=setup.placement)
+    decode = mode == "decode"
+    return dict(merge=merge, new_tokens=setup.new_tokens if decode else 1, placement=setup.placement,
+                min_sample_s=setup.min_sample_s if decode else 0.0)
 
 
 def check_inference_case(case, spec, err) -> None:

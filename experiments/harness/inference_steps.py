@@ -2,10 +2,12 @@
 
 * ``decode``: ``baselines.decode_layer.decode_step`` of ``new_tokens`` per sequence on a cache filled with
   synthetic K/V of ``seqlen`` tokens per sequence (``fill_cache``, placed as the prompt's prefill places
-  it); the cache holds room for the step's tokens (``ShardedKVCache.reserve``: a step writes them in
-  place, as a server's preallocated cache does) and is rewound in the untimed setup before every step
-  (``rewind``), so every sample decodes at the same context. The new tokens' hidden states are seeded,
-  the same on every rank.
+  it). A sample runs ``calls`` steps back to back, as a server decodes token after token
+  (``timing.autorange``: enough for ``case.min_sample_s``, at most ``MAX_STEPS_PER_SAMPLE``; the harness
+  divides the sample by them), so the context grows by up to ``calls x new_tokens`` tokens over a sample.
+  The cache holds room for them (``ShardedKVCache.reserve``: steps write in place, as a server's
+  preallocated cache does) and is rewound in the untimed setup before every sample (``rewind``), so every
+  sample decodes from the same context. The new tokens' hidden states are seeded, the same on every rank.
 * ``ttft``: ``prefill_step`` of the whole prompt into the emptied cache (setup: rewind to empty).
 * ``kv_capacity``: nothing timed (``measure.measure_group`` calls ``kv_capacity_record``).
 
@@ -26,8 +28,9 @@ from burst_impl import comm
 from burst_impl.layout import shard
 
 from .case import Case
-from .inference_cases import ROW_LABELS, row_of
+from .inference_cases import MAX_STEPS_PER_SAMPLE, ROW_LABELS, row_of
 from .timed_step import Step
+from .timing import autorange
 
 
 @dataclass
@@ -74,13 +77,22 @@ def build_inference_step(case: Case, *, rank: int, group, device: torch.device) 
         def ttft():
             return prefill_step(lay, x)
         return Step(step=ttft, setup=lambda: lay.cache.rewind(empty), start_bytes=_nbytes(lay, x), context=run)
-    fill_cache(lay, s.seqlen, seed=case.seed, reserve=case.new_tokens)
+    fill_cache(lay, s.seqlen, seed=case.seed, reserve=case.new_tokens * MAX_STEPS_PER_SAMPLE)
     filled = lay.cache.snapshot()
     x = _hidden(case, case.new_tokens, rank, device, replicated=True)
 
-    def decode():
+    def one():
         return decode_step(lay, x)
-    return Step(step=decode, setup=lambda: lay.cache.rewind(filled), start_bytes=_nbytes(lay, x), context=run)
+
+    def rewind():
+        lay.cache.rewind(filled)
+    calls = autorange(one, rewind, case.min_sample_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
+
+    def decode():
+        for _ in range(calls - 1):
+            decode_step(lay, x)
+        return decode_step(lay, x)
+    return Step(step=decode, setup=rewind, start_bytes=_nbytes(lay, x), context=run, calls=calls, single=one)
 
 
 def _nbytes(lay: DecodeLayer, x: torch.Tensor) -> int:

@@ -110,7 +110,7 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
     policy = policy_for(cases, time.perf_counter() - t_start)
     timed = time_interleaved([(s.step, s.setup) for s in steps], warmup=max(c.warmup for c in cases),
                              policy=policy, device=device, group=group,
-                             on_step=lambda i: setattr(current, "case", cases[i]))
+                             on_step=lambda i: setattr(current, "case", cases[i])).per_call([s.calls for s in steps])
     t_timed = time.perf_counter() - t_start
     out = []
     for i, (case, step) in enumerate(zip(cases, steps)):
@@ -132,6 +132,7 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
         rec["time_cpu_main_s_per_rank"] = ([statistics.median(r) for r in timed.cpu_main_samples[i]]
                                            if timed.cpu_main_samples else None)
         rec["rounds"] = timed.rounds          # samples taken (``repeats`` is the configured minimum)
+        rec["calls_per_sample"] = steps[i].calls   # each sample: this many calls back to back, divided by it
         rec["repeat_policy"] = {"min": policy.min_repeats, "max": policy.max_repeats, "target": policy.target,
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
         # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)

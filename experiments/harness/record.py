@@ -79,6 +79,8 @@ class Timing:
     repeat_stop: str | None = _row("repeat_stop")
     repeat_policy: dict | None = _row("repeat_policy")
     rounds: int | None = _row("rounds")   # samples taken (the config's ``repeats`` is the minimum)
+    # calls each sample ran back to back (timing.autorange; decode: consecutive tokens); samples are per call
+    calls_per_sample: int | None = _row("calls_per_sample")
     interleaved_with: list | None = _row("interleaved_with")
     duration_s: float | None = _row("duration_s")
 

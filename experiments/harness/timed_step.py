@@ -13,6 +13,10 @@ class Step:
     forward: Callable[[], object] | None = None   # the forward with grad enabled (bytes kept for backward)
     weights: tuple = ()                           # parameters (not activations: not counted as saved)
     context: object = None                  # what the step holds, for its record (model level: model_steps.ModelRun)
+    # ``step`` runs ``calls`` calls of ``single`` back to back (timing.autorange: a decode step of a few ms);
+    # the harness divides its samples by ``calls``, and counts bytes and memory over one call
+    calls: int = 1
+    single: Callable[[], object] | None = None
 
     def live_bytes(self) -> int:
         """What is live before a step now (CPU memory base): model level adds weights, gradients and
@@ -20,7 +24,7 @@ class Step:
         return self.start_bytes + (self.context.state_bytes() if hasattr(self.context, "state_bytes") else 0)
 
     def full(self) -> None:
-        """setup + step: the whole work of one measured step (memory and bytes are taken over it)."""
+        """setup + one call: the whole work of one measured step (memory and bytes are taken over it)."""
         if self.setup is not None:
             self.setup()
-        self.step()
+        (self.single or self.step)()

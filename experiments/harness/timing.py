@@ -23,6 +23,13 @@ whose binomial coverage is at least the level; it exists from n = 6 on at 95%.
 
 An optional ``setup`` runs before each step and is not timed (e.g. the forward
 whose backward is being timed).
+
+``autorange`` says how many calls of a short step one sample should run back to
+back so that it lasts a minimum time (``timeit.autorange``'s rule, 0.2 s there):
+a decode step of a few ms, timed alone after a barrier, meets neither the
+preceding step's cache nor, on a CPU rank capped by CFS bandwidth control, the
+quota that the steps before it spent (docs/inference.md). ``Interleaved.per_call``
+turns such samples back into per-call times.
 """
 from __future__ import annotations
 
@@ -204,6 +211,37 @@ class Interleaved:
     cpu_samples: list[list[list[float]]] | None = None
     # the same, the timing thread's CPU alone (its kernels and host work; the transfers' threads excluded)
     cpu_main_samples: list[list[list[float]]] | None = None
+
+    def per_call(self, calls: list[int]) -> "Interleaved":
+        """The same rounds with step i's every sample (wall, mean over ranks, each rank's CPU) divided by
+        ``calls[i]``, the calls it ran back to back (``autorange``): per-call times."""
+        if len(calls) != len(self.samples) or any(c < 1 for c in calls):
+            raise ValueError(f"calls={calls}: one count >= 1 per step ({len(self.samples)} steps)")
+
+        def div(rows, c):
+            return None if rows is None else [[x / c for x in r] for r in rows]
+        return Interleaved(
+            samples=[[x / c for x in s] for s, c in zip(self.samples, calls)], stop=self.stop, rounds=self.rounds,
+            mean_samples=None if self.mean_samples is None else [[x / c for x in s]
+                                                                 for s, c in zip(self.mean_samples, calls)],
+            cpu_samples=None if self.cpu_samples is None else [div(r, c) for r, c in zip(self.cpu_samples, calls)],
+            cpu_main_samples=None if self.cpu_main_samples is None else [div(r, c) for r, c in
+                                                                         zip(self.cpu_main_samples, calls)])
+
+
+def autorange(call: Callable[[], object], setup: Callable[[], object] | None, min_s: float, *, cap: int,
+              device: torch.device, group=None, pilots: int = 3) -> int:
+    """Calls of ``call`` one sample runs back to back so that it lasts at least ``min_s`` seconds: ``min_s``
+    over the fastest of ``pilots`` timed calls (each the maximum over ranks; one untimed call first), rounded
+    up, between 1 and ``cap``. The same on every rank. ``min_s`` <= 0: 1, nothing run."""
+    if cap < 1:
+        raise ValueError(f"cap={cap} must be at least 1")
+    if min_s <= 0:
+        return 1
+    with comm.agree_once():   # the first call agrees on the inputs; the pilots reuse it, as the timed calls will
+        _warm_up(call, setup, 1, device)
+        fastest = min(max_over_ranks([_sample(call, setup, device, group)[0] for _ in range(pilots)], device, group))
+    return max(1, min(cap, math.ceil(min_s / max(fastest, 1e-9))))
 
 
 def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
