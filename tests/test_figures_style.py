@@ -51,6 +51,8 @@ def figures(tmp_path_factory):
     out, kept, saved = tmp_path_factory.mktemp("plots"), [], set()
     real_close, real_save = plt.close, Figure.savefig
     plt.close = lambda fig=None: kept.append(fig) if fig is not None else real_close()
+    limit = plt.rcParams["figure.max_open_warning"]
+    plt.rcParams["figure.max_open_warning"] = 0       # kept open on purpose, to be read below
     # a figure abandoned before saving (nothing to draw) is no figure of the suite's
     Figure.savefig = lambda self, *a, **k: (saved.add(id(self)), real_save(self, *a, **k))[1]
     try:
@@ -60,6 +62,7 @@ def figures(tmp_path_factory):
         _paper_figures(out)
     finally:
         plt.close, Figure.savefig = real_close, real_save
+        plt.rcParams["figure.max_open_warning"] = limit
     yield [f for f in kept if id(f) in saved]
     for f in kept:
         real_close(f)
