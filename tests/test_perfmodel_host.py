@@ -193,3 +193,23 @@ def test_cpu_per_call_keeps_a_decode_rows_batches_apart_and_refuses_unknown_rows
         with pytest.raises(SystemExit):
             _args(argv)
         assert words in capsys.readouterr().err
+
+
+def _probe_agreements() -> int:
+    """The benchmark's CPU per call around burst's forward + backward: the agreement all-gathers it ran."""
+    import torch
+
+    from baselines import get
+    from benchmarks.cpu_per_call import _cpu_per_call
+    from burst_impl import comm
+
+    q, k, v = (torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3))
+    before = comm.agreement_count()
+    _cpu_per_call(lambda: None, lambda: get("burst").call(q, k, v, causal=True).sum().backward(), calls=3)
+    return comm.agreement_count() - before
+
+
+def test_cpu_per_call_agrees_once_as_the_harness_times(pools):
+    """The host term's probe times calls as the harness times a step: the warm-up agrees on the inputs and the
+    timed calls reuse it (before, each of them paid the agreement's all-gather: ~3 ms of CPU a decode call)."""
+    assert pools.run(2, _probe_agreements, timeout=120) == [1, 1]
