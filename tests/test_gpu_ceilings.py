@@ -15,8 +15,8 @@ from experiments import gpu_check as G
 from experiments import gpu_memory as GM
 from experiments.figure_parts import provenance
 from experiments.harness import gemm_sweep as GS
-from experiments.harness.inference_cases import MAX_STEPS_PER_SAMPLE
 from experiments.harness import kernel_sweep as KS
+from experiments.harness.inference_cases import MAX_STEPS_PER_SAMPLE
 
 H200 = Path(__file__).resolve().parents[1] / "results" / "gpu_check" / "nvidia-h200"
 GIB = 2 ** 30

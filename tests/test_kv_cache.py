@@ -119,24 +119,25 @@ def test_decode_all_live_agrees_with_the_mask():
                     assert not bool(live.all()), (q, owners)       # exact for the causal mask
 
 
-
 @pytest.mark.parametrize("heads,kv_heads", [(8, 2), (6, 1), (4, 4)])
 @pytest.mark.parametrize("new", [1, 3])
 def test_partial_attention_with_gqa_rows_matches_fp64(heads, kv_heads, new, monkeypatch):
-    """Every key live and GQA: the query heads of a KV head run as rows of one head (partial._grouped). The new
-    tokens over the keys before them are all live; over keys that include them (new > 1), causal among them
-    takes the masked path. Output and lse against the fp64 reference within FP64_TOL (the same arithmetic,
-    reordered)."""
+    """Every key live and GQA: the query heads of a KV head run as rows of one head (the kernel gets Zkv query
+    heads). The new tokens over the keys before them are all live; over keys that include them (new > 1),
+    causal among them takes the masked path. Output and lse against the fp64 reference within FP64_TOL (the
+    same arithmetic, reordered)."""
     from burst_impl import masks
     from burst_impl.inference import partial
-    grouped = []
-    monkeypatch.setattr(partial, "_grouped", lambda *a, f=partial._grouped: grouped.append(1) or f(*a))
+    seen = []
+    monkeypatch.setattr(partial, "attn_forward", lambda q, *a, f=partial.attn_forward, **kw: seen.append(q.shape)
+                        or f(q, *a, **kw))
     q, k, v = sequence(3, 40, heads, kv_heads, 16)
     for keys, q_pos in ((37, torch.arange(37, 37 + new)), (40, torch.arange(40 - new, 40))):
-        grouped.clear()
+        seen.clear()
         out, lse = partial.partial_attention(q[q_pos], q_pos, k[:keys], v[:keys], torch.arange(keys),
                                              masks.Causal(), 16 ** -0.5)
         ref_out, ref_lse = attend(q[q_pos], q_pos, k[:keys], v[:keys])
         assert err(out, ref_out) < FP64_TOL and err(lse, ref_lse) < FP64_TOL, (keys, new)
         all_live = keys == 37 or new == 1
-        assert bool(grouped) == (all_live and heads > kv_heads), (keys, new, grouped)
+        grouped = all_live and heads > kv_heads          # (1, g Sq, Zkv, d), else (1, Sq, Z, d)
+        assert seen == [(1, heads // kv_heads * new, kv_heads, 16) if grouped else (1, new, heads, 16)], seen

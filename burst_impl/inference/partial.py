@@ -65,26 +65,20 @@ def partial_attention(q: Tensor, q_pos: Tensor, k: Tensor, v: Tensor, k_pos: Ten
         live = mask.allowed(q_pos.to(k_pos.device), k_pos)             # (Sq, Sk) bool
         if not bool(live.all()):
             tile = TileMask("dense", sq, k.shape[0], rows_fn=lambda a, b, m=live.cpu(): m[a:b])
-    if tile is None and z > k.shape[1] and z % k.shape[1] == 0:
-        return _grouped(q, k, v, scale, backend)
-    out, lse = attn_forward(q.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
-                            scale=scale, backend=backend, mask=tile)
-    return out[0].to(acc), lse[0]
-
-
-def _grouped(q: Tensor, k: Tensor, v: Tensor, scale: float, backend: str | None) -> tuple[Tensor, Tensor]:
-    """Every key live, GQA (Z = g Zkv): the g query heads of a KV head become g x Sq rows of one head, so the
-    kernel reads each KV head once instead of once per query head (FlashAttention-2 does the same inside its
-    decode path, ``seqlenq_ngroups_swapped``). Query head h reads KV head h // g, as the kernels' GQA does.
-    Measured: docs/findings.md, "GQA rows in a decode step"."""
-    sq, z, d = q.shape
+    # every key live and GQA (Z = g Zkv): a KV head's g query heads as g x Sq rows of that head, one read of
+    # each KV head instead of one per query head (FlashAttention-2's decode path does the same,
+    # ``seqlenq_ngroups_swapped``; measured: docs/findings.md, "GQA rows in a decode step"); the callers check
+    # that Zkv divides Z
     zkv = k.shape[1]
-    g = z // zkv
-    rows = q.reshape(sq, zkv, g, d).permute(2, 0, 1, 3).reshape(g * sq, zkv, d)     # (g Sq, Zkv, d): row j Sq + i
+    g = z // zkv if tile is None else 1
+    rows = q.reshape(sq, zkv, g, d).permute(2, 0, 1, 3).reshape(g * sq, zkv, d) if g > 1 else q   # row j Sq + i
     out, lse = attn_forward(rows.unsqueeze(0), k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype),
-                            scale=scale, backend=backend)
-    out = out[0].reshape(g, sq, zkv, d).permute(1, 2, 0, 3).reshape(sq, z, d)        # back to (Sq, Z, d)
-    return out.to(stats_dtype(q.dtype)), lse[0].reshape(zkv, g, sq).reshape(z, sq)   # (Zkv, g Sq) -> (Z, Sq)
+                            scale=scale, backend=backend, mask=tile)
+    out, lse = out[0], lse[0]
+    if g > 1:   # back to (Sq, Z, d); query head h = kv g + j reads KV head h // g, as the kernels' GQA does
+        out = out.reshape(g, sq, zkv, d).permute(1, 2, 0, 3).reshape(sq, z, d)
+        lse = lse.reshape(z, sq)            # (Zkv, g Sq) in row-major order is (Z, Sq)
+    return out.to(acc), lse
 
 
 def merge_all(outs: Tensor, lses: Tensor) -> tuple[Tensor, Tensor]:

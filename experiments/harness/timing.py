@@ -37,7 +37,7 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -218,15 +218,11 @@ class Interleaved:
         if len(calls) != len(self.samples) or any(c < 1 for c in calls):
             raise ValueError(f"calls={calls}: one count >= 1 per step ({len(self.samples)} steps)")
 
-        def div(rows, c):
-            return None if rows is None else [[x / c for x in r] for r in rows]
-        return Interleaved(
-            samples=[[x / c for x in s] for s, c in zip(self.samples, calls)], stop=self.stop, rounds=self.rounds,
-            mean_samples=None if self.mean_samples is None else [[x / c for x in s]
-                                                                 for s, c in zip(self.mean_samples, calls)],
-            cpu_samples=None if self.cpu_samples is None else [div(r, c) for r, c in zip(self.cpu_samples, calls)],
-            cpu_main_samples=None if self.cpu_main_samples is None else [div(r, c) for r, c in
-                                                                         zip(self.cpu_main_samples, calls)])
+        def per_step(rows):      # step i's nested lists of seconds, each divided by calls[i]
+            div = lambda x, c: [div(y, c) for y in x] if isinstance(x, list) else x / c    # noqa: E731
+            return None if rows is None else [div(r, c) for r, c in zip(rows, calls)]
+        return replace(self, samples=per_step(self.samples), mean_samples=per_step(self.mean_samples),
+                       cpu_samples=per_step(self.cpu_samples), cpu_main_samples=per_step(self.cpu_main_samples))
 
 
 def autorange(call: Callable[[], object], setup: Callable[[], object] | None, min_s: float, *, cap: int,
