@@ -1,20 +1,21 @@
-"""Benchmark (not a test): the process CPU seconds one fwd+bwd call costs each rank, per method.
+"""Benchmark (not a test): the process CPU seconds one call costs each rank, per method, over loopback.
 
 On G gloo ranks over loopback (``node_size`` ranks per emulated node for the node-aware methods),
 for each method and sequence length: one warm-up call, then ``--calls`` calls (12), each rank's
 ``time.process_time`` (all its threads: gloo's too) around its forward + backward; the median per rank
-and the wall time of the slowest. At a few tokens per rank the CPU is what a call costs beside its
-kernels (Python, the dispatcher, gloo's per-message work): the emulated cluster runs that on a rank's
-capped share too, and the performance model has no term for it (docs/findings.md#nic-conventions-2-x-2-and-2-x-4).
-Shapes as ``cpu_double_ring_emulated_2x4``: 8 heads x 32, float32, causal, zigzag.
+and the wall time of the slowest (``experiments/harness/call_cpu.py``, the calls and their shapes). At a few
+tokens per rank the CPU is what a call costs beside its kernels (Python, the dispatcher, gloo's per-message
+work): the emulated cluster runs that on a rank's capped share too, and the hardware model has no term for
+it (docs/findings.md#nic-conventions-2-x-2-and-2-x-4). The emulated cluster's own probe measures the same
+calls with every rank in its namespace and CPU cgroup (``burst-bench cluster calls``), which a run on it pays
+and loopback does not (docs/findings.md#the-host-term-on-the-emulated-cluster).
 
     python -m benchmarks.cpu_per_call                         # G = 8, node_size 4, N = 64 and 2048
     python -m benchmarks.cpu_per_call --world-size 4 --node-size 2 --seqlen 64,1024 --methods burst,usp
     python -m benchmarks.cpu_per_call --seqlen 64 --out results/reference/<root>/call_cpu.json
 
 A method ``decode:<row>`` (``cp_all_gather``, ``cp_heads``, ``tp``: ``baselines.decode_layer.ROWS``) times
-one ``decode_step`` of the inference benchmark's layer (8 heads, 2 KV heads of 64, as the CPU decode specs)
-on a cache of N tokens of context per sequence, rewound after every step, at each ``--batch``:
+one decode step on a cache of N tokens of context per sequence, at each ``--batch``:
 
     python -m benchmarks.cpu_per_call --world-size 8 --node-size 4 --seqlen 64 --batch 1,4 \
         --methods decode:cp_all_gather,decode:cp_heads,decode:tp --out results/reference/<root>/call_cpu.json
@@ -30,88 +31,32 @@ import datetime
 import json
 import os
 import socket
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from burst_impl import comm
-from experiments.perfmodel.emulated.host_cost import DECODE_PREFIX   # decode:<row>, as the validation reads it
+from experiments.harness.call_cpu import CALLS, DECODE_PREFIX, measure, row
 
-HEADS, HEAD_DIM, CALLS = 8, 32, 12
-DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
 METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
 
 
-def _cpu_per_call(setup, step, calls: int) -> dict:
-    """Each rank's median process CPU per ``step()`` over ``calls`` calls after one warm-up (``setup()`` before
-    each, outside the timing), gathered over the ranks, and the slowest rank's median wall time."""
-    cpu, wall = [], []
-    # as the harness times a step (experiments/harness/timing.py): the warm-up call agrees on the inputs across
-    # the ranks, the timed calls reuse that agreement, so its all-gather is not charged to every call
-    with comm.agree_once():
-        for i in range(calls + 1):
-            setup()
-            dist.barrier()
-            c0, w0 = time.process_time(), time.perf_counter()
-            step()
-            c1 = time.process_time()
-            dist.barrier()
-            if i:                                   # the first call warms up
-                cpu.append(c1 - c0)
-                wall.append(time.perf_counter() - w0)
-    per_rank = [None] * dist.get_world_size()
-    dist.all_gather_object(per_rank, statistics.median(cpu))
-    return dict(calls=calls, cpu_s_per_rank=per_rank, cpu_s_median=statistics.median(per_rank),
-                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
-
-
-def _calls(name: str, n: int, node_size: int, calls: int = CALLS, layout: str = "zigzag") -> dict:
-    from baselines import get
-
-    m, world = get(name), dist.get_world_size()
-    torch.manual_seed(dist.get_rank())
-    q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
-    do = torch.randn(1, n // world, HEADS, HEAD_DIM)
-
-    def setup():
-        q.grad = k.grad = v.grad = None
-
-    def step():
-        out = m.call(q, k, v, causal=True, layout=layout, node_size=node_size)
-        (out[0] if isinstance(out, tuple) else out).backward(do)
-
-    return dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", causal=True, layout=layout, **_cpu_per_call(setup, step, calls))
-
-
-def _decode_calls(name: str, context: int, batch: int, node_size: int, calls: int = CALLS) -> dict:
-    """CPU per decode step of ``name``'s row (module docstring), as the inference benchmark times it."""
-    from baselines import AttnShape
-    from baselines.decode_layer import decode_step, fill_cache, make_decode_layer
-
-    row, world = name[len(DECODE_PREFIX):], dist.get_world_size()
-    shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, world, dtype="float32",
-                      causal=True, layout="zigzag")
-    lay = make_decode_layer(row, shape)
-    fill_cache(lay, context, reserve=1)
-    filled = lay.cache.snapshot()
-    x = torch.randn(batch, 1, DECODE_HEADS * DECODE_HEAD_DIM, generator=torch.Generator().manual_seed(0))
-    timed = _cpu_per_call(lambda: lay.cache.rewind(filled), lambda: decode_step(lay, x), calls)
-    return dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=world, node_size=node_size,
-                heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM, dtype="float32",
-                causal=True, layout="zigzag", **timed)
-
-
 def _records(name: str, n: int, args) -> list[dict]:
-    """The records of one method at one N: a training call, or a decode step at each ``--batch``."""
+    """The rows of one method at one N (every rank's samples gathered): a training call on each ``--layouts``,
+    or a decode step at each ``--batch``."""
     if name.startswith(DECODE_PREFIX):
-        return [_decode_calls(name, n, b, args.node_size, args.calls) for b in _batches(args.batch)]
-    return [_calls(name, n, args.node_size, args.calls, layout) for layout in args.layouts.split(",")]
+        calls = [dict(batch=b) for b in _batches(args.batch)]
+    else:
+        calls = [dict(layout=x) for x in args.layouts.split(",")]
+    out = []
+    for kw in calls:
+        meta, mine = measure(name, n, node_size=args.node_size, calls=args.calls, **kw)
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        out.append(row(meta, every))
+    return out
 
 
 def _worker(rank: int, port: int, args) -> None:

@@ -200,12 +200,12 @@ def _probe_agreements() -> int:
     import torch
 
     from baselines import get
-    from benchmarks.cpu_per_call import _cpu_per_call
     from burst_impl import comm
+    from experiments.harness.call_cpu import time_calls
 
     q, k, v = (torch.randn(1, 8, 2, 8, requires_grad=True) for _ in range(3))
     before = comm.agreement_count()
-    _cpu_per_call(lambda: None, lambda: get("burst").call(q, k, v, causal=True).sum().backward(), calls=3)
+    time_calls(lambda: None, lambda: get("burst").call(q, k, v, causal=True).sum().backward(), calls=3)
     return comm.agreement_count() - before
 
 

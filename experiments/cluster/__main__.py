@@ -7,6 +7,7 @@
     burst-bench cluster selftest a100_roce_emu --rates intra=4e6,inter=1e6   # given rates, no calibration
     burst-bench cluster overlap a800_ib_emu_3x2 --out F.json   # what overlap hides (overlap_probe.py)
     burst-bench cluster messages a800_ib_emu_2x4 --out F.json  # what a small blocking message costs (message_probe.py)
+    burst-bench cluster calls a800_ib_emu_2x4 --out call_cpu.json   # the CPU a call costs a rank (call_probe.py)
     burst-bench cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
@@ -32,7 +33,7 @@ from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
 from ..harness import results as R
 from ..harness.launch import run_launch
-from .emulator import message_probe, netns, overlap_probe, selftest, shaping
+from .emulator import call_probe, message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.validate_decode import validate_inference, write_report as write_inference
@@ -139,10 +140,9 @@ def _message_lines(cl, nbytes: int = 1 << 19) -> list[str]:
     return out
 
 
-def _launch_probe(prof, module: str, marker: str, worker_args: list[str]) -> tuple[list, dict]:
-    """Bring a cluster up, run ``emulator/<module>.py`` on every rank at once, tear it down: (its per-rank
-    JSON, the cluster's info). Rank 0 prints ``<marker> <json>``."""
-    world = prof.nodes * prof.ranks_per_node
+def _launch_probe(prof, module: str, marker: str, worker_args: list[str], world: int) -> tuple[list, dict]:
+    """Bring a cluster up, run ``emulator/<module>.py`` on ``world`` ranks at once (placed as a run of that
+    world size), tear it down: (its per-rank JSON, the cluster's info). Rank 0 prints ``<marker> <json>``."""
     with EmulatedCluster(prof) as cl, tempfile.TemporaryDirectory(prefix="bemu-probe-") as work:
         if not cl.emulated:
             raise ToolFailed(f"cannot probe {prof.name}: {cl.fallback}")
@@ -157,10 +157,10 @@ def _launch_probe(prof, module: str, marker: str, worker_args: list[str]) -> tup
     return json.loads(lines[0].split(" ", 1)[1]), info
 
 
-def _write_probe(out: str | None, prof, probe: str, info: dict, repeats: int, cases, rows, per_rank) -> None:
+def _write_probe(out: str | None, prof, probe: str, info: dict, repeats: int, cases, rows, per_rank,
+                 world: int) -> None:
     if not out:
         return
-    world = prof.nodes * prof.ranks_per_node
     rec = {"probe": probe, "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "git": provenance.git_info(), "versions": provenance.versions(),
            "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats,
@@ -171,28 +171,36 @@ def _write_probe(out: str | None, prof, probe: str, info: dict, repeats: int, ca
     print(f"wrote {out}")
 
 
-PROBES = {"overlap": (overlap_probe, "OVERLAP_PROBE"), "messages": (message_probe, "MESSAGE_PROBE")}
+PROBES = {"overlap": (overlap_probe, "OVERLAP_PROBE"), "messages": (message_probe, "MESSAGE_PROBE"),
+          "calls": (call_probe, "CALL_PROBE")}
 PROBE_HELP = {    # kind: (help, default repeats, case syntax)
     "overlap": ("what overlap hides: compute, a transfer, and both at once on every rank", 5,
                 "<ring|pair|oneway>:<tokens>:<bytes>"),
     "messages": ("what a small message costs a rank that waits for it (lone hops and gloo collectives)", 10,
-                 "<ring|pair|all_gather|all_reduce|all_to_all>:<bytes>")}
+                 "<ring|pair|all_gather|all_reduce|all_to_all>:<bytes>"),
+    "calls": ("the process CPU a call costs each rank at a few tokens (the host term; call_cpu.json's rows)", 60,
+              "<method>:<tokens>[:<layout>] or decode:<row>:<tokens>:<batch>")}
 
 
-def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None) -> int:
+def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None, world: int | None = None) -> int:
     """Bring a cluster up, run the ``kind`` probe (``PROBES``: ``overlap_probe``, what overlap hides;
-    ``message_probe``, what a small blocking message costs) on every rank at once, print its table (and
-    write it)."""
+    ``message_probe``, what a small blocking message costs; ``call_probe``, the CPU a call costs) on
+    ``world`` ranks at once (None: every rank of the profile), print its table (and write it)."""
     mod, marker = PROBES[kind]
     cases = mod.parse_cases(cases_text)
     if repeats < 1:
         raise ValueError(f"repeats={repeats} must be >= 1")
-    mod.check_shape(cases, prof.nodes, prof.ranks_per_node)     # before minutes of bring-up
-    per_rank, info = _launch_probe(prof, mod.__name__.rsplit(".", 1)[-1], marker, [str(repeats), cases_text])
+    full = prof.nodes * prof.ranks_per_node
+    world = full if world is None else world
+    if not 1 <= world <= full or (world > prof.ranks_per_node and world % prof.ranks_per_node):
+        raise ValueError(f"world_size={world} must be at most {prof.name}'s {full} ranks, and a multiple of its "
+                         f"{prof.ranks_per_node} ranks per node above one node")
+    mod.check_shape(cases, prof.nodes_for(world), prof.procs_per_node(world))     # before minutes of bring-up
+    per_rank, info = _launch_probe(prof, mod.__name__.rsplit(".", 1)[-1], marker, [str(repeats), cases_text], world)
     rows = mod.summarize(per_rank, cases)
     print(info["summary"])
     print(mod.table(rows))
-    _write_probe(out, prof, kind, info, repeats, cases, rows, per_rank)
+    _write_probe(out, prof, kind, info, repeats, cases, rows, per_rank, world)
     return 0
 
 
@@ -217,6 +225,8 @@ def _parser() -> argparse.ArgumentParser:
         pr.add_argument("--cases", default=",".join(c.name for c in mod.CASES),
                         help=f"{PROBE_HELP[kind][2]}, comma-separated")
         pr.add_argument("--out", help="write the rows, raw samples and provenance as JSON")
+        pr.add_argument("--world-size", type=int, help="ranks to probe on, placed as a run of that many "
+                                                        "(default: every rank of the profile)")
     dn = sub.add_parser("down", help="tear clusters down")
     dn.add_argument("run_id", nargs="?")
     dn.add_argument("--stale", action="store_true", help="every cluster whose owner process is gone")
@@ -269,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "selftest":
         return _selftest(_profile(args.profile, args.rates), args.seconds)
     if args.cmd in PROBES:
-        return _probe(args.cmd, _profile(args.profile, args.rates), args.repeats, args.cases, args.out)
+        return _probe(args.cmd, _profile(args.profile, args.rates), args.repeats, args.cases, args.out,
+                      args.world_size)
     if args.cmd == "down":
         ids = netns.run_ids() if args.all else netns.stale() if args.stale else [args.run_id] if args.run_id else []
         if not ids:

@@ -2,10 +2,12 @@
 
 A CPU rank runs Python, the dispatcher and a method's own bookkeeping in series with its kernels, on
 the same capped share of a core. A GPU's host runs ahead of its stream, so the hardware cost model
-has no such term (``costs.EmulatedCosts.host_s`` adds it). It is measured apart from the runs:
-``python -m benchmarks.cpu_per_call --out <results root>/call_cpu.json`` records each rank's
-process CPU (all threads, gloo's too) per fwd+bwd call, per method, at a few tokens per rank, where
-the kernels cost almost nothing. Then per method, at that shape:
+has no such term (``costs.EmulatedCosts.host_s`` adds it). It is measured apart from the runs, on the
+emulated cluster itself (``burst-bench cluster calls <profile> --out <experiment>/call_cpu.json``, every rank
+in its namespace and CPU cgroup) or over loopback (``python -m benchmarks.cpu_per_call --out``; no veth, no
+shaped queue, no throttled neighbours: less CPU a call): each rank's process CPU (all threads, gloo's too)
+per call, per method, at a few tokens per rank, where the kernels cost almost nothing
+(``experiments/harness/call_cpu.py``). Then per method, at that shape:
 
     host per op = max(0, CPU per call / the rank's CPU cap - the model's compute per rank) / ops per rank
 
@@ -30,9 +32,9 @@ calls (its compute with one second added per call, less its compute without):
 
 ``host_per_op`` then takes the model's compute with that term in it, so the op's share is what is left.
 
-A decode step is measured the same way as its own call (``cpu_per_call --methods decode:<row>``: one
-``decode_layer.decode_step`` at a few tokens of context, at the run's batch), since its ops are not a
-training call's: ``decode_small_case`` finds that row and ``per_op_from`` divides by the decode
+A decode step is measured the same way as its own call (``decode:<row>``: ``decode_layer.decode_step`` at a
+few tokens of context, at the run's batch, steps back to back as the benchmark runs them), since its ops
+are not a training call's: ``decode_small_case`` finds that row and ``per_op_from`` divides by the decode
 schedule's ops (``validate_decode`` builds it).
 """
 from __future__ import annotations
@@ -45,13 +47,13 @@ from dataclasses import dataclass
 from baselines import AttnShape
 from burst_impl.layout import is_balanced_name
 
+from ...harness.call_cpu import DECODE_PREFIX     # call_cpu.json rows of a decode step
 from ..model import predict_case
 from ..schedules.common import EXCESS_SUFFIX
 from .excess import probe_path
 
 CALL_CPU_FILE = "call_cpu.json"
 CALL_METHOD, CALL_LAYOUTS = "burst", ("zigzag", "balanced")   # per_call_host's two measured calls
-DECODE_PREFIX = "decode:"      # call_cpu.json rows of a decode step (benchmarks.cpu_per_call --methods decode:<row>)
 
 
 @dataclass(frozen=True)

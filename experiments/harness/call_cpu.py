@@ -1,0 +1,123 @@
+"""The process CPU one call costs a rank, at a few tokens: the host's work beside the kernels.
+
+One measurement, two launchers: ``benchmarks.cpu_per_call`` (gloo over loopback, ``mp.spawn``) and the
+emulated cluster's ``calls`` probe (``experiments/cluster/emulator/call_probe.py``: every rank in its
+namespace and capped CPU cgroup, as a run). Both write ``call_cpu.json`` rows of one schema
+(``row``), which the emulated validation reads as the host's work per op
+(``experiments/perfmodel/emulated/host_cost.py``).
+
+A call is a method's fwd+bwd on 8 heads x 32, float32, causal (``cpu_double_ring_emulated_2x4``'s
+shapes), one a sample, as the harness times an op; or ``decode:<row>``: ``decode_layer.decode_step`` of the
+inference benchmark's layer (8 heads, 2 KV heads of 64, as the CPU decode specs) on a cache of N tokens of
+context per sequence, steps back to back as that benchmark times them (``timing.autorange``), the cache
+rewound after each sample. A step among others costs an emulated rank more CPU than a lone one after a
+barrier (docs/findings.md#the-host-term-on-the-emulated-cluster).
+
+    meta, mine = measure("decode:tp", 64, node_size=4, calls=60, batch=4)   # on every rank
+    every = [None] * world; dist.all_gather_object(every, mine)
+    rec = row(meta, every)                                                     # call_cpu.json's row
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from baselines import AttnShape, get
+from baselines.decode_layer import decode_step, fill_cache, make_decode_layer
+from burst_impl import comm
+
+from .inference_cases import MAX_STEPS_PER_SAMPLE, InferenceSetup
+from .timing import autorange
+
+HEADS, HEAD_DIM, CALLS = 8, 32, 12
+DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
+DECODE_PREFIX = "decode:"      # a decode step's rows: decode:<row>, a row of baselines.decode_layer.ROWS
+MIN_SAMPLE_S = InferenceSetup().min_sample_s      # a decode sample's length, as the CPU decode specs run it
+
+
+def time_calls(setup, step, calls: int, steps: int = 1) -> dict:
+    """This rank's process CPU and wall seconds per step of each of ``calls`` samples of ``steps`` calls of
+    ``step()`` back to back, after one warm-up sample (``setup()`` before each sample, outside the timing; a
+    barrier before each and after its CPU is read)."""
+    cpu, wall = [], []
+    # as the harness times a step (experiments/harness/timing.py): the warm-up call agrees on the inputs across
+    # the ranks, the timed calls reuse that agreement, so its all-gather is not charged to every call
+    with comm.agree_once():
+        for i in range(calls + 1):
+            setup()
+            dist.barrier()
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(steps):
+                step()
+            c1 = time.process_time()
+            dist.barrier()
+            if i:                                   # the first sample warms up
+                cpu.append((c1 - c0) / steps)
+                wall.append((time.perf_counter() - w0) / steps)
+    return {"cpu": cpu, "wall": wall}
+
+
+def _training(name: str, n: int, node_size: int, layout: str):
+    m, world = get(name), dist.get_world_size()
+    torch.manual_seed(dist.get_rank())
+    q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
+    do = torch.randn(1, n // world, HEADS, HEAD_DIM)
+
+    def setup():
+        q.grad = k.grad = v.grad = None
+
+    def step():
+        out = m.call(q, k, v, causal=True, layout=layout, node_size=node_size)
+        (out[0] if isinstance(out, tuple) else out).backward(do)
+
+    meta = dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
+                dtype="float32", causal=True, layout=layout)
+    return setup, step, meta
+
+
+def _decode(name: str, context: int, batch: int, node_size: int):
+    row, world = name[len(DECODE_PREFIX):], dist.get_world_size()
+    shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, world, dtype="float32",
+                      causal=True, layout="zigzag")
+    lay = make_decode_layer(row, shape)
+    fill_cache(lay, context, reserve=MAX_STEPS_PER_SAMPLE)
+    filled = lay.cache.snapshot()
+    x = torch.randn(batch, 1, DECODE_HEADS * DECODE_HEAD_DIM, generator=torch.Generator().manual_seed(0))
+
+    def one():
+        decode_step(lay, x)
+
+    def rewind():
+        lay.cache.rewind(filled)
+    # steps back to back as the inference benchmark times them (inference_steps.build_inference_step): on the
+    # emulated cluster a step among others costs its rank more CPU than a lone one after a barrier
+    steps = autorange(one, rewind, MIN_SAMPLE_S, cap=MAX_STEPS_PER_SAMPLE, device=torch.device("cpu"))
+    meta = dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=world, node_size=node_size,
+                heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM, dtype="float32",
+                causal=True, layout="zigzag")
+    return rewind, one, meta, steps
+
+
+def measure(name: str, n: int, *, node_size: int, calls: int = CALLS, layout: str = "zigzag",
+            batch: int = 1) -> tuple[dict, dict]:
+    """(the call's description, this rank's ``time_calls`` samples) of ``name`` at N = ``n`` (module
+    docstring): a training call on ``layout``, one a sample; or decode steps of ``batch`` sequences, as many a
+    sample as the inference benchmark runs (``timing.autorange``), the cache rewound after each sample."""
+    if name.startswith(DECODE_PREFIX):
+        setup, step, meta, steps = _decode(name, n, batch, node_size)
+    else:
+        (setup, step, meta), steps = _training(name, n, node_size, layout), 1
+    return {**meta, "steps_per_sample": steps}, time_calls(setup, step, calls, steps)
+
+
+def row(meta: dict, per_rank: list[dict]) -> dict:
+    """``call_cpu.json``'s row: ``meta`` with each rank's median CPU per call, their median and the slowest
+    rank's median wall per call (``per_rank``: every rank's ``time_calls``, in rank order)."""
+    cpu = [statistics.median(r["cpu"]) for r in per_rank]
+    wall = [max(w) for w in zip(*(r["wall"] for r in per_rank))]
+    return dict(meta, calls=len(per_rank[0]["cpu"]), cpu_s_per_rank=cpu, cpu_s_median=statistics.median(cpu),
+                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
