@@ -32,13 +32,12 @@ import json
 import os
 import socket
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from experiments.harness.call_cpu import CALLS, DECODE_PREFIX, measure, row
+from experiments.harness.call_cpu import CALLS, DECODE_PREFIX, measure, merge, row
 
 METHODS = "burst,burst_double_ring,loongtrain_double_ring,usp"
 
@@ -75,19 +74,7 @@ def _worker(rank: int, port: int, args) -> None:
                     print(json.dumps(recs[-1]), flush=True)
     dist.destroy_process_group()
     if rank == 0 and args.out:
-        _merge(Path(args.out), recs)
-
-
-def _merge(path: Path, recs: list[dict]) -> None:
-    """Add ``recs`` to ``path``'s rows, replacing rows of the same method, N, world and node size, batch and
-    layout."""
-    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"),   # noqa: E731
-                     r.get("layout", "zigzag"))
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
-    new = {key(r) for r in recs}
-    rows = [r for r in rows if key(r) not in new] + recs
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": "benchmarks.cpu_per_call", "rows": rows}, indent=1))
+        merge(args.out, recs)
 
 
 def _batches(text: str) -> list[int]:

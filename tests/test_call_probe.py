@@ -53,6 +53,17 @@ def test_rows_are_call_cpu_rows_the_validation_reads(tmp_path):
     assert row(meta, [r[c.name] for r in ranks]) == {k: v for k, v in out.items() if k != "where"}
 
 
+def test_probes_at_two_world_sizes_fill_one_file_each_row_with_its_provenance(tmp_path):
+    out = tmp_path / "call_cpu.json"
+    g4 = {"method": "decode:tp", "seqlen": 64, "world_size": 4, "node_size": 4, "batch": 1, "cpu_s_median": 1.0}
+    g8 = {**g4, "world_size": 8}
+    P.write(out, [g4, g8], {"git": "a", "cluster": {"nodes": 1}})
+    P.write(out, [{**g8, "cpu_s_median": 2.0}], {"git": "b", "cluster": {"nodes": 2}})
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["world_size"], r["cpu_s_median"], r["provenance"]["git"]) for r in rows) == [
+        (4, 1.0, "a"), (8, 2.0, "b")]
+
+
 def test_probe_world_size_is_refused_before_any_bring_up(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_launch_probe", lambda *a, **k: pytest.fail("brought a cluster up"))
     for world in ("6", "9", "0"):

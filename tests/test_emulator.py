@@ -263,6 +263,22 @@ def test_overlap_probe_at_three_nodes_every_pattern_finishes(tmp_path, capsys):
     assert not _new_ours(before)
 
 
+def test_call_probe_on_one_node_of_a_cluster_writes_rows_the_validation_reads(tmp_path, capsys):
+    """`burst-bench cluster calls` at --world-size 2 on the 3 x 2 profile (one node, given rates, one sample): a
+    decode row and a training call measured with the ranks in their cgroups, rows in call_cpu.json at that world
+    size with the cluster in their provenance, nothing left behind."""
+    out = tmp_path / "call_cpu.json"
+    before = set(netns.run_ids())
+    rc = run_cli(cluster_main, ["calls", "a800_ib_emu_3x2", "--rates", "intra=4e6,inter=1e6", "--repeats", "1",
+                                "--world-size", "2", "--cases", "decode:tp:8:1,burst:8", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["method"], r["world_size"], r["node_size"]) for r in rows] == [("decode:tp", 2, 2), ("burst", 2, 2)]
+    assert all(r["cpu_s_median"] > 0 and r["where"] == "emulated" for r in rows)
+    assert rows[0]["steps_per_sample"] >= 1 and rows[0]["provenance"]["cluster"]["nodes"] == 1
+    assert not _new_ours(before)
+
+
 @pytest.mark.slow
 def test_a_spec_and_its_report_at_three_nodes(tmp_path, capsys):
     """A spec of world size 6 on 3 nodes x 2 ranks (two per NIC, given rates): every case ok across all

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from baselines import AttnShape
-from benchmarks.cpu_per_call import _merge
+from experiments.harness.call_cpu import merge
 from experiments.perfmodel.emulated import host_cost, measured, validate
 from experiments.perfmodel.emulated.costs import EmulatedCosts
 from experiments.perfmodel.emulated.hardware import emulated_hardware
@@ -168,12 +168,12 @@ def test_the_kernel_table_is_timed_under_the_runs_cap(tmp_path, monkeypatch):
 def test_cpu_per_call_out_replaces_rows_of_the_same_call(tmp_path):
     path = tmp_path / "call_cpu.json"
     row = {"method": "burst", "seqlen": 64, "world_size": 8, "node_size": 4, "cpu_s_median": 1.0}
-    _merge(path, [row, {**row, "method": "usp"}])
-    _merge(path, [{**row, "cpu_s_median": 2.0}])
+    merge(path, [row, {**row, "method": "usp"}])
+    merge(path, [{**row, "cpu_s_median": 2.0}])
     rows = json.loads(path.read_text())["rows"]
     assert sorted((r["method"], r["cpu_s_median"]) for r in rows) == [("burst", 2.0), ("usp", 1.0)]
     assert host_cost.load_call_cpu(tmp_path)["rows"] == rows and host_cost.load_call_cpu(tmp_path / "x") is None
-    _merge(path, [{**row, "layout": "balanced", "cpu_s_median": 3.0}])     # another layout: a row of its own
+    merge(path, [{**row, "layout": "balanced", "cpu_s_median": 3.0}])     # another layout: a row of its own
     assert len(json.loads(path.read_text())["rows"]) == 3
 
 
@@ -182,8 +182,8 @@ def test_cpu_per_call_keeps_a_decode_rows_batches_apart_and_refuses_unknown_rows
 
     path = tmp_path / "call_cpu.json"
     row = {"method": "decode:tp", "seqlen": 64, "world_size": 8, "node_size": 4, "batch": 1, "cpu_s_median": 1.0}
-    _merge(path, [row, {**row, "batch": 4}])
-    _merge(path, [{**row, "cpu_s_median": 2.0}])
+    merge(path, [row, {**row, "batch": 4}])
+    merge(path, [{**row, "cpu_s_median": 2.0}])
     rows = json.loads(path.read_text())["rows"]
     assert sorted((r["batch"], r["cpu_s_median"]) for r in rows) == [(1, 2.0), (4, 1.0)]
     assert _args(["--methods", "decode:cp_heads,burst", "--batch", "1,4"]).batch == "1,4"

@@ -157,17 +157,21 @@ def _launch_probe(prof, module: str, marker: str, worker_args: list[str], world:
     return json.loads(lines[0].split(" ", 1)[1]), info
 
 
-def _write_probe(out: str | None, prof, probe: str, info: dict, repeats: int, cases, rows, per_rank,
+def _write_probe(out: str | None, mod, prof, probe: str, info: dict, repeats: int, cases, rows, per_rank,
                  world: int) -> None:
+    """The probe's record: the whole file, or through ``mod.write(out, rows, provenance)`` where the probe's rows
+    join others (``call_probe``: call_cpu.json's rows of several world sizes)."""
     if not out:
         return
-    rec = {"probe": probe, "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "git": provenance.git_info(), "versions": provenance.versions(),
-           "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats,
-           "cases": [c.name for c in cases], "rows": rows, "per_rank": per_rank}
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(rec, f, indent=1)
+    meta = {"probe": probe, "profile": prof.name, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "git": provenance.git_info(), "versions": provenance.versions(),
+            "hardware": provenance.hardware(world), "cluster": info, "repeats": repeats}
+    if hasattr(mod, "write"):
+        mod.write(out, rows, meta)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump({**meta, "cases": [c.name for c in cases], "rows": rows, "per_rank": per_rank}, f, indent=1)
     print(f"wrote {out}")
 
 
@@ -200,7 +204,7 @@ def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None, worl
     rows = mod.summarize(per_rank, cases)
     print(info["summary"])
     print(mod.table(rows))
-    _write_probe(out, prof, kind, info, repeats, cases, rows, per_rank, world)
+    _write_probe(out, mod, prof, kind, info, repeats, cases, rows, per_rank, world)
     return 0
 
 

@@ -19,9 +19,11 @@ barrier (docs/findings.md#the-host-term-on-the-emulated-cluster).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -121,3 +123,18 @@ def row(meta: dict, per_rank: list[dict]) -> dict:
     wall = [max(w) for w in zip(*(r["wall"] for r in per_rank))]
     return dict(meta, calls=len(per_rank[0]["cpu"]), cpu_s_per_rank=cpu, cpu_s_median=statistics.median(cpu),
                 wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
+
+
+def merge(path, rows: list[dict], **fields) -> None:
+    """Add ``rows`` to ``path``'s (``call_cpu.json``), replacing rows of the same call (method, N, world and node
+    size, batch and layout), so that probes at several world sizes fill one file; ``fields`` (a probe's
+    provenance) go on each new row."""
+    path = Path(path)
+    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"),   # noqa: E731
+                     r.get("layout", "zigzag"))
+    old = json.loads(path.read_text())["rows"] if path.exists() else []
+    new = [{**r, **fields} for r in rows]
+    keys = {key(r) for r in new}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"benchmark": "experiments.harness.call_cpu",
+                                "rows": [r for r in old if key(r) not in keys] + new}, indent=1))

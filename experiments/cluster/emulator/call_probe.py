@@ -14,6 +14,7 @@ with every rank in its namespace and CPU cgroup, as a run (``experiments.harness
   ``tokens`` of context per sequence, ``batch`` sequences.
 
 Its rows are ``call_cpu.json``'s (``call_cpu.row``): the validation reads them as it reads the loopback ones.
+``--out`` adds them to that file, replacing those of the same call, so that probes at G 4 and G 8 fill one.
 
     burst-bench cluster calls a800_ib_emu_2x4 --out results/.../cpu_decode_full_2x4/call_cpu.json
     torchrun ... -m experiments.cluster.emulator.call_probe <repeats> <case,...>   # what each rank runs
@@ -29,7 +30,7 @@ from baselines import METHODS
 from baselines.decode_layer import ROWS
 from burst_impl.layout import LAYOUTS, is_balanced_name
 
-from ...harness.call_cpu import DECODE_PREFIX, measure, row
+from ...harness.call_cpu import DECODE_PREFIX, measure, merge, row
 from .probe_rank import rank_main
 
 
@@ -102,6 +103,12 @@ def table(rows: list[dict]) -> str:
     lines += [f"{r['method']:<22} {r['seqlen']:>6} {r.get('batch', '-'):>3} {r['layout']:<10} "
               f"{r['cpu_s_median'] * 1e3:11.2f} {r['wall_s_median'] * 1e3:12.2f}" for r in rows]
     return "\n".join(lines)
+
+
+def write(out, rows: list[dict], provenance: dict) -> None:
+    """Add ``rows`` to ``out`` (``call_cpu.merge``: replacing those of the same call), each with the probe's
+    provenance (git, versions, hardware, the cluster, the time, repeats)."""
+    merge(out, rows, provenance=provenance)
 
 
 def main(argv: list[str]) -> int:

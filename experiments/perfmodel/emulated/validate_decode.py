@@ -7,8 +7,8 @@ work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step'
 excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
 rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``): a decode step's own,
 measured at a few tokens of context for the run's row, world, node size and batch (``call_cpu.json``'s
-``decode:<row>`` rows: ``burst-bench cluster calls``, or ``benchmarks.cpu_per_call`` over loopback), else (and for TTFT) that of ``burst``, the method whose
-communicator and kernels a step runs. Nothing is fitted to the runs.
+``decode:<row>`` rows: ``burst-bench cluster calls``, or ``benchmarks.cpu_per_call`` over loopback), else (and
+for TTFT) that of ``burst``, the method whose communicator and kernels a step runs. Nothing is fitted to the runs.
 
     rep = validate_inference(results_root, "cpu_decode_emulated_2x4")
     print(rep["text"]); rep["rows"], rep["worst_abs_error"], rep["met"]
