@@ -8,7 +8,7 @@ tokens per rank the CPU is what a call costs beside its kernels (Python, the dis
 work): the emulated cluster runs that on a rank's capped share too, and the hardware model has no term for
 it (docs/findings.md#nic-conventions-2-x-2-and-2-x-4). The emulated cluster's own probe measures the same
 calls with every rank in its namespace and CPU cgroup (``burst-bench cluster calls``), which a run on it pays
-and loopback does not (docs/findings.md#the-host-term-on-the-emulated-cluster).
+and loopback does not (docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06).
 
     python -m benchmarks.cpu_per_call                         # G = 8, node_size 4, N = 64 and 2048
     python -m benchmarks.cpu_per_call --world-size 4 --node-size 2 --seqlen 64,1024 --methods burst,usp

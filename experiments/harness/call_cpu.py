@@ -11,7 +11,7 @@ shapes), one a sample, as the harness times an op; or ``decode:<row>``: ``decode
 inference benchmark's layer (8 heads, 2 KV heads of 64, as the CPU decode specs) on a cache of N tokens of
 context per sequence, steps back to back as that benchmark times them (``timing.autorange``), the cache
 rewound after each sample. A step among others costs an emulated rank more CPU than a lone one after a
-barrier (docs/findings.md#the-host-term-on-the-emulated-cluster).
+barrier (docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06).
 
     meta, mine = measure("decode:tp", 64, node_size=4, calls=60, batch=4)   # on every rank
     every = [None] * world; dist.all_gather_object(every, mine)

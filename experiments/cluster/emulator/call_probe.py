@@ -19,7 +19,7 @@ Its rows are ``call_cpu.json``'s (``call_cpu.row``): the validation reads them a
     burst-bench cluster calls a800_ib_emu_2x4 --out results/.../cpu_decode_full_2x4/call_cpu.json
     torchrun ... -m experiments.cluster.emulator.call_probe <repeats> <case,...>   # what each rank runs
 
-Measurements: docs/findings.md#the-host-term-on-the-emulated-cluster.
+Measurements: docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06.
 """
 from __future__ import annotations
 
