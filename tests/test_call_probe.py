@@ -45,6 +45,7 @@ def test_rows_are_call_cpu_rows_the_validation_reads(tmp_path):
     (out,) = P.summarize(ranks, [c])
     assert out["cpu_s_per_rank"] == [0.002, 0.002] and out["cpu_s_median"] == 0.002
     assert out["wall_s_median"] == pytest.approx(0.03) and out["where"] == "emulated" and out["calls"] == 3
+    assert out["cpu_samples_s_per_rank"][1] == pytest.approx([0.001, 0.002, 0.053]) and out["wall_samples_s"][1] == 0.07
     assert "decode:tp" in P.table([out])
     (tmp_path / host_cost.CALL_CPU_FILE).write_text(json.dumps({"probe": "calls", "rows": [out]}))
     small = host_cost.decode_small_case(host_cost.load_call_cpu(tmp_path), "tp", world_size=2, node_size=2,

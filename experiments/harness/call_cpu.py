@@ -118,11 +118,13 @@ def measure(name: str, n: int, *, node_size: int, calls: int = CALLS, layout: st
 
 def row(meta: dict, per_rank: list[dict]) -> dict:
     """``call_cpu.json``'s row: ``meta`` with each rank's median CPU per call, their median and the slowest
-    rank's median wall per call (``per_rank``: every rank's ``time_calls``, in rank order)."""
+    rank's median wall per call, and every rank's samples (``per_rank``: every rank's ``time_calls``, in rank
+    order)."""
     cpu = [statistics.median(r["cpu"]) for r in per_rank]
     wall = [max(w) for w in zip(*(r["wall"] for r in per_rank))]
     return dict(meta, calls=len(per_rank[0]["cpu"]), cpu_s_per_rank=cpu, cpu_s_median=statistics.median(cpu),
-                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count())
+                wall_s_median=statistics.median(wall), cpu_count=os.cpu_count(),
+                cpu_samples_s_per_rank=[list(r["cpu"]) for r in per_rank], wall_samples_s=wall)
 
 
 def merge(path, rows: list[dict], **fields) -> None:

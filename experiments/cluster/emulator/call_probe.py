@@ -55,7 +55,7 @@ CASES = tuple(Case(DECODE_PREFIX + r, 64, batch=b) for r in ("cp_all_gather", "c
 
 def _one(item: str) -> Case:
     parts = item.split(":")
-    if parts[0] + ":" == DECODE_PREFIX:
+    if item.startswith(DECODE_PREFIX):
         if len(parts) != 4 or parts[1] not in ROWS or not (parts[2].isdigit() and parts[3].isdigit()) \
                 or int(parts[3]) < 1:
             raise ValueError(f"case={item!r} must be decode:<row>:<tokens>:<batch> with row in {ROWS} and a "
