@@ -64,17 +64,16 @@ def _worker(rank: int, port: int, args) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.world_size, timeout=datetime.timedelta(seconds=300))
-    env = dict(git=git_info(), versions=versions(), hardware=hardware(args.world_size)) if rank == 0 else None
     recs = []
     for name in args.methods.split(","):
         for n in (int(x) for x in args.seqlen.split(",")):
             for rec in _records(name, n, args):
                 if rank == 0:
-                    recs.append({**rec, "environment": env})
+                    recs.append({**rec, "where": "loopback"})
                     print(json.dumps(recs[-1]), flush=True)
     dist.destroy_process_group()
-    if rank == 0 and args.out:
-        merge(args.out, recs)
+    if rank == 0 and args.out:      # the provenance field the emulated probe's rows carry too
+        merge(args.out, recs, provenance=dict(git=git_info(), versions=versions(), hardware=hardware(args.world_size)))
 
 
 def _batches(text: str) -> list[int]:

@@ -29,16 +29,18 @@ import torch
 import torch.distributed as dist
 
 from baselines import AttnShape, get
-from baselines.decode_layer import decode_step, fill_cache, make_decode_layer
 from burst_impl import comm
 
-from .inference_cases import MAX_STEPS_PER_SAMPLE, InferenceSetup
-from .timing import autorange
+from .case import Case
+from .inference_cases import InferenceSetup, row_of
+from .inference_steps import build_inference_step
 
 HEADS, HEAD_DIM, CALLS = 8, 32, 12
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
 DECODE_PREFIX = "decode:"      # a decode step's rows: decode:<row>, a row of baselines.decode_layer.ROWS
 MIN_SAMPLE_S = InferenceSetup().min_sample_s      # a decode sample's length, as the CPU decode specs run it
+# each decode row's (method, merge) in the inference benchmark's cases (row_of, inverted)
+_ROW_CASES = {row_of(m, g): (m, g) for m, g in (("burst", "all_gather"), ("burst", "heads"), ("tp_v1", None))}
 
 
 def time_calls(setup, step, calls: int, steps: int = 1) -> dict:
@@ -82,26 +84,19 @@ def _training(name: str, n: int, node_size: int, layout: str):
 
 
 def _decode(name: str, context: int, batch: int, node_size: int):
-    row, world = name[len(DECODE_PREFIX):], dist.get_world_size()
-    shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, world, dtype="float32",
-                      causal=True, layout="zigzag")
-    lay = make_decode_layer(row, shape)
-    fill_cache(lay, context, reserve=MAX_STEPS_PER_SAMPLE)
-    filled = lay.cache.snapshot()
-    x = torch.randn(batch, 1, DECODE_HEADS * DECODE_HEAD_DIM, generator=torch.Generator().manual_seed(0))
-
-    def one():
-        decode_step(lay, x)
-
-    def rewind():
-        lay.cache.rewind(filled)
-    # steps back to back as the inference benchmark times them (inference_steps.build_inference_step): on the
-    # emulated cluster a step among others costs its rank more CPU than a lone one after a barrier
-    steps = autorange(one, rewind, MIN_SAMPLE_S, cap=MAX_STEPS_PER_SAMPLE, device=torch.device("cpu"))
-    meta = dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=world, node_size=node_size,
-                heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM, dtype="float32",
-                causal=True, layout="zigzag")
-    return rewind, one, meta, steps
+    """The inference benchmark's own decode step (``inference_steps.build_inference_step``) of ``name``'s row,
+    its steps back to back as that benchmark runs them: on the emulated cluster a step among others costs its
+    rank more CPU than a lone one after a barrier."""
+    method, merge_ = _ROW_CASES[name[len(DECODE_PREFIX):]]
+    shape = AttnShape(batch, context, DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM, dist.get_world_size(),
+                      dtype="float32", causal=True, layout="zigzag")
+    case = Case(experiment="call_cpu", method=method, level="inference", mode="decode", shape=shape, warmup=1,
+                repeats=1, seed=0, merge=merge_, min_sample_s=MIN_SAMPLE_S)
+    step = build_inference_step(case, rank=dist.get_rank(), group=None, device=torch.device("cpu"))
+    meta = dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=shape.world_size,
+                node_size=node_size, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM,
+                dtype="float32", causal=True, layout="zigzag")
+    return step.setup, step.single, meta, step.calls
 
 
 def measure(name: str, n: int, *, node_size: int, calls: int = CALLS, layout: str = "zigzag",

@@ -219,10 +219,14 @@ class Interleaved:
             raise ValueError(f"calls={calls}: one count >= 1 per step ({len(self.samples)} steps)")
 
         def per_step(rows):      # step i's nested lists of seconds, each divided by calls[i]
-            div = lambda x, c: [div(y, c) for y in x] if isinstance(x, list) else x / c    # noqa: E731
-            return None if rows is None else [div(r, c) for r, c in zip(rows, calls)]
+            return None if rows is None else [_divided(r, c) for r, c in zip(rows, calls)]
         return replace(self, samples=per_step(self.samples), mean_samples=per_step(self.mean_samples),
                        cpu_samples=per_step(self.cpu_samples), cpu_main_samples=per_step(self.cpu_main_samples))
+
+
+def _divided(x, c: int):
+    """Seconds ``x`` (a number or nested lists of them) over ``c`` calls."""
+    return [_divided(y, c) for y in x] if isinstance(x, list) else x / c
 
 
 def autorange(call: Callable[[], object], setup: Callable[[], object] | None, min_s: float, *, cap: int,

@@ -49,8 +49,7 @@ class Case:
 
 
 # what the decode specs' validation reads (cpu_decode_*_2x4: rows at B 1 and 4) and TTFT's host (burst's)
-CASES = tuple(Case(DECODE_PREFIX + r, 64, batch=b) for r in ("cp_all_gather", "cp_heads", "tp") for b in (1, 4)) \
-    + (Case("burst", 64),)
+CASES = tuple(Case(DECODE_PREFIX + r, 64, batch=b) for r in ROWS for b in (1, 4)) + (Case("burst", 64),)
 
 
 def _one(item: str) -> Case:
