@@ -22,6 +22,7 @@ from baselines.registry import METHODS
 from burst_impl import comm
 from burst_impl.balance import balance_report
 
+from . import reference
 from . import results as R
 from burst_impl.flops import case_flops, tflops_per_s, tokens_per_s
 from .memory import measure_peak, saved_for_backward
@@ -108,9 +109,13 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
         torch.manual_seed(case.seed)
         steps.append(shape_checked(build_step(case, rank=rank, group=group, device=device)))
     policy = policy_for(cases, time.perf_counter() - t_start)
-    timed = time_interleaved([(s.step, s.setup) for s in steps], warmup=max(c.warmup for c in cases),
+    # on an emulated cluster, the calibration's work timed last in every round: the machine's rate in these rounds
+    ref, work = reference.step_for(R.cluster_info(world))
+    extra = [(ref, None)] if ref is not None else []
+    timed = time_interleaved([(s.step, s.setup) for s in steps] + extra, warmup=max(c.warmup for c in cases),
                              policy=policy, device=device, group=group,
-                             on_step=lambda i: setattr(current, "case", cases[i])).per_call([s.calls for s in steps])
+                             on_step=lambda i: setattr(current, "case", cases[min(i, len(cases) - 1)]),
+                             ).per_call([s.calls for s in steps] + [1] * len(extra))
     t_timed = time.perf_counter() - t_start
     out = []
     for i, (case, step) in enumerate(zip(cases, steps)):
@@ -137,6 +142,9 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
         # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)
         rec["interleaved_with"] = [x for x in ids if x != ids[i]]
+        if ref is not None:
+            rec["time_reference"] = reference.field(work, timed.samples[-1],
+                                                    timed.cpu_samples[-1] if timed.cpu_samples else None)
         rec["duration_s"] = t_timed / len(cases) + rec["duration_s"]   # + its untimed steps
     return out
 

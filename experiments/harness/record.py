@@ -74,6 +74,9 @@ class Timing:
     mean_rank_s: float | None = None     # the mean rank's time, beside the slowest rank's (median_s)
     cpu_s_per_rank: list | None = None   # each rank's process CPU seconds per step (median over rounds)
     cpu_main_s_per_rank: list | None = None   # of it, the timing thread's (kernels, host work; not gloo's threads)
+    # an emulated run's compute rate in the group's own rounds: the calibration's work timed beside the cases
+    # (harness/reference.py: work, the slowest rank's samples, their median, each rank's CPU)
+    reference: dict | None = None
     ttft_s: float | None = _row("ttft_s")   # decode: time to first token
     tpot_s: float | None = _row("tpot_s")   # decode: time per output token
     repeat_stop: str | None = _row("repeat_stop")

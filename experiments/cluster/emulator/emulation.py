@@ -42,10 +42,10 @@ import torch
 from ...cli import ToolFailed
 from ...profiles.hardware import Hardware
 from .shaping import LinkShape
-from burst_impl import kernels
 from burst_impl.flops import attention_flops
-from burst_impl.shape import DTYPES, AttnShape
+from burst_impl.shape import AttnShape
 from ...harness.cpuquota import join
+from ...harness.reference import block_step     # the calibration's work (also each group's reference)
 
 DEFAULT_LATENCY_CAP_US = 2000.0
 
@@ -173,21 +173,6 @@ def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] |
 
 
 # ---------------------------------------------------------------- calibration
-
-
-def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
-    """The calibration's work as a callable: fwd+bwd of one full tokens x tokens block with the suite's
-    kernels (``burst_impl.kernels``, what a ring step computes)."""
-    dt = DTYPES[dtype]
-    g = torch.Generator().manual_seed(0)
-    q, k, v, do = (torch.randn(1, tokens, heads, head_dim, generator=g).to(dt) for _ in range(4))
-    scale_ = kernels.default_scale(head_dim, None)
-
-    def step():
-        out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale_)
-        delta = kernels.compute_delta(do, out)
-        kernels.attn_backward(do, q, k, v, lse, delta, causal=False, scale=scale_)
-    return step
 
 
 def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,

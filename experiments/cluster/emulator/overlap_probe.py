@@ -6,7 +6,7 @@ own pieces: every rank at once (the ranks in their namespaces and CPU cgroups, g
 timed by ``experiments.harness.timing.time_interleaved`` (rounds compute, transfer, both; each
 sample the slowest rank's, over ``ITERS`` steps back to back as a ring runs them),
 
-* ``compute``: fwd+bwd of one ``tokens x tokens`` block (``emulation.block_step``, the calibration's
+* ``compute``: fwd+bwd of one ``tokens x tokens`` block (``harness.reference.block_step``, the calibration's
   work, 8 heads x 32);
 * ``transfer``: one hop of ``nbytes``, posted as ``burst_impl.comm.Channel`` posts it (the
   receive, then the send, one ``batch_isend_irecv``), waited for;
@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from ...harness.timing import RepeatPolicy, time_interleaved
-from .emulation import block_step
+from ...harness.reference import block_step
 from .probe_rank import rank_main
 
 HEADS, HEAD_DIM = 8, 32

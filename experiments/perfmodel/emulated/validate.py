@@ -6,6 +6,11 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   shapes, GEMMs and memory traffic the schedules ask for, with as many
   concurrent processes and threads as the run had ranks on this machine,
   each capped at the run's CPU share per rank (``cluster.cpu_quota``);
+* load: the table carried to the rate this machine computed at during the
+  record's own rounds: its group's reference (the calibration's work timed in
+  every round, ``harness/reference.py``) over the table's time for that work
+  (``case_load``); for records without one, the run's calibration at bring-up
+  (``load_scale``). The host terms, derived at the run's load, move with it;
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -61,13 +66,24 @@ def _cases(records) -> list:
     return [c for c in (case_of(r) for r in records) if c is not None]
 
 
+def _block_key(work: dict) -> tuple:
+    """The kernel-table key of fwd+bwd of one full ``tokens x tokens`` block (``harness.reference.block_step``)."""
+    return ("attention", 1, int(work["heads"]), int(work["head_dim"]), int(work["tokens"]), int(work["tokens"]),
+            False, "fwd_bwd", work["dtype"])
+
+
 def calibration_key(cluster: dict) -> tuple | None:
     """The work the emulator timed at bring-up (fwd+bwd of one full block, ``emulation._bench``)."""
     c = cluster.get("calibration") or {}
     if not c.get("per_rank_flops_s"):
         return None
-    return ("attention", 1, int(c["heads"]), int(c["head_dim"]), int(c["tokens"]), int(c["tokens"]), False,
-            "fwd_bwd", c["dtype"])
+    return _block_key(c)
+
+
+def reference_key(rec: dict) -> tuple | None:
+    """The work a record's group timed in its rounds (``time_reference``, ``harness/reference.py``), or None."""
+    ref = rec.get("time_reference") or {}
+    return _block_key(ref["work"]) if ref.get("work") and ref.get("median_s") else None
 
 
 def load_scale(cluster: dict, times: KernelTimes) -> float:
@@ -79,6 +95,17 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
         return 1.0
     flops = attention_flops(AttnShape(key[1], key[4], key[2], key[2], key[3], 1, causal=False), mode="fwd_bwd")
     return flops / float(cluster["calibration"]["per_rank_flops_s"]) / times.seconds[key]
+
+
+def case_load(rec: dict, times: KernelTimes, run_load: float) -> float:
+    """The load a record's group ran at: its reference's median (the calibration's work timed in the group's own
+    rounds, the slowest rank's) over the table's time for that work; ``run_load`` (the bring-up calibration's,
+    ``load_scale``) for a record without one (before 2026-12-06) or a table without its key. The machine's rate
+    moves within a run (docs/findings.md, "A reference in every group's rounds")."""
+    key = reference_key(rec)
+    if key is None or key not in times.seconds:
+        return run_load
+    return float(rec["time_reference"]["median_s"]) / times.seconds[key]
 
 
 def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
@@ -106,9 +133,7 @@ def needed_keys(records, call: dict | None = None) -> set:
         smalls = [_small(call, c)] + [_small(call, c, CALL_METHOD, x) for x in CALL_LAYOUTS]
         for small in (s for s in smalls if s is not None):
             keys |= needed([small], hw, predict=predict_case)
-        cal = calibration_key(c.rec["cluster"])
-        if cal is not None:
-            keys.add(cal)
+        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec)) if x is not None}
     return keys
 
 
@@ -123,9 +148,12 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        k = load_scale(c.rec["cluster"], times) if rescale else 1.0
+        # the host terms come from probes taken near bring-up: derived at the run's load, then carried with the
+        # kernels to the load of the record's own rounds (case_load)
+        run_k = load_scale(c.rec["cluster"], times) if rescale else 1.0
+        k = case_load(c.rec, times, run_k) if rescale else 1.0
         cpus = run_cpus(c.rec["cluster"])
-        run = (c.shape.world_size, c.shape.dtype, repr(hw), k, cpus)
+        run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
             per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
                                           node_size=hw.devices_per_node, hardware=hw,
@@ -138,7 +166,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                                      costs=small_call_costs(times, k, excess, messages, cpus, ch))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
-        p = c.predict(hw, lambda h, dt, k=k, hs=hs, ch=ch: EmulatedCosts(
+        f = k / run_k
+        p = c.predict(hw, lambda h, dt, k=k, hs=hs * f, ch=ch * f: EmulatedCosts(
             h, dt, times=times, scale=k, host_s=hs, call_host_s=ch, excess=excess, messages=messages))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
@@ -149,7 +178,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "critical_comm_s": p.critical_comm_s,
+                     "load_scale": k, "run_load": run_k, "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],
                      # the busiest rank's measured CPU per step at its cap: a step this long spends the whole quota
@@ -177,8 +206,9 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in judged), default=math.nan)
     ok = bool(judged) and all(abs(r["error"]) <= target for r in judged)
     lines = ["performance model (experiments.perfmodel) vs measured, this machine as emulated: compute from "
-             "kernel times measured here at the schedules' block shapes (x load = the run's calibration time / "
-             "the table's for the same work), links at the shaped per-rank rates",
+             "kernel times measured here at the schedules' block shapes (x load = the calibration's work timed in "
+             "the case's rounds, else at the run's bring-up, / the table's time for it), links at the shaped "
+             "per-rank rates",
              f"{'N':>6} {'method':<{w}} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
     # a spec sweeping layouts or masks (cpu_sparse_masks, cpu_varlen_magiattention_2x4: causal and full too) has

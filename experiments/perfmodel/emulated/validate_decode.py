@@ -2,8 +2,9 @@
 
 The same terms as ``validate.py`` (nothing fitted for inference): this machine's kernel table at exactly the
 work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
-``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
-(``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
+``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the load of the record's own rounds (the
+calibration's work timed in each of them, ``validate.case_load``; the run's calibration at bring-up for records
+without it, ``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
 excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
 rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``): a decode step's own,
 measured at a few tokens of context for the run's row, world, node size and batch (``call_cpu.json``'s
@@ -35,8 +36,8 @@ from .hardware import emulated_hardware
 from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
 from .measured import KernelTimes, needed
 from .message import MessageCost
-from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, load_scale, messages_text,
-                       run_cpus, small_call_costs)
+from .validate import (TARGET, calibration_key, case_load, host_text, kernel_times, load_probes, load_scale,
+                       messages_text, reference_key, run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -106,8 +107,7 @@ def needed_keys(records, call: dict | None = None) -> set:
         step = _small_decode(call, c, hw)
         if step is not None:
             keys |= needed([step], hw)
-        if calibration_key(c.rec["cluster"]) is not None:
-            keys.add(calibration_key(c.rec["cluster"]))
+        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec)) if x is not None}
     return keys
 
 
@@ -117,12 +117,15 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        k = load_scale(c.rec["cluster"], times)
+        # the host term at the run's load (its probes were taken near bring-up), carried with the kernels to the
+        # load of the record's own rounds (validate.case_load)
+        run_k = load_scale(c.rec["cluster"], times)
+        k = case_load(c.rec, times, run_k)
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
-        key = (c.shape.world_size, c.shape.dtype, repr(hw), k, step and (c.row, c.shape.batch))
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, step and (c.row, c.shape.batch))
         if key not in hosts:
-            small_costs = small_call_costs(times, k, excess, messages, cpus)
+            small_costs = small_call_costs(times, run_k, excess, messages, cpus)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
@@ -131,14 +134,14 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                                            costs=small_costs), HOST_METHOD
             hosts[key] = host and {**host, "source": source}
         host = hosts[key]
-        hs = host["host_s_per_op"] if host else 0.0
+        hs = (host["host_s_per_op"] if host else 0.0) * k / run_k
         p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
                                                                    excess=excess or {}, messages=messages))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
-                     "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k,
+                     "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k, "run_load": run_k,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
@@ -155,8 +158,8 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in rows), default=math.nan)
     ok = bool(rows) and all(abs(r["error"]) <= target for r in rows)
     lines = ["inference model (experiments.perfmodel.inference) vs measured, this machine as emulated: the kernel "
-             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the run's "
-             "load, links as shaped; nothing fitted for inference",
+             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the load of "
+             "the case's rounds, links as shaped; nothing fitted for inference",
              f"{'mode':<6} {'G':>2} {'B':>3} {'N':>8} {'row':<14} {'measured ms':>11} {'predicted ms':>12} "
              f"{'error':>7} {'crit. comm ms':>13}       {'mean ms':>8} {'vs mean':>7}"]
     cpu = any(r.get("cpu_s") is not None for r in rows)

@@ -1,0 +1,65 @@
+"""The emulated machine's compute rate in each group's own rounds: the calibration's work timed beside the cases.
+
+An emulated rank's kernels run on a share of a VM's cores, and how fast those cores are moves from minute to
+minute: a 1.1-1.4x change within one run, the same in a step's CPU as in its wall time (docs/findings.md, "A
+reference in every group's rounds"). The emulator's calibration measures the rate once, at bring-up, so a group
+timed minutes later is priced at another minute's rate. So on an emulated cluster with a calibration,
+``measure.measure_group`` times one more step in every round of the group: the calibration's work
+(fwd+bwd of one full ``tokens x tokens`` block with the suite's kernels, ``block_step``), on every rank at once
+after the round's barrier, as the cases' steps are timed. Each record of the group carries its samples
+(``time_reference``): the slowest rank's seconds per round and each rank's CPU. The model's validation divides
+their median by the kernel table's time for the same work and prices that group's kernels and host work at it
+(``experiments/perfmodel/emulated/validate.py``, ``case_load``).
+
+    step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
+    rec["time_reference"] = field(work, samples, cpu_samples)
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from burst_impl import kernels
+from burst_impl.shape import DTYPES
+
+WORK_KEYS = ("tokens", "heads", "head_dim", "dtype")
+
+
+def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
+    """The calibration's work as a callable: fwd+bwd of one full tokens x tokens block with the suite's
+    kernels (``burst_impl.kernels``, what a ring step computes)."""
+    dt = DTYPES[dtype]
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, tokens, heads, head_dim, generator=g).to(dt) for _ in range(4))
+    scale_ = kernels.default_scale(head_dim, None)
+
+    def step():
+        out, lse = kernels.attn_forward(q, k, v, causal=False, scale=scale_)
+        delta = kernels.compute_delta(do, out)
+        kernels.attn_backward(do, q, k, v, lse, delta, causal=False, scale=scale_)
+    return step
+
+
+def work_of(cluster: dict) -> dict | None:
+    """The calibration's work of an emulated run (``{tokens, heads, head_dim, dtype}``), or None: not emulated,
+    or no calibration (given link rates)."""
+    cal = cluster.get("calibration") or {}
+    if not cluster.get("emulated") or not cal.get("per_rank_flops_s"):
+        return None
+    return {k: cal[k] for k in WORK_KEYS}
+
+
+def step_for(cluster: dict):
+    """(the reference step, its work) for a group measured on ``cluster``, or (None, None)."""
+    work = work_of(cluster)
+    if work is None:
+        return None, None
+    return block_step(int(work["tokens"]), int(work["heads"]), int(work["head_dim"]), work["dtype"]), work
+
+
+def field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
+    """A record's ``time_reference``: the work, the slowest rank's seconds per round, their median, and each
+    rank's median CPU seconds per call."""
+    return {"work": dict(work), "samples_s": list(samples), "median_s": statistics.median(samples),
+            "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}

@@ -1,0 +1,79 @@
+"""Each group's reference on an emulated cluster (experiments/harness/reference.py) and the load the validation
+prices a record's kernels and host work at (experiments/perfmodel/emulated/validate.py, ``case_load``)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from baselines import AttnShape
+from experiments.harness import reference
+from experiments.harness import results as R
+from experiments.harness.measure import Current, measure_group
+from experiments.harness.spec import Case
+from experiments.perfmodel.emulated import validate
+from experiments.perfmodel.emulated.measured import HBM, KernelTimes
+from tests.emulated_records import emulated_cluster, emulated_record
+
+CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e9}
+KEY = ("attention", 1, 2, 8, 32, 32, False, "fwd_bwd", "float32")
+
+
+def test_work_only_on_an_emulated_run_with_a_calibration():
+    assert reference.work_of({"emulated": True, "calibration": CAL}) == {k: CAL[k] for k in reference.WORK_KEYS}
+    assert reference.work_of({"emulated": True, "calibration": None}) is None       # given link rates
+    assert reference.work_of({"emulated": False, "calibration": CAL}) is None       # loopback, a GPU
+    assert reference.step_for({}) == (None, None)
+    step, work = reference.step_for({"emulated": True, "calibration": CAL})
+    step()                                                                         # runs: fwd+bwd of a block
+    f = reference.field(work, [0.3, 0.1, 0.2], [[1.0, 3.0, 2.0], [4.0, 4.0, 5.0]])
+    assert f["median_s"] == 0.2 and f["cpu_s_per_rank"] == [2.0, 4.0] and f["samples_s"] == [0.3, 0.1, 0.2]
+
+
+def _group(method: str) -> Case:
+    shape = AttnShape(seqlen=32, world_size=1, batch=1, heads=2, kv_heads=2, head_dim=8)
+    return Case(experiment="t_ref", method=method, level="op", mode="fwd_bwd", shape=shape, warmup=0, repeats=3,
+                seed=0, max_repeats=3)
+
+
+def _measure(cases):
+    return measure_group(cases, rank=0, world=1, device=torch.device("cpu"), current=Current(),
+                         shape_checked=lambda s: s, inject=lambda c, r: None)
+
+
+def test_a_group_on_an_emulated_cluster_times_the_reference_in_its_rounds(monkeypatch):
+    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": True, "calibration": CAL}))
+    recs = _measure([_group("burst"), _group("ring")])
+    for rec in recs:
+        ref = rec["time_reference"]
+        assert ref["work"] == {k: CAL[k] for k in reference.WORK_KEYS}
+        assert len(ref["samples_s"]) == rec["rounds"] == len(rec["time_samples_s"])  # one sample a round
+        assert ref["median_s"] > 0 and len(ref["cpu_s_per_rank"]) == 1
+    assert recs[0]["time_reference"] == recs[1]["time_reference"]                   # the group's, on each
+    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": False}))
+    assert "time_reference" not in _measure([_group("burst")])[0]                   # nothing to carry
+
+
+def _times(records, attn: float, ref: float) -> KernelTimes:
+    sec = {k: (1e-9 if k == HBM else attn) for k in validate.needed_keys(records)}
+    return KernelTimes(procs=2, threads=1, seconds={**sec, KEY: ref})
+
+
+def test_case_load_prices_a_record_at_its_own_rounds():
+    # the run's calibration: the block at 1e9 FLOP/s against the table's 0.1 s for it
+    flops = 4 * 32 * 32 * 2 * 8 * 3.5
+    cal = {**CAL, "per_rank_flops_s": flops / 0.1}                       # the table's rate: run load 1
+    plain = emulated_record(256, "burst", 1.0, emulated_cluster(cal))
+    slow = {**plain, "time_reference": {"work": {k: CAL[k] for k in reference.WORK_KEYS}, "median_s": 0.3}}
+    times = _times([plain, slow], 0.25, 0.1)
+    assert KEY in validate.needed_keys([slow])
+    assert validate.load_scale(plain["cluster"], times) == pytest.approx(1.0)
+    assert validate.case_load(plain, times, 1.0) == 1.0                   # no reference: the run's load
+    assert validate.case_load(slow, times, 1.0) == pytest.approx(3.0)    # 0.3 s against the table's 0.1
+    a, b = (validate.compare([r], times)[0] for r in (plain, slow))
+    assert (a["load_scale"], b["load_scale"], b["run_load"]) == pytest.approx((1.0, 3.0, 1.0))
+    # a forward at 2 ranks whose transfer hides under its kernels: all compute, so 3x
+    assert b["predicted_s"] == pytest.approx(3 * a["predicted_s"], rel=1e-6)
+    missing = KernelTimes(2, 1, {k: v for k, v in times.seconds.items() if k != KEY})
+    assert validate.case_load(slow, missing, 1.5) == 1.5                  # the table lacks the work
