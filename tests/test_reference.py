@@ -23,6 +23,8 @@ KEY = ("attention", 1, 2, 8, 32, 32, False, "fwd_bwd", "float32")
 def test_work_only_on_an_emulated_run_with_a_calibration():
     assert reference.work_of({"emulated": True, "calibration": CAL}) == {k: CAL[k] for k in reference.WORK_KEYS}
     assert reference.work_of({"emulated": True, "calibration": None}) is None       # given link rates
+    big = reference.work_of({"emulated": True, "calibration": {**CAL, "tokens": 2048}})
+    assert big["tokens"] == reference.MAX_TOKENS                                   # a round's cost bounded
     assert reference.work_of({"emulated": False, "calibration": CAL}) is None       # loopback, a GPU
     assert reference.step_for({}) == (None, None)
     step, work = reference.step_for({"emulated": True, "calibration": CAL})

@@ -5,8 +5,8 @@ minute: a 1.1-1.4x change within one run, the same in a step's CPU as in its wal
 reference in every group's rounds"). The emulator's calibration measures the rate once, at bring-up, so a group
 timed minutes later is priced at another minute's rate. So on an emulated cluster with a calibration,
 ``measure.measure_group`` times one more step in every round of the group: the calibration's work
-(fwd+bwd of one full ``tokens x tokens`` block with the suite's kernels, ``block_step``), on every rank at once
-after the round's barrier, as the cases' steps are timed. Each record of the group carries its samples
+(fwd+bwd of one full ``tokens x tokens`` block with the suite's kernels, ``block_step``; at most ``MAX_TOKENS``
+tokens), on every rank at once after the round's barrier, as the cases' steps are timed. Each record of the group carries its samples
 (``time_reference``): the slowest rank's seconds per round and each rank's CPU. The model's validation divides
 their median by the kernel table's time for the same work and prices that group's kernels and host work at it
 (``experiments/perfmodel/emulated/validate.py``, ``case_load``).
@@ -24,6 +24,9 @@ from burst_impl import kernels
 from burst_impl.shape import DTYPES
 
 WORK_KEYS = ("tokens", "heads", "head_dim", "dtype")
+# at most this many tokens a block: the calibration's 2048-token block of 8 heads x 64 took 1.85 s a round at a
+# quarter core (issue 36's run C), more than a decode group's three cases together
+MAX_TOKENS = 512
 
 
 def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
@@ -42,12 +45,12 @@ def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
 
 
 def work_of(cluster: dict) -> dict | None:
-    """The calibration's work of an emulated run (``{tokens, heads, head_dim, dtype}``), or None: not emulated,
-    or no calibration (given link rates)."""
+    """The calibration's work of an emulated run (``{tokens, heads, head_dim, dtype}``), at most ``MAX_TOKENS``
+    tokens, or None: not emulated, or no calibration (given link rates)."""
     cal = cluster.get("calibration") or {}
     if not cluster.get("emulated") or not cal.get("per_rank_flops_s"):
         return None
-    return {k: cal[k] for k in WORK_KEYS}
+    return {**{k: cal[k] for k in WORK_KEYS}, "tokens": min(int(cal["tokens"]), MAX_TOKENS)}
 
 
 def step_for(cluster: dict):
