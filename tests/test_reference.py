@@ -17,6 +17,7 @@ from experiments.perfmodel.emulated.measured import HBM, KernelTimes
 from tests.emulated_records import emulated_cluster, emulated_record
 
 CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e9}
+FAST = {**CAL, "per_rank_flops_s": 1e6}        # a reference of one block a sample (the group test's cost)
 KEY = ("attention", 1, 2, 8, 32, 32, False, "fwd_bwd", "float32")
 
 
@@ -28,9 +29,16 @@ def test_work_only_on_an_emulated_run_with_a_calibration():
     assert reference.work_of({"emulated": False, "calibration": CAL}) is None       # loopback, a GPU
     assert reference.step_for({}) == (None, None)
     step, work = reference.step_for({"emulated": True, "calibration": CAL})
-    step()                                                                         # runs: fwd+bwd of a block
+    # 1e9 FLOP/s against a block of 4*32^2*2*8*3.5 FLOPs: MIN_SAMPLE_S takes ceil(0.5 / 2.29e-4) = 2180 blocks
+    assert work["calls"] == 2180
+    step(n=1)                                                                      # runs: fwd+bwd of a block
     f = reference.field(work, [0.3, 0.1, 0.2], [[1.0, 3.0, 2.0], [4.0, 4.0, 5.0]])
     assert f["median_s"] == 0.2 and f["cpu_s_per_rank"] == [2.0, 4.0] and f["samples_s"] == [0.3, 0.1, 0.2]
+    assert f["calls"] == 2180 and set(f["work"]) == set(reference.WORK_KEYS)
+    # a reference shorter than two CFS periods measured the quota's burst, not the rate: not used
+    assert reference.long_enough({"median_s": 0.11, "calls": 2}, {})                      # 0.22 s, 100 ms period
+    assert not reference.long_enough({"median_s": 0.11}, {})                               # one 0.11 s block
+    assert reference.long_enough({"median_s": 0.11}, {"cpu_quota": {"period_us": 50_000}})
 
 
 def _group(method: str) -> Case:
@@ -45,7 +53,7 @@ def _measure(cases):
 
 
 def test_a_group_on_an_emulated_cluster_times_the_reference_in_its_rounds(monkeypatch):
-    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": True, "calibration": CAL}))
+    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": True, "calibration": FAST}))
     recs = _measure([_group("burst"), _group("ring")])
     for rec in recs:
         ref = rec["time_reference"]
@@ -68,11 +76,13 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     cal = {**CAL, "per_rank_flops_s": flops / 0.1}                       # the table's rate: run load 1
     plain = emulated_record(256, "burst", 1.0, emulated_cluster(cal))
     slow = {**plain, "time_reference": {"work": {k: CAL[k] for k in reference.WORK_KEYS}, "median_s": 0.3}}
+    short = {**plain, "time_reference": {**slow["time_reference"], "median_s": 0.15}}    # under 2 periods
     times = _times([plain, slow], 0.25, 0.1)
     assert KEY in validate.needed_keys([slow])
     assert validate.load_scale(plain["cluster"], times) == pytest.approx(1.0)
     assert validate.case_load(plain, times, 1.0) == 1.0                   # no reference: the run's load
     assert validate.case_load(slow, times, 1.0) == pytest.approx(3.0)    # 0.3 s against the table's 0.1
+    assert validate.case_load(short, times, 1.0) == 1.0                  # the quota's burst: the run's load
     a, b = (validate.compare([r], times)[0] for r in (plain, slow))
     assert (a["load_scale"], b["load_scale"], b["run_load"]) == pytest.approx((1.0, 3.0, 1.0))
     # a forward at 2 ranks whose transfer hides under its kernels: all compute, so 3x

@@ -115,7 +115,7 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
     timed = time_interleaved([(s.step, s.setup) for s in steps] + extra, warmup=max(c.warmup for c in cases),
                              policy=policy, device=device, group=group,
                              on_step=lambda i: setattr(current, "case", cases[min(i, len(cases) - 1)]),
-                             ).per_call([s.calls for s in steps] + [1] * len(extra))
+                             ).per_call([s.calls for s in steps] + [work["calls"] for _ in extra])
     t_timed = time.perf_counter() - t_start
     out = []
     for i, (case, step) in enumerate(zip(cases, steps)):

@@ -6,27 +6,35 @@ reference in every group's rounds"). The emulator's calibration measures the rat
 timed minutes later is priced at another minute's rate. So on an emulated cluster with a calibration,
 ``measure.measure_group`` times one more step in every round of the group: the calibration's work
 (fwd+bwd of one full ``tokens x tokens`` block with the suite's kernels, ``block_step``; at most ``MAX_TOKENS``
-tokens), on every rank at once after the round's barrier, as the cases' steps are timed. Each record of the group carries its samples
+tokens, back to back for ``MIN_SAMPLE_S``), on every rank at once after the round's barrier, as the cases' steps
+are timed. Each record of the group carries its samples
 (``time_reference``): the slowest rank's seconds per round and each rank's CPU. The model's validation divides
 their median by the kernel table's time for the same work and prices that group's kernels and host work at it
 (``experiments/perfmodel/emulated/validate.py``, ``case_load``).
 
     step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
-    rec["time_reference"] = field(work, samples, cpu_samples)
+    rec["time_reference"] = field(work, samples, cpu_samples)    # samples per block (measure: / work["calls"])
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
 
 from burst_impl import kernels
-from burst_impl.shape import DTYPES
+from burst_impl.flops import attention_flops
+from burst_impl.shape import DTYPES, AttnShape
 
 WORK_KEYS = ("tokens", "heads", "head_dim", "dtype")
 # at most this many tokens a block: the calibration's 2048-token block of 8 heads x 64 took 1.85 s a round at a
 # quarter core (issue 36's run C), more than a decode group's three cases together
 MAX_TOKENS = 512
+# a sample runs the block back to back for at least this long: five of CFS's default 100 ms periods. A rank whose
+# quota leaves cores free (4 ranks on 2 cores) runs a shorter sample at more than its cap: run D's 0.1 s blocks
+# at G 4 ran at 0.28-0.31 of a core against 0.25, and priced the groups' kernels 30% fast
+MIN_SAMPLE_S = 0.5
+PERIODS = 2            # a reference shorter than this many of the run's CFS periods is not used (long_enough)
 
 
 def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
@@ -53,16 +61,38 @@ def work_of(cluster: dict) -> dict | None:
     return {**{k: cal[k] for k in WORK_KEYS}, "tokens": min(int(cal["tokens"]), MAX_TOKENS)}
 
 
+def calls_for(work: dict, per_rank_flops_s: float) -> int:
+    """Blocks a sample runs back to back: ``MIN_SAMPLE_S`` at the calibration's rate per rank."""
+    flops = attention_flops(AttnShape(1, int(work["tokens"]), int(work["heads"]), int(work["heads"]),
+                                      int(work["head_dim"]), 1, causal=False), mode="fwd_bwd")
+    return max(1, math.ceil(MIN_SAMPLE_S * per_rank_flops_s / flops))
+
+
 def step_for(cluster: dict):
-    """(the reference step, its work) for a group measured on ``cluster``, or (None, None)."""
+    """(the reference step, its work with ``calls``: blocks a sample) for a group measured on ``cluster``, or
+    (None, None). One call of the step runs the block ``calls`` times."""
     work = work_of(cluster)
     if work is None:
         return None, None
-    return block_step(int(work["tokens"]), int(work["heads"]), int(work["head_dim"]), work["dtype"]), work
+    block = block_step(int(work["tokens"]), int(work["heads"]), int(work["head_dim"]), work["dtype"])
+    work["calls"] = calls_for(work, float(cluster["calibration"]["per_rank_flops_s"]))
+
+    def step(n=work["calls"]):
+        for _ in range(n):
+            block()
+    return step, work
 
 
 def field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
-    """A record's ``time_reference``: the work, the slowest rank's seconds per round, their median, and each
-    rank's median CPU seconds per call."""
-    return {"work": dict(work), "samples_s": list(samples), "median_s": statistics.median(samples),
+    """A record's ``time_reference``: the work (``calls`` blocks a sample), the slowest rank's seconds per block
+    in each round, their median, and each rank's median CPU seconds per block."""
+    return {"work": {k: work[k] for k in WORK_KEYS}, "calls": int(work.get("calls", 1)), "samples_s": list(samples),
+            "median_s": statistics.median(samples),
             "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}
+
+
+def long_enough(ref: dict, cluster: dict) -> bool:
+    """Whether a record's reference spans ``PERIODS`` of its run's CFS period (``cpu_quota.period_us``; 100 ms
+    where not recorded): a shorter sample measures the quota's burst, not the rate (``MIN_SAMPLE_S``)."""
+    period_s = float((cluster.get("cpu_quota") or {}).get("period_us") or 100_000) / 1e6
+    return float(ref["median_s"]) * int(ref.get("calls", 1)) >= PERIODS * period_s

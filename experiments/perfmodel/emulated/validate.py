@@ -46,6 +46,7 @@ from pathlib import Path
 from baselines import AttnShape
 
 from burst_impl.flops import attention_flops
+from ...harness import reference
 from ...harness import results as R
 from ..model import predict_case
 from .cases import SHAPE_KEYS, case_of
@@ -100,10 +101,11 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
 def case_load(rec: dict, times: KernelTimes, run_load: float) -> float:
     """The load a record's group ran at: its reference's median (the calibration's work timed in the group's own
     rounds, the slowest rank's) over the table's time for that work; ``run_load`` (the bring-up calibration's,
-    ``load_scale``) for a record without one (before 2026-12-06) or a table without its key. The machine's rate
-    moves within a run (docs/findings.md, "A reference in every group's rounds")."""
+    ``load_scale``) for a record without one (before 2026-12-06), a table without its key, or a reference shorter
+    than two CFS periods (``reference.long_enough``: it measured the quota's burst). The machine's rate moves
+    within a run (docs/findings.md, "A reference in every group's rounds")."""
     key = reference_key(rec)
-    if key is None or key not in times.seconds:
+    if key is None or key not in times.seconds or not reference.long_enough(rec["time_reference"], rec["cluster"]):
         return run_load
     return float(rec["time_reference"]["median_s"]) / times.seconds[key]
 
