@@ -83,7 +83,11 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     assert validate.case_load(plain, times, 1.0) == 1.0                   # no reference: the run's load
     assert validate.case_load(slow, times, 1.0) == pytest.approx(3.0)    # 0.3 s against the table's 0.1
     assert validate.case_load(short, times, 1.0) == 1.0                  # the quota's burst: the run's load
+    # by default every record is priced at the run's load, the reference's reported beside it
     a, b = (validate.compare([r], times)[0] for r in (plain, slow))
+    assert (a["reference_load"], b["reference_load"], b["load_scale"]) == (None, pytest.approx(3.0), 1.0)
+    assert b["predicted_s"] == pytest.approx(a["predicted_s"], rel=1e-12)
+    a, b = (validate.compare([r], times, at_reference=True)[0] for r in (plain, slow))
     assert (a["load_scale"], b["load_scale"], b["run_load"]) == pytest.approx((1.0, 3.0, 1.0))
     # a forward at 2 ranks whose transfer hides under its kernels: all compute, so 3x
     assert b["predicted_s"] == pytest.approx(3 * a["predicted_s"], rel=1e-6)

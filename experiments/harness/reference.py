@@ -9,8 +9,9 @@ timed minutes later is priced at another minute's rate. So on an emulated cluste
 tokens, back to back for ``MIN_SAMPLE_S``), on every rank at once after the round's barrier, as the cases' steps
 are timed. Each record of the group carries its samples
 (``time_reference``): the slowest rank's seconds per round and each rank's CPU. The model's validation divides
-their median by the kernel table's time for the same work and prices that group's kernels and host work at it
-(``experiments/perfmodel/emulated/validate.py``, ``case_load``).
+their median by the kernel table's time for the same work (``experiments/perfmodel/emulated/validate.py``,
+``case_load``) and reports that load beside each row; it prices the group at it only with ``at_reference``: in
+two runs that did better in one and worse in the other.
 
     step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
     rec["time_reference"] = field(work, samples, cpu_samples)    # samples per block (measure: / work["calls"])

@@ -6,11 +6,13 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   shapes, GEMMs and memory traffic the schedules ask for, with as many
   concurrent processes and threads as the run had ranks on this machine,
   each capped at the run's CPU share per rank (``cluster.cpu_quota``);
-* load: the table carried to the rate this machine computed at during the
-  record's own rounds: its group's reference (the calibration's work timed in
-  every round, ``harness/reference.py``) over the table's time for that work
-  (``case_load``); for records without one, the run's calibration at bring-up
-  (``load_scale``). The host terms, derived at the run's load, move with it;
+* load: the table carried to the run's load, its calibration at bring-up over the
+  table's time for the same work (``load_scale``). Each group's records also carry
+  a reference, the calibration's work timed in its own rounds
+  (``harness/reference.py``); the load it gives (``case_load``) is reported beside
+  each row and priced only with ``at_reference=True``: in two runs it did better
+  in one and worse in the other (docs/findings.md, "A reference in every group's
+  rounds");
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -140,20 +142,22 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
-            call: dict | None = None, messages: MessageCost | None = None) -> list[dict]:
+            call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = False) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
-    messages (``message.fit_messages``; None: the excess line for every size)."""
+    messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each record
+    at its group's reference's load (``case_load``) instead of the run's."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        # the host terms come from probes taken near bring-up: derived at the run's load, then carried with the
-        # kernels to the load of the record's own rounds (case_load)
+        # the host terms come from probes taken near bring-up: derived at the run's load, and with at_reference
+        # carried with the kernels to the load of the record's own rounds (case_load)
         run_k = load_scale(c.rec["cluster"], times) if rescale else 1.0
-        k = case_load(c.rec, times, run_k) if rescale else 1.0
+        ref_k = case_load(c.rec, times, math.nan)
+        k = ref_k if at_reference and rescale and not math.isnan(ref_k) else run_k
         cpus = run_cpus(c.rec["cluster"])
         run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
@@ -180,7 +184,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "run_load": run_k, "critical_comm_s": p.critical_comm_s,
+                     "load_scale": k, "run_load": run_k, "reference_load": None if math.isnan(ref_k) else ref_k,
+                     "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],
                      # the busiest rank's measured CPU per step at its cap: a step this long spends the whole quota
@@ -208,9 +213,8 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in judged), default=math.nan)
     ok = bool(judged) and all(abs(r["error"]) <= target for r in judged)
     lines = ["performance model (experiments.perfmodel) vs measured, this machine as emulated: compute from "
-             "kernel times measured here at the schedules' block shapes (x load = the calibration's work timed in "
-             "the case's rounds, else at the run's bring-up, / the table's time for it), links at the shaped "
-             "per-rank rates",
+             "kernel times measured here at the schedules' block shapes (x load = the run's calibration time / "
+             "the table's for the same work), links at the shaped per-rank rates",
              f"{'N':>6} {'method':<{w}} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
     # a spec sweeping layouts or masks (cpu_sparse_masks, cpu_varlen_magiattention_2x4: causal and full too) has

@@ -2,9 +2,9 @@
 
 The same terms as ``validate.py`` (nothing fitted for inference): this machine's kernel table at exactly the
 work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
-``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the load of the record's own rounds (the
-calibration's work timed in each of them, ``validate.case_load``; the run's calibration at bring-up for records
-without it, ``validate.load_scale``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
+``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
+(``validate.load_scale``; the load of each group's own rounds, ``validate.case_load``, is reported beside it and
+priced with ``at_reference``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
 excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
 rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``): a decode step's own,
 measured at a few tokens of context for the run's row, world, node size and batch (``call_cpu.json``'s
@@ -112,15 +112,17 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None) -> list[dict]:
-    """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring)."""
+            messages: MessageCost | None = None, at_reference: bool = False) -> list[dict]:
+    """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
+    ``at_reference``: each record priced at its group's reference's load (``validate.compare``'s)."""
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        # the host term at the run's load (its probes were taken near bring-up), carried with the kernels to the
-        # load of the record's own rounds (validate.case_load)
+        # the host term at the run's load (its probes were taken near bring-up), and with at_reference carried with
+        # the kernels to the load of the record's own rounds (validate.case_load)
         run_k = load_scale(c.rec["cluster"], times)
-        k = case_load(c.rec, times, run_k)
+        ref_k = case_load(c.rec, times, math.nan)
+        k = ref_k if at_reference and not math.isnan(ref_k) else run_k
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
         key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, step and (c.row, c.shape.batch))
@@ -142,6 +144,7 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k, "run_load": run_k,
+                     "reference_load": None if math.isnan(ref_k) else ref_k,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
@@ -158,8 +161,8 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in rows), default=math.nan)
     ok = bool(rows) and all(abs(r["error"]) <= target for r in rows)
     lines = ["inference model (experiments.perfmodel.inference) vs measured, this machine as emulated: the kernel "
-             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the load of "
-             "the case's rounds, links as shaped; nothing fitted for inference",
+             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the run's "
+             "load, links as shaped; nothing fitted for inference",
              f"{'mode':<6} {'G':>2} {'B':>3} {'N':>8} {'row':<14} {'measured ms':>11} {'predicted ms':>12} "
              f"{'error':>7} {'crit. comm ms':>13}       {'mean ms':>8} {'vs mean':>7}"]
     cpu = any(r.get("cpu_s") is not None for r in rows)
