@@ -7,8 +7,8 @@ timed minutes later is priced at another minute's rate. So on an emulated cluste
 ``measure.measure_group`` times one more step in every round of the group: the calibration's work
 (fwd+bwd of one full ``tokens x tokens`` block with the suite's kernels, ``block_step``; at most ``MAX_TOKENS``
 tokens, back to back for ``MIN_SAMPLE_S``), on every rank at once after the round's barrier, as the cases' steps
-are timed. Each record of the group carries its samples
-(``time_reference``): the slowest rank's seconds per round and each rank's CPU. The model's validation divides
+are timed; it adds some 0.5 s to each round of an emulated run. Each record of the group carries its samples
+(``time_reference``): the slowest rank's seconds per block and each rank's CPU. The model's validation divides
 their median by the kernel table's time for the same work (``experiments/perfmodel/emulated/validate.py``,
 ``case_load``) and reports that load beside each row; it prices the group at it only with ``at_reference``: in
 two runs that did better in one and worse in the other.
