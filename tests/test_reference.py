@@ -93,3 +93,20 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     assert b["predicted_s"] == pytest.approx(3 * a["predicted_s"], rel=1e-6)
     missing = KernelTimes(2, 1, {k: v for k, v in times.seconds.items() if k != KEY})
     assert validate.case_load(slow, missing, 1.5) == 1.5                  # the table lacks the work
+
+
+def test_the_repeat_policy_judges_the_cases_not_the_reference():
+    from experiments.harness.timing import RepeatPolicy, time_interleaved
+    seen = []
+
+    class Spy(RepeatPolicy):
+        def stop(self, samples, elapsed_s, round_s):
+            seen.append(len(samples))
+            return "max_repeats"
+    policy = Spy(min_repeats=1, max_repeats=1, target=0.05, budget_s=10.0)
+    out = time_interleaved([(lambda: None, None)] * 3, warmup=0, policy=policy, device=torch.device("cpu"), judged=2)
+    assert seen == [2] and len(out.samples) == 3          # all three timed, two judged
+    time_interleaved([(lambda: None, None)] * 3, warmup=0, policy=policy, device=torch.device("cpu"))
+    assert seen == [2, 3]                                 # by default every step
+    with pytest.raises(ValueError, match="judged=4"):
+        time_interleaved([(lambda: None, None)] * 3, warmup=0, policy=policy, device=torch.device("cpu"), judged=4)

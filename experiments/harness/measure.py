@@ -112,8 +112,9 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
     # on an emulated cluster, the calibration's work timed last in every round: the machine's rate in these rounds
     ref, work = reference.step_for(R.cluster_info(world))
     extra = [(ref, None)] if ref is not None else []
+    # the reference costs its time in every round, but the repeat policy judges the cases' intervals only
     timed = time_interleaved([(s.step, s.setup) for s in steps] + extra, warmup=max(c.warmup for c in cases),
-                             policy=policy, device=device, group=group,
+                             policy=policy, device=device, group=group, judged=len(steps),
                              on_step=lambda i: setattr(current, "case", cases[min(i, len(cases) - 1)]),
                              ).per_call([s.calls for s in steps] + [work["calls"] for _ in extra])
     t_timed = time.perf_counter() - t_start

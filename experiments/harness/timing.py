@@ -246,19 +246,25 @@ def autorange(call: Callable[[], object], setup: Callable[[], object] | None, mi
 
 def time_interleaved(steps: list[tuple[Callable[[], object], Callable[[], object] | None]], *, warmup: int,
                      policy: RepeatPolicy, device: torch.device, group=None,
-                     on_step: Callable[[int], None] | None = None) -> Interleaved:
+                     on_step: Callable[[int], None] | None = None, judged: int | None = None) -> Interleaved:
     """Time ``steps`` ((step, setup) pairs) in rounds A B C A B C ... until ``policy`` says stop.
 
     After each round every rank holds the same numbers (the round's samples and the elapsed time,
     maximum over ranks), so every rank takes the same stop decision. ``on_step(i)`` is called before
-    step i runs (the worker's watchdog names the case that hangs)."""
+    step i runs (the worker's watchdog names the case that hangs). ``judged``: the policy's interval
+    target judges the first ``judged`` steps only (the rest, a reference timed beside them, still costs
+    its time in the rounds); None: every step."""
     if not steps:
         raise ValueError("time_interleaved needs at least one step")
+    judged = len(steps) if judged is None else judged
+    if not 1 <= judged <= len(steps):
+        raise ValueError(f"judged={judged} must be between 1 and the {len(steps)} steps")
     with comm.agree_once():   # each method's warm-up agrees on its inputs; its timed calls reuse it
-        return _interleave(steps, warmup, policy, device, group, on_step)
+        return _interleave(steps, warmup, policy, device, group, on_step, judged)
 
 
-def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device, group, on_step) -> Interleaved:
+def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device, group, on_step,
+                judged: int) -> Interleaved:
     t0 = time.perf_counter()
     for i, (step, setup) in enumerate(steps):
         if on_step is not None:
@@ -290,7 +296,7 @@ def _interleave(steps, warmup: int, policy: "RepeatPolicy", device: torch.device
         n = len(samples[0])
         # the next round costs about what the rounds so far cost on average (setups included)
         round_s = (elapsed - (t_rounds - t0)) / n
-        why = policy.stop(samples, elapsed, round_s)
+        why = policy.stop(samples[:judged], elapsed, round_s)
         if why:
             return Interleaved(samples=samples, stop=why, rounds=n, mean_samples=means,
                                cpu_samples=[[list(r) for r in zip(*c)] for c in cpus],
