@@ -80,9 +80,9 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     times = _times([plain, slow], 0.25, 0.1)
     assert KEY in validate.needed_keys([slow])
     assert validate.load_scale(plain["cluster"], times) == pytest.approx(1.0)
-    assert validate.case_load(plain, times, 1.0) == 1.0                   # no reference: the run's load
-    assert validate.case_load(slow, times, 1.0) == pytest.approx(3.0)    # 0.3 s against the table's 0.1
-    assert validate.case_load(short, times, 1.0) == 1.0                  # the quota's burst: the run's load
+    assert validate.case_load(plain, times) is None                      # no reference: the run's load
+    assert validate.case_load(slow, times) == pytest.approx(3.0)         # 0.3 s against the table's 0.1
+    assert validate.case_load(short, times) is None                      # the quota's burst: the run's load
     # by default every record is priced at the run's load, the reference's reported beside it
     a, b = (validate.compare([r], times)[0] for r in (plain, slow))
     assert (a["reference_load"], b["reference_load"], b["load_scale"]) == (None, pytest.approx(3.0), 1.0)
@@ -92,7 +92,7 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     # a forward at 2 ranks whose transfer hides under its kernels: all compute, so 3x
     assert b["predicted_s"] == pytest.approx(3 * a["predicted_s"], rel=1e-6)
     missing = KernelTimes(2, 1, {k: v for k, v in times.seconds.items() if k != KEY})
-    assert validate.case_load(slow, missing, 1.5) == 1.5                  # the table lacks the work
+    assert validate.case_load(slow, missing) is None                      # the table lacks the work
 
 
 def test_the_repeat_policy_judges_the_cases_not_the_reference():

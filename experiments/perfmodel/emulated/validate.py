@@ -100,15 +100,15 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
     return flops / float(cluster["calibration"]["per_rank_flops_s"]) / times.seconds[key]
 
 
-def case_load(rec: dict, times: KernelTimes, run_load: float) -> float:
+def case_load(rec: dict, times: KernelTimes) -> float | None:
     """The load a record's group ran at: its reference's median (the calibration's work timed in the group's own
-    rounds, the slowest rank's) over the table's time for that work; ``run_load`` (the bring-up calibration's,
-    ``load_scale``) for a record without one (before 2026-12-06), a table without its key, or a reference shorter
-    than two CFS periods (``reference.long_enough``: it measured the quota's burst). The machine's rate moves
-    within a run (docs/findings.md, "A reference in every group's rounds")."""
+    rounds, the slowest rank's) over the table's time for that work; None for a record without one (before
+    2026-12-06), a table without its key, or a reference shorter than two CFS periods (``reference.long_enough``:
+    it measured the quota's burst). The machine's rate moves within a run (docs/findings.md, "A reference in
+    every group's rounds")."""
     key = reference_key(rec)
     if key is None or key not in times.seconds or not reference.long_enough(rec["time_reference"], rec["cluster"]):
-        return run_load
+        return None
     return float(rec["time_reference"]["median_s"]) / times.seconds[key]
 
 
@@ -156,8 +156,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         # the host terms come from probes taken near bring-up: derived at the run's load, and with at_reference
         # carried with the kernels to the load of the record's own rounds (case_load)
         run_k = load_scale(c.rec["cluster"], times) if rescale else 1.0
-        ref_k = case_load(c.rec, times, math.nan)
-        k = ref_k if at_reference and rescale and not math.isnan(ref_k) else run_k
+        ref_k = case_load(c.rec, times)
+        k = ref_k if at_reference and rescale and ref_k is not None else run_k
         cpus = run_cpus(c.rec["cluster"])
         run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
@@ -184,7 +184,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "run_load": run_k, "reference_load": None if math.isnan(ref_k) else ref_k,
+                     "load_scale": k, "run_load": run_k, "reference_load": ref_k,
                      "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],

@@ -121,8 +121,8 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         # the host term at the run's load (its probes were taken near bring-up), and with at_reference carried with
         # the kernels to the load of the record's own rounds (validate.case_load)
         run_k = load_scale(c.rec["cluster"], times)
-        ref_k = case_load(c.rec, times, math.nan)
-        k = ref_k if at_reference and not math.isnan(ref_k) else run_k
+        ref_k = case_load(c.rec, times)
+        k = ref_k if at_reference and ref_k is not None else run_k
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
         key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, step and (c.row, c.shape.batch))
@@ -144,7 +144,7 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k, "run_load": run_k,
-                     "reference_load": None if math.isnan(ref_k) else ref_k,
+                     "reference_load": ref_k,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
