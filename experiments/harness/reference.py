@@ -53,6 +53,20 @@ def block_step(tokens: int, heads: int, head_dim: int, dtype: str = "float32"):
     return step
 
 
+STREAM_ELEMENTS = 1 << 23        # 32 MiB fp32 per operand: far larger than any cache of this machine
+STREAM_BYTES = 3 * 4 * STREAM_ELEMENTS     # x.add_(y) reads two fp32 arrays and writes one
+
+
+def stream_step():
+    """The memory-bound work the kernel table prices a byte of traffic with (its ``("hbm",)`` key) and the
+    emulator's calibration times at bring-up beside ``block_step``: ``x.add_(y)`` over two 32 MiB fp32 arrays,
+    ``STREAM_BYTES`` a call. The machine's memory rate moves apart from its compute rate (docs/findings.md,
+    "The memory rate apart from the compute rate")."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(STREAM_ELEMENTS, generator=g), torch.randn(STREAM_ELEMENTS, generator=g)
+    return lambda: x.add_(y)
+
+
 def work_of(cluster: dict) -> dict | None:
     """The calibration's work of an emulated run (``{tokens, heads, head_dim, dtype}``), at most ``MAX_TOKENS``
     tokens, or None: not emulated, or no calibration (given link rates)."""

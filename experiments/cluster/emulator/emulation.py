@@ -18,12 +18,14 @@ the link, would bound every message (RDMA has no such clock). Where the
 kernel has no ``sch_netem`` latency is not applied at all, and records say so.
 
 Limits (docs/emulator.md): the compute rate is measured once per
-bring-up at one block size and shape, while ranks sharing cores compute
+bring-up at one block size and shape (the memory rate beside it, which
+the model's validation carries memory-bound work by), while ranks sharing cores compute
 slower when their neighbours compute and faster when they wait; gloo adds
 per-message overheads a GPU collective does not have; attention only (no
 projections, norms or optimizer) sets the ratio.
 
-    python -m experiments.cluster.emulator.emulation bench <tokens> <heads> <head_dim> <dtype> <threads> <dir> <id> <s>
+    python -m experiments.cluster.emulator.emulation bench <tokens> <heads> <head_dim> <dtype> <threads> <dir> <id> \
+        <s> [<memory s>]
 """
 from __future__ import annotations
 
@@ -45,9 +47,13 @@ from .shaping import LinkShape
 from burst_impl.flops import attention_flops
 from burst_impl.shape import AttnShape
 from ...harness.cpuquota import join
-from ...harness.reference import block_step     # the calibration's work (also each group's reference)
+# the calibration's work (also each group's reference), and the memory-bound work timed beside it
+from ...harness.reference import STREAM_BYTES, block_step, stream_step
 
 DEFAULT_LATENCY_CAP_US = 2000.0
+# the memory rate's timing after the compute's: ten of CFS's default 100 ms periods, so a capped rank's quota
+# burst does not set it (harness/reference.py, MIN_SAMPLE_S)
+MEMORY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,10 +66,18 @@ class Calibration:
     procs: int
     threads: int
     flops_per_s: tuple[float, ...]      # one per process
+    # seconds per byte of memory traffic (``stream_step``, the kernel table's ("hbm",) work) per process, timed
+    # after the block as it: the validation carries memory-bound work by it (docs/findings.md, "The memory rate
+    # apart from the compute rate"); empty for a calibration taken before 2026-12-06
+    memory_s_per_byte: tuple[float, ...] = ()
 
     @property
     def per_rank(self) -> float:
         return statistics.median(self.flops_per_s)
+
+    @property
+    def memory_per_rank(self) -> float | None:
+        return statistics.median(self.memory_s_per_byte) if self.memory_s_per_byte else None
 
 
 @dataclass(frozen=True)
@@ -109,6 +123,7 @@ class Scaling:
         d = asdict(self)
         if self.calibration is not None:
             d["calibration"]["per_rank_flops_s"] = self.calibration.per_rank
+            d["calibration"]["per_rank_memory_s_per_byte"] = self.calibration.memory_per_rank
         return d
 
     def summary(self) -> str:
@@ -116,7 +131,9 @@ class Scaling:
             f" per rank ({v.ranks_per_nic} per NIC of {v.nic_bytes_s / 1e6:.3g} MB/s)" if v.ranks_per_nic > 1 else "")
             for k, v in self.links.items())
         dil = f", time dilation {self.dilation:.0f}x" if self.dilation else ""
-        return f"{rates}{dil}"
+        mem = self.calibration and self.calibration.memory_per_rank
+        mem = f", memory {1e-9 / mem:.3g} GB/s per rank" if mem else ""
+        return f"{rates}{dil}{mem}"
 
 
 def _target_flops(hw: Hardware, dtype: str, tokens: int) -> float:
@@ -175,36 +192,61 @@ def fixed(hardware: str, rates: dict[str, float], latency_us: dict[str, float] |
 # ---------------------------------------------------------------- calibration
 
 
-def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
-           seconds: float) -> float:
-    """FLOP/s of fwd+bwd of one full tokens x tokens block, timed while the other processes run too."""
-    torch.set_num_threads(threads)
-    step = block_step(tokens, heads, head_dim, dtype)
-    step()                                        # warm-up (allocations, kernel selection)
-    (sync / f"ready.{ident}").touch()
-    while not (sync / "go").exists():
+def _wait(sync: Path, name: str) -> None:
+    while not (sync / name).exists():
         time.sleep(0.01)
+
+
+def _timed(fn, seconds: float) -> tuple[int, float]:
+    """(calls, seconds) of ``fn`` back to back for at least ``seconds`` and two calls."""
     t0, n = time.perf_counter(), 0
     while True:
-        step()
+        fn()
         n += 1
         el = time.perf_counter() - t0
         if el >= seconds and n >= 2:
-            break
-    return n * attention_flops(AttnShape(1, tokens, heads, heads, head_dim, 1, causal=False), mode="fwd_bwd") / el
+            return n, el
+
+
+def _bench(tokens: int, heads: int, head_dim: int, dtype: str, threads: int, sync: Path, ident: str,
+           seconds: float, memory_seconds: float = MEMORY_SECONDS) -> dict:
+    """FLOP/s of fwd+bwd of one full tokens x tokens block, then seconds per byte of ``stream_step``, each timed
+    while the other processes run it too (released together: ``go``, then ``mgo``)."""
+    torch.set_num_threads(threads)
+    step, stream = block_step(tokens, heads, head_dim, dtype), stream_step()
+    step()                                        # warm-up (allocations, kernel selection)
+    stream()
+    (sync / f"ready.{ident}").touch()
+    _wait(sync, "go")
+    n, el = _timed(step, seconds)
+    flops = n * attention_flops(AttnShape(1, tokens, heads, heads, head_dim, 1, causal=False), mode="fwd_bwd") / el
+    (sync / f"mready.{ident}").touch()
+    _wait(sync, "mgo")
+    n, el = _timed(stream, memory_seconds)
+    return {"flops_per_s": flops, "memory_s_per_byte": el / n / STREAM_BYTES}
+
+
+def _release(sync: Path, ready: str, go: str, procs: int, ps: list, deadline: float, what: str) -> None:
+    """Touch ``go`` once every process has touched its ``ready`` file; ToolFailed if one died or time ran out."""
+    while len(list(sync.glob(f"{ready}.*"))) < procs:
+        if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
+            errs = [p.stderr.read()[-500:] for p in ps if p.poll() not in (None, 0)]
+            raise ToolFailed(f"calibration benchmark did not reach its {what}: {errs or 'timeout'}")
+        time.sleep(0.05)
+    (sync / go).touch()
 
 
 def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: int, dtype: str,
-              seconds: float = 3.0, python: str = sys.executable, timeout_s: float = 300,
-              cgroups: list[str] | None = None) -> Calibration:
-    """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s; with
-    ``cgroups`` (one per process, ``experiments/harness/cpuquota.py``) each runs in its rank's cpu cgroup,
-    as the rank will."""
+              seconds: float = 3.0, memory_seconds: float = MEMORY_SECONDS, python: str = sys.executable,
+              timeout_s: float = 300, cgroups: list[str] | None = None) -> Calibration:
+    """Run ``procs`` benchmark processes at once (released together) and collect their FLOP/s and memory
+    seconds per byte; with ``cgroups`` (one per process, ``experiments/harness/cpuquota.py``) each runs in its
+    rank's cpu cgroup, as the rank will."""
     with tempfile.TemporaryDirectory(prefix="bemu-calib-") as d:
         sync = Path(d)
         env = dict(os.environ, OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="")
         cmd = [python, "-m", "experiments.cluster.emulator.emulation", "bench", str(tokens), str(heads), str(head_dim),
-               dtype, str(threads), str(sync), "{id}", str(seconds)]
+               dtype, str(threads), str(sync), "{id}", str(seconds), str(memory_seconds)]
         ps = []
         for i in range(procs):
             ps.append(subprocess.Popen([c.replace("{id}", str(i)) for c in cmd], stdout=subprocess.PIPE,
@@ -213,25 +255,22 @@ def calibrate(*, procs: int, threads: int, tokens: int, heads: int, head_dim: in
                 join(cgroups[i], ps[-1].pid)
         try:
             deadline = time.monotonic() + timeout_s
-            while len(list(sync.glob("ready.*"))) < procs:
-                if any(p.poll() not in (None, 0) for p in ps) or time.monotonic() > deadline:
-                    errs = [p.stderr.read()[-500:] for p in ps if p.poll() not in (None, 0)]
-                    raise ToolFailed(f"calibration benchmark did not start: {errs or 'timeout'}")
-                time.sleep(0.05)
-            (sync / "go").touch()
+            _release(sync, "ready", "go", procs, ps, deadline, "start")
+            _release(sync, "mready", "mgo", procs, ps, deadline, "memory timing")
             rates = []
             for p in ps:
                 out, err = p.communicate(timeout=max(10.0, deadline - time.monotonic()))
                 if p.returncode:
                     raise ToolFailed(f"calibration benchmark failed: {err[-500:]}")
-                rates.append(float(json.loads(out.strip().splitlines()[-1])["flops_per_s"]))
+                rates.append(json.loads(out.strip().splitlines()[-1]))
         finally:
             for p in ps:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
     return Calibration(tokens=tokens, heads=heads, head_dim=head_dim, dtype=dtype, procs=procs, threads=threads,
-                       flops_per_s=tuple(rates))
+                       flops_per_s=tuple(float(r["flops_per_s"]) for r in rates),
+                       memory_s_per_byte=tuple(float(r["memory_s_per_byte"]) for r in rates))
 
 
 def main(argv: list[str]) -> int:
@@ -239,8 +278,9 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     tokens, heads, head_dim, dtype, threads, sync, ident, seconds = argv[1:9]
-    r = _bench(int(tokens), int(heads), int(head_dim), dtype, int(threads), Path(sync), ident, float(seconds))
-    print(json.dumps({"flops_per_s": r}))
+    memory_seconds = float(argv[9]) if len(argv) > 9 else MEMORY_SECONDS
+    print(json.dumps(_bench(int(tokens), int(heads), int(head_dim), dtype, int(threads), Path(sync), ident,
+                            float(seconds), memory_seconds)))
     return 0
 
 

@@ -5,7 +5,10 @@ Three things differ from an accelerator, each measured on this machine apart fro
 * compute: every kernel (a band or varlen tile as itself, ``measured.masked_key``), GEMM, score block,
   softmax and byte of memory traffic a schedule asks for is read from a ``KernelTimes`` table
   (``measured.py``) x ``scale`` (``validate.load_scale``: the
-  run's own calibration over the table's time for the same work; the machine's load differs);
+  run's own calibration over the table's time for the same work; the machine's load differs). Memory
+  traffic, and work bound by it (``memory_bound``: a decode step's attention over its cache), go at
+  ``mem_scale`` instead (``validate.memory_load``: the run's memory rate at bring-up over the table's), where
+  the run measured it: this machine's memory rate moves apart from its compute rate;
 * host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels; and
   every kernel call ``call_host_s`` more (``host_cost.per_call_host``): a plan's tile is selected
@@ -39,6 +42,7 @@ from burst_impl.flops import entries_flops
 class EmulatedCosts(CostModel):
     times: KernelTimes | None = None
     scale: float = 1.0
+    mem_scale: float | None = None       # the run's memory load (validate.memory_load); None: ``scale``
     host_s: float = 0.0                  # host seconds per op on the compute stream
     call_host_s: float = 0.0             # host seconds per attention kernel call (a tile's selects and merge)
     # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
@@ -64,10 +68,14 @@ class EmulatedCosts(CostModel):
         a, k = self.excess.get(klass, (0.0, 0.0))
         return a + k * nbytes
 
-    def _get(self, key: tuple) -> float:
+    def _table(self, key: tuple) -> float:
+        """The table's seconds of ``key``, as timed (KeyError naming a key that was not)."""
         if self.times is None or key not in self.times.seconds:
             raise KeyError(f"no measured time for {key}; measure it first (experiments.perfmodel.emulated.measured)")
-        return self.times.seconds[key] * self.scale
+        return self.times.seconds[key]
+
+    def _get(self, key: tuple) -> float:
+        return self._table(key) * self.scale
 
     def attention(self, batch, heads, head_dim, rows, cols, causal, mode, entries=None, mask=None):
         if rows <= 0 or cols <= 0:
@@ -90,7 +98,14 @@ class EmulatedCosts(CostModel):
         return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
 
     def hbm(self, nbytes):
-        return nbytes * self._get(HBM)
+        return nbytes * self._table(HBM) * (self.scale if self.mem_scale is None else self.mem_scale)
+
+    def memory_bound(self, key: tuple) -> float:
+        """Seconds of ``key``, work whose time follows the machine's memory rate: at the run's memory load. A
+        decode step's attention streams its cache and goes at the memory rate whole, its GQA rows' arithmetic
+        included: timed apart, its keys moved with the stream, not with the compute block (docs/findings.md,
+        "The memory rate apart from the compute rate")."""
+        return self._table(key) * (self.scale if self.mem_scale is None else self.mem_scale)
 
     def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):
         key = ("scores", heads, rows, cols, head_dim, total_cols, dtype or self.dtype)

@@ -3,7 +3,9 @@
 * ``DecodeEmulatedCosts``: ``EmulatedCosts`` (the kernel table, the run's load scale, host per op, overlap
   excess) answering ``decode_attention`` from the table's ``("decode", q, keys, Z, Zkv, d, dtype)`` key
   (``measured._runner``: ``partial_attention`` as a decode step calls it) and ``weight_gemm`` from its
-  GEMM key at the exact shape (on a CPU the weight's read is in the measured time);
+  GEMM key at the exact shape (on a CPU the weight's read is in the measured time). The attention streams
+  the cache and goes at the run's memory load (``EmulatedCosts.memory_bound``); the GEMV at the compute load:
+  the CPU mirror's weights (at most 2.5 MiB a layer) stay in this machine's caches, as they did in the table;
 * ``DecodeRecording``: ``measured.RecordingCosts`` noting those keys too (``validate_decode.needed_keys``).
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ class DecodeEmulatedCosts(EmulatedCosts):
     def decode_attention(self, q, keys, heads, kv_heads, head_dim):
         if q <= 0 or keys <= 0:
             return 0.0, 0.0
-        return self._get(decode_key(q, keys, heads, kv_heads, head_dim, self.dtype)), 4.0 * q * keys * heads * head_dim
+        return (self.memory_bound(decode_key(q, keys, heads, kv_heads, head_dim, self.dtype)),
+                4.0 * q * keys * heads * head_dim)
 
     def weight_gemm(self, m, n, k):
         return self.gemm(m, n, k)

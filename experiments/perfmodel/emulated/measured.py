@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from ...harness import cpuquota
+from ...harness.reference import STREAM_BYTES, stream_step
 from ..costs import CostModel
 from burst_impl import kernels, masks
 from burst_impl.inference import partial_attention
@@ -52,7 +53,6 @@ from burst_impl.kernels.common import TileMask
 from burst_impl.shape import DTYPES
 
 HBM = ("hbm",)
-HBM_ELEMENTS = 1 << 23            # 32 MiB fp32 per operand: far larger than any cache of this machine
 
 
 def _key(k) -> tuple:
@@ -216,8 +216,7 @@ def _runner(key: tuple):
         # one new token: every cached key live, which the decode step knows on the host (decode_all_live)
         return lambda: partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5, all_live=q == 1)
     if key == HBM:
-        x, y = torch.randn(HBM_ELEMENTS, generator=g), torch.randn(HBM_ELEMENTS, generator=g)
-        return lambda: x.add_(y)            # reads two fp32 arrays, writes one
+        return stream_step()                # reads two fp32 arrays, writes one (STREAM_BYTES a call)
     raise ValueError(f"key={key!r}: unknown kind of work; expected attention, masked, gemm, scores, softmax, decode "
                      "or hbm")
 
@@ -263,7 +262,7 @@ def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: flo
                 if time.perf_counter() - t0 >= seconds:
                     break
             per = (time.perf_counter() - t0) / n
-            out[i].append(per / (3 * 4 * HBM_ELEMENTS) if key == HBM else per)
+            out[i].append(per / STREAM_BYTES if key == HBM else per)
     return out
 
 

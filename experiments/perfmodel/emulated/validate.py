@@ -13,6 +13,9 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   each row and priced only with ``at_reference=True``: in two runs it did better
   in one and worse in the other (docs/findings.md, "A reference in every group's
   rounds");
+* memory: memory traffic and a decode step's attention at the run's memory
+  load instead (``memory_load``: the memory rate the calibration timed at
+  bring-up over the table's), where the run timed it (since 2026-12-06);
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -57,7 +60,7 @@ from .excess import OVERLAP_FILE, load_excess
 from .hardware import emulated_hardware
 from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, host_per_op, load_call_cpu,
                         per_call_host, small_case)
-from .measured import KernelTimes, measure, needed
+from .measured import HBM, KernelTimes, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
@@ -100,6 +103,18 @@ def load_scale(cluster: dict, times: KernelTimes) -> float:
     return flops / float(cluster["calibration"]["per_rank_flops_s"]) / times.seconds[key]
 
 
+def memory_load(cluster: dict, times: KernelTimes) -> float | None:
+    """Run-time / table-time of a byte of memory traffic (``harness.reference.stream_step``, the table's
+    ``("hbm",)`` work), timed at bring-up beside the calibration's block: memory-bound work goes at it
+    (``EmulatedCosts.mem_scale``), since this machine's memory rate moves apart from its compute rate
+    (docs/findings.md, "The memory rate apart from the compute rate"). None for a run whose calibration did
+    not time it (before 2026-12-06) or a table without the key: that work then goes at ``load_scale``."""
+    per_byte = (cluster.get("calibration") or {}).get("per_rank_memory_s_per_byte")
+    if not per_byte or HBM not in times.seconds:
+        return None
+    return float(per_byte) / times.seconds[HBM]
+
+
 def case_load(rec: dict, times: KernelTimes) -> float | None:
     """The load a record's group ran at: its reference's median (the calibration's work timed in the group's own
     rounds, the slowest rank's) over the table's time for that work; None for a record without one (before
@@ -119,10 +134,10 @@ def _small(call: dict | None, c, method: str | None = None, layout: str | None =
 
 
 def small_call_costs(times: KernelTimes, scale: float, excess: dict | None, messages: MessageCost | None,
-                     cpus: float | None, call_host_s: float = 0.0):
+                     cpus: float | None, call_host_s: float = 0.0, mem_scale: float | None = None):
     """The cost model of a small call measured as CPU (``host_cost``): no host per op (that is what it
     measures), its messages at their CPU (``message.for_host``)."""
-    return lambda h, dt: EmulatedCosts(h, dt, times=times, scale=scale, excess=excess or {},
+    return lambda h, dt: EmulatedCosts(h, dt, times=times, scale=scale, mem_scale=mem_scale, excess=excess or {},
                                        messages=for_host(messages, cpus), call_host_s=call_host_s)
 
 
@@ -157,24 +172,26 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         # carried with the kernels to the load of the record's own rounds (case_load)
         run_k = load_scale(c.rec["cluster"], times) if rescale else 1.0
         ref_k = case_load(c.rec, times)
+        mem_k = memory_load(c.rec["cluster"], times) if rescale else None
         k = ref_k if at_reference and rescale and ref_k is not None else run_k
         cpus = run_cpus(c.rec["cluster"])
-        run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, cpus)
+        run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, mem_k, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
             per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
                                           node_size=hw.devices_per_node, hardware=hw,
-                                          costs=small_call_costs(times, k, excess, messages, cpus))
+                                          costs=small_call_costs(times, k, excess, messages, cpus, mem_scale=mem_k))
         ch = per_call[run]["call_host_s"] if per_call[run] else 0.0
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
-                                     costs=small_call_costs(times, k, excess, messages, cpus, ch))
+                                     costs=small_call_costs(times, k, excess, messages, cpus, ch, mem_k))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         f = k / run_k
         p = c.predict(hw, lambda h, dt, k=k, hs=hs * f, ch=ch * f: EmulatedCosts(
-            h, dt, times=times, scale=k, host_s=hs, call_host_s=ch, excess=excess, messages=messages))
+            h, dt, times=times, scale=k, mem_scale=mem_k, host_s=hs, call_host_s=ch, excess=excess,
+            messages=messages))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
         main = c.rec.get("time_cpu_main_s_per_rank")
@@ -184,7 +201,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "run_load": run_k, "reference_load": ref_k,
+                     "load_scale": k, "run_load": run_k, "reference_load": ref_k, "memory_load": mem_k,
                      "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],
@@ -247,6 +264,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
                  f"{'met' if ok else 'NOT met'} (worst {worst:.1%})"
                  + ("" if len(ns) >= 2 else "; only one N was measured"))
     lines.append(spread_line(judged))
+    lines.append(memory_line(rows))
     return {"rows": rows, "largest_n": top, "worst_abs_error": worst, "met": ok, "text": "\n".join(lines)}
 
 
@@ -256,6 +274,18 @@ def _threads_cells(r: dict) -> str:
     vals = (r.get("main_at_cap_s_per_rank"), r.get("work_s_per_rank"), r.get("rest_at_cap_s_per_rank"),
             r.get("held_s_per_rank"))
     return "".join(f" {max(v):{w}.3f}" if v else f" {'-':>{w}}" for v, w in zip(vals, (8, 6, 8, 6)))
+
+
+def memory_line(rows: list[dict]) -> str:
+    """The memory load(s) the rows' memory traffic went at (``memory_load``), or why it went at the compute load."""
+    loads = sorted({round(r["memory_load"], 3) for r in rows if r.get("memory_load") is not None})
+    if not loads:
+        return ("memory traffic at the compute load: the run's calibration did not time the memory rate "
+                "(before 2026-12-06)")
+    compute = sorted({round(r["run_load"], 2) for r in rows})
+    return ("memory traffic and a decode step's attention at the run's memory load "
+            f"{', '.join(f'{x:.2f}' for x in loads)} (its bring-up memory rate over the table's; compute load "
+            f"{', '.join(f'{x:.2f}' for x in compute)})")
 
 
 SPREAD_BOUNDS = (0.10, 0.15, 0.20)   # the bounds issues set on this model (15%: the mask benchmark, issue 37)

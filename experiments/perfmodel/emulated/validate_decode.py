@@ -37,7 +37,7 @@ from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_fro
 from .measured import KernelTimes, needed
 from .message import MessageCost
 from .validate import (TARGET, calibration_key, case_load, host_text, kernel_times, load_probes, load_scale,
-                       messages_text, reference_key, run_cpus, small_call_costs)
+                       memory_line, memory_load, messages_text, reference_key, run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -122,12 +122,13 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         # the kernels to the load of the record's own rounds (validate.case_load)
         run_k = load_scale(c.rec["cluster"], times)
         ref_k = case_load(c.rec, times)
+        mem_k = memory_load(c.rec["cluster"], times)     # memory-bound work's load (EmulatedCosts.memory_bound)
         k = ref_k if at_reference and ref_k is not None else run_k
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
-        key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, step and (c.row, c.shape.batch))
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, mem_k, step and (c.row, c.shape.batch))
         if key not in hosts:
-            small_costs = small_call_costs(times, run_k, excess, messages, cpus)
+            small_costs = small_call_costs(times, run_k, excess, messages, cpus, mem_scale=mem_k)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
@@ -137,14 +138,14 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
             hosts[key] = host and {**host, "source": source}
         host = hosts[key]
         hs = (host["host_s_per_op"] if host else 0.0) * k / run_k
-        p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, host_s=hs,
-                                                                   excess=excess or {}, messages=messages))
+        p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, mem_scale=mem_k,
+                                                                   host_s=hs, excess=excess or {}, messages=messages))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k, "run_load": run_k,
-                     "reference_load": ref_k,
+                     "reference_load": ref_k, "memory_load": mem_k,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
@@ -179,6 +180,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
                      f"{r['measured_s'] * 1e3:11.2f} {r['predicted_s'] * 1e3:12.2f} {r['error']:+7.1%} "
                      f"{r['critical_comm_s'] * 1e3:13.2f}{flag}  {mean}")
     lines.append(f"target |error| <= {target:.0%} for every row: {'met' if ok else 'NOT met'} (worst {worst:.1%})")
+    lines.append(memory_line(rows))
     means = [abs(r["error_mean"]) for r in rows if r.get("error_mean") is not None]
     if means:
         lines.append(f"against the mean step: {sum(e <= target for e in means)} of {len(means)} rows within "
