@@ -68,3 +68,10 @@ def test_the_calibration_times_the_memory_rate_and_records_it():
     old = emulation.Calibration(1024, 8, 32, "float32", 1, 1, (1e9,))       # before 2026-12-06
     assert old.memory_per_rank is None
     assert emulation.scale(HW, old).to_dict()["calibration"]["per_rank_memory_s_per_byte"] is None
+
+
+def test_the_report_says_which_load_memory_traffic_went_at():
+    rows = [{"memory_load": 1.2345, "run_load": 1.05}, {"memory_load": 1.2345, "run_load": 1.05}]
+    assert validate.memory_line(rows) == ("memory traffic and a decode step's attention at the run's memory load "
+                                          "1.23 (its bring-up memory rate over the table's; compute load 1.05)")
+    assert "no memory rate" in validate.memory_line([{"memory_load": None, "run_load": 1.0}])

@@ -280,8 +280,8 @@ def memory_line(rows: list[dict]) -> str:
     """The memory load(s) the rows' memory traffic went at (``memory_load``), or why it went at the compute load."""
     loads = sorted({round(r["memory_load"], 3) for r in rows if r.get("memory_load") is not None})
     if not loads:
-        return ("memory traffic at the compute load: the run's calibration did not time the memory rate "
-                "(before 2026-12-06)")
+        return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
+                "or given link rates)")
     compute = sorted({round(r["run_load"], 2) for r in rows})
     return ("memory traffic and a decode step's attention at the run's memory load "
             f"{', '.join(f'{x:.2f}' for x in loads)} (its bring-up memory rate over the table's; compute load "
