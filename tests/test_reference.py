@@ -110,3 +110,30 @@ def test_the_repeat_policy_judges_the_cases_not_the_reference():
     assert seen == [2, 3]                                 # by default every step
     with pytest.raises(ValueError, match="judged=4"):
         time_interleaved([(lambda: None, None)] * 3, warmup=0, policy=policy, device=torch.device("cpu"), judged=4)
+
+
+def test_at_a_reference_the_host_term_is_still_derived_at_the_runs_load():
+    # the host term comes from probes taken near bring-up: derived at the run's load (1 here), then carried with the
+    # kernels to the reference's (3x); derived at 3x instead, the model's own compute in the small call would be
+    # 3x and the host term smaller
+    flops = 4 * 32 * 32 * 2 * 8 * 3.5
+    cal = {**CAL, "per_rank_flops_s": flops / 0.1}
+    plain = emulated_record(256, "burst", 1.0, emulated_cluster(cal, cpus=0.5))
+    slow = {**plain, "time_reference": {"work": {k: CAL[k] for k in reference.WORK_KEYS}, "median_s": 0.3}}
+    call = {"rows": [{"method": "burst", "seqlen": 16, "world_size": 2, "node_size": 1, "heads": 2, "head_dim": 8,
+                      "dtype": "float32", "causal": False, "layout": "contiguous", "cpu_s_median": 1.0}],
+            "path": "call_cpu.json"}
+    keys = validate.needed_keys([slow], call)
+    times = KernelTimes(procs=2, threads=1, seconds={**{k: (1e-9 if k == HBM else 0.25) for k in keys}, KEY: 0.1})
+    (run,) = validate.compare([slow], times, call=call)
+    (ref,) = validate.compare([slow], times, call=call, at_reference=True)
+    assert run["host"]["host_s_per_op"] > 0
+    assert ref["host"]["host_s_per_op"] == pytest.approx(run["host"]["host_s_per_op"], rel=1e-12)
+    assert ref["call_host"] == run["call_host"]
+    # kernels and host both at 3x, the transfer hidden under them: the whole prediction 3x
+    assert ref["predicted_s"] == pytest.approx(3 * run["predicted_s"], rel=1e-6)
+    ld = validate.loads_of(slow, times, at_reference=True)
+    assert (ld.run, ld.reference, ld.memory, ld.priced) == (pytest.approx(1.0), pytest.approx(3.0), None,
+                                                            pytest.approx(3.0))
+    assert validate.loads_of(slow, times).priced == pytest.approx(1.0)
+    assert validate.loads_of(slow, times, at_reference=True, rescale=False).priced == 1.0

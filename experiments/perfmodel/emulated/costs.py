@@ -98,7 +98,7 @@ class EmulatedCosts(CostModel):
         return self._get(("gemm", m, n, k, dtype or self.dtype)), 2.0 * m * n * k
 
     def hbm(self, nbytes):
-        return nbytes * self._table(HBM) * (self.scale if self.mem_scale is None else self.mem_scale)
+        return nbytes * self.memory_bound(HBM)
 
     def memory_bound(self, key: tuple) -> float:
         """Seconds of ``key``, work whose time follows the machine's memory rate: at the run's memory load. A

@@ -46,6 +46,7 @@ import math
 import os
 import statistics
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from baselines import AttnShape
@@ -127,6 +128,26 @@ def case_load(rec: dict, times: KernelTimes) -> float | None:
     return float(rec["time_reference"]["median_s"]) / times.seconds[key]
 
 
+@dataclass(frozen=True)
+class Loads:
+    """The loads one record is priced at: ``run`` (``load_scale``; 1 without ``rescale``), ``reference``
+    (``case_load``, reported), ``memory`` (``memory_load``; None: memory traffic at ``priced``) and ``priced``,
+    the kernels' load: the reference's with ``at_reference`` where the record has one, else the run's. The host
+    terms are derived at ``run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
+
+    run: float
+    reference: float | None
+    memory: float | None
+    priced: float
+
+
+def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = False, rescale: bool = True) -> Loads:
+    run = load_scale(rec["cluster"], times) if rescale else 1.0
+    ref = case_load(rec, times)
+    return Loads(run=run, reference=ref, memory=memory_load(rec["cluster"], times) if rescale else None,
+                 priced=ref if at_reference and rescale and ref is not None else run)
+
+
 def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
     """The measured small call of ``method`` (the record's own by default) at the record's world and node size."""
     return small_case(call, method or c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
@@ -168,29 +189,25 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        # the host terms come from probes taken near bring-up: derived at the run's load, and with at_reference
-        # carried with the kernels to the load of the record's own rounds (case_load)
-        run_k = load_scale(c.rec["cluster"], times) if rescale else 1.0
-        ref_k = case_load(c.rec, times)
-        mem_k = memory_load(c.rec["cluster"], times) if rescale else None
-        k = ref_k if at_reference and rescale and ref_k is not None else run_k
+        ld = loads_of(c.rec, times, at_reference=at_reference, rescale=rescale)
         cpus = run_cpus(c.rec["cluster"])
-        run = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, mem_k, cpus)
+        run = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
             per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
                                           node_size=hw.devices_per_node, hardware=hw,
-                                          costs=small_call_costs(times, k, excess, messages, cpus, mem_scale=mem_k))
+                                          costs=small_call_costs(times, ld.run, excess, messages, cpus,
+                                                                 mem_scale=ld.memory))
         ch = per_call[run]["call_host_s"] if per_call[run] else 0.0
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
-                                     costs=small_call_costs(times, k, excess, messages, cpus, ch, mem_k))
+                                     costs=small_call_costs(times, ld.run, excess, messages, cpus, ch, ld.memory))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
-        f = k / run_k
-        p = c.predict(hw, lambda h, dt, k=k, hs=hs * f, ch=ch * f: EmulatedCosts(
-            h, dt, times=times, scale=k, mem_scale=mem_k, host_s=hs, call_host_s=ch, excess=excess,
+        f = ld.priced / ld.run
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f: EmulatedCosts(
+            h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, excess=excess,
             messages=messages))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
@@ -201,7 +218,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": k, "run_load": run_k, "reference_load": ref_k, "memory_load": mem_k,
+                     "load_scale": ld.priced, "run_load": ld.run, "reference_load": ld.reference,
+                     "memory_load": ld.memory,
                      "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],

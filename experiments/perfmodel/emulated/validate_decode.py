@@ -36,8 +36,8 @@ from .hardware import emulated_hardware
 from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
 from .measured import KernelTimes, needed
 from .message import MessageCost
-from .validate import (TARGET, calibration_key, case_load, host_text, kernel_times, load_probes, load_scale,
-                       memory_line, memory_load, messages_text, reference_key, run_cpus, small_call_costs)
+from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_line,
+                       messages_text, reference_key, run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -118,17 +118,12 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        # the host term at the run's load (its probes were taken near bring-up), and with at_reference carried with
-        # the kernels to the load of the record's own rounds (validate.case_load)
-        run_k = load_scale(c.rec["cluster"], times)
-        ref_k = case_load(c.rec, times)
-        mem_k = memory_load(c.rec["cluster"], times)     # memory-bound work's load (EmulatedCosts.memory_bound)
-        k = ref_k if at_reference and ref_k is not None else run_k
+        ld = loads_of(c.rec, times, at_reference=at_reference)   # the host term at ld.run
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
-        key = (c.shape.world_size, c.shape.dtype, repr(hw), run_k, mem_k, step and (c.row, c.shape.batch))
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory, step and (c.row, c.shape.batch))
         if key not in hosts:
-            small_costs = small_call_costs(times, run_k, excess, messages, cpus, mem_scale=mem_k)
+            small_costs = small_call_costs(times, ld.run, excess, messages, cpus, mem_scale=ld.memory)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
@@ -137,15 +132,16 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                                            costs=small_costs), HOST_METHOD
             hosts[key] = host and {**host, "source": source}
         host = hosts[key]
-        hs = (host["host_s_per_op"] if host else 0.0) * k / run_k
-        p = c.predict(hw, lambda h, dt, k=k, hs=hs: EmulatedCosts(h, dt, times=times, scale=k, mem_scale=mem_k,
-                                                                   host_s=hs, excess=excess or {}, messages=messages))
+        hs = (host["host_s_per_op"] if host else 0.0) * ld.priced / ld.run
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs: EmulatedCosts(h, dt, times=times, scale=ld.priced,
+                                                                     mem_scale=ld.memory, host_s=hs,
+                                                                     excess=excess or {}, messages=messages))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
-                     "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": k, "run_load": run_k,
-                     "reference_load": ref_k, "memory_load": mem_k,
+                     "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": ld.priced,
+                     "run_load": ld.run, "reference_load": ld.reference, "memory_load": ld.memory,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
