@@ -71,6 +71,77 @@ def test_the_calibration_times_the_memory_rate_and_records_it():
 
 def test_the_report_says_which_load_memory_traffic_went_at():
     rows = [{"memory_load": 1.2345, "run_load": 1.05}, {"memory_load": 1.2345, "run_load": 1.05}]
-    assert validate.memory_line(rows) == ("memory traffic and a decode step's attention at the run's memory load "
-                                          "1.23 (its bring-up memory rate over the table's; compute load 1.05)")
+    assert validate.memory_line(rows) == ("memory traffic and a decode step's attention at the memory load 1.23 (the "
+                                          "run's bring-up memory rate over the table's; compute load 1.05)")
     assert "no memory rate" in validate.memory_line([{"memory_load": None, "run_load": 1.0}])
+    grouped = [{"memory_load": 1.5, "memory_reference_load": 1.5, "memory_run_load": 1.1, "run_load": 1.0},
+               {"memory_load": 1.1, "memory_reference_load": None, "memory_run_load": 1.1, "run_load": 1.0}]
+    assert validate.memory_line(grouped) == (
+        "memory traffic and a decode step's attention at the memory load 1.10-1.50 (the groups' own memory "
+        "references for 1 of 2 rows, the bring-up's (1.10) for the rest; compute load 1.00)")
+
+
+CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e6}
+
+
+def test_the_memory_reference_runs_only_where_the_calibration_timed_the_memory_rate():
+    assert reference.memory_step_for({"emulated": True, "calibration": CAL}) == (None, None)   # before 2026-12-06
+    assert reference.memory_step_for({"emulated": False, "calibration": {**CAL, "per_rank_memory_s_per_byte": 1e-10}}
+                                     ) == (None, None)                                   # loopback, a GPU
+    step, work = reference.memory_step_for({"emulated": True,
+                                            "calibration": {**CAL, "per_rank_memory_s_per_byte": 1e-10}})
+    # 0.5 s at 1e-10 s a byte over 96 MiB a call: ceil(0.5 / 0.01007) = 50 calls a sample
+    assert work == {"bytes": reference.STREAM_BYTES, "calls": 50}
+    step(n=1)
+    f = reference.memory_field(work, [0.3, 0.1, 0.2], [[1.0, 3.0, 2.0]])
+    assert f == {"bytes": reference.STREAM_BYTES, "calls": 50, "samples_s": [0.3, 0.1, 0.2], "median_s": 0.2,
+                 "cpu_s_per_rank": [2.0]}
+
+
+def test_a_group_times_the_memory_reference_after_the_compute_reference(monkeypatch):
+    import json
+
+    import torch
+
+    from baselines import AttnShape
+    from experiments.harness import results as R
+    from experiments.harness.measure import Current, measure_group
+    from experiments.harness.spec import Case
+    shape = AttnShape(seqlen=32, world_size=1, batch=1, heads=2, kv_heads=2, head_dim=8)
+    cases = [Case(experiment="t_mem", method=m, level="op", mode="fwd_bwd", shape=shape, warmup=0, repeats=3, seed=0,
+                  max_repeats=3) for m in ("burst", "ring")]
+
+    def measure():
+        return measure_group(cases, rank=0, world=1, device=torch.device("cpu"), current=Current(),
+                             shape_checked=lambda s: s, inject=lambda c, r: None)
+    # 1e-7 s a byte: one stream call a sample (the test's cost)
+    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": True,
+                                                  "calibration": {**CAL, "per_rank_memory_s_per_byte": 1e-7}}))
+    recs = measure()
+    for rec in recs:
+        mem, ref = rec["time_memory_reference"], rec["time_reference"]
+        assert mem["calls"] == 1 and mem["bytes"] == reference.STREAM_BYTES
+        assert len(mem["samples_s"]) == len(ref["samples_s"]) == rec["rounds"]
+        # the two references are two steps' samples, not one step's twice
+        assert mem["samples_s"] != ref["samples_s"] and ref["work"]["tokens"] == 32
+    monkeypatch.setenv(R.CLUSTER_ENV, json.dumps({"emulated": True, "calibration": CAL}))
+    rec = measure()[0]
+    assert "time_reference" in rec and "time_memory_reference" not in rec
+
+
+def test_a_group_is_priced_at_its_own_memory_rate_where_it_timed_one():
+    times = _times()
+    cluster = {"emulated": True, "calibration": {**CAL, "per_rank_memory_s_per_byte": 1.5e-10}}
+    rec = {"cluster": cluster, "time_memory_reference": {"bytes": 10**9, "calls": 1, "median_s": 0.25}}
+    assert validate.memory_key(rec) == HBM and validate.memory_key({"cluster": {}}) is None
+    assert validate.case_memory_load(rec, times) == pytest.approx(2.5)         # 2.5e-10 s a byte against 1e-10
+    ld = validate.loads_of(rec, times)
+    assert (ld.memory_run, ld.memory_reference, ld.memory) == pytest.approx((1.5, 2.5, 2.5))
+    assert validate.loads_of(rec, times, group_memory=False).memory == pytest.approx(1.5)
+    # no reference, a table without the key, a sample shorter than two CFS periods (0.2 s here: 100 ms): the bring-up
+    assert validate.loads_of({"cluster": cluster}, times).memory == pytest.approx(1.5)
+    assert validate.case_memory_load(rec, KernelTimes(1, 1, {})) is None
+    short = {**rec, "time_memory_reference": {"bytes": 1000, "calls": 1, "median_s": 0.15}}
+    assert validate.case_memory_load(short, times) is None
+    two = {**rec, "time_memory_reference": {"bytes": 10**8, "calls": 2, "median_s": 0.12}}     # 0.24 s a sample
+    assert validate.case_memory_load(two, times) == pytest.approx(12.0)

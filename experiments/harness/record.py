@@ -77,6 +77,9 @@ class Timing:
     # an emulated run's compute rate in the group's own rounds: the calibration's work timed beside the cases
     # (harness/reference.py: work, the slowest rank's samples, their median, each rank's CPU)
     reference: dict | None = None
+    # and its memory rate: the memory stream timed after it (reference.memory_step_for: bytes a call, calls a
+    # sample, the slowest rank's samples, their median, each rank's CPU)
+    memory_reference: dict | None = None
     ttft_s: float | None = _row("ttft_s")   # decode: time to first token
     tpot_s: float | None = _row("tpot_s")   # decode: time per output token
     repeat_stop: str | None = _row("repeat_stop")

@@ -13,6 +13,11 @@ their median by the kernel table's time for the same work (``experiments/perfmod
 ``case_load``) and reports that load beside each row; it prices the group at it only with ``at_reference``: in
 two runs that did better in one and worse in the other.
 
+Where the calibration timed the memory rate, a memory reference follows it in every round (``memory_step_for``:
+``stream_step`` back to back for ``MIN_SAMPLE_S``, another 0.5 s a round; the record's ``time_memory_reference``).
+The validation prices the group's memory-bound work at it by default (``validate.case_memory_load``): the memory
+rate moved 1.6x between one run's bring-ups.
+
     step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
     rec["time_reference"] = field(work, samples, cpu_samples)    # samples per block (measure: / work["calls"])
 """
@@ -96,6 +101,33 @@ def step_for(cluster: dict):
         for _ in range(n):
             block()
     return step, work
+
+
+def memory_step_for(cluster: dict):
+    """(the memory reference's step, ``{"bytes": per call, "calls": calls a sample}``) for a group measured on
+    ``cluster``, or (None, None): ``stream_step`` back to back for ``MIN_SAMPLE_S`` at the bring-up's memory
+    rate, timed in every round after the compute reference. Only on an emulated run whose calibration timed the
+    memory rate (2026-12-06 on): the rate moves 1.6x between a run's bring-ups (docs/findings.md, "The memory rate
+    apart from the compute rate"), and a group's ranks stream beside the group's caches, at its occupancy (at
+    G 4, four ranks of the machine's eight)."""
+    per_byte = (cluster.get("calibration") or {}).get("per_rank_memory_s_per_byte") if work_of(cluster) else None
+    if not per_byte:
+        return None, None
+    stream = stream_step()
+    calls = max(1, math.ceil(MIN_SAMPLE_S / (STREAM_BYTES * float(per_byte))))
+
+    def step(n=calls):
+        for _ in range(n):
+            stream()
+    return step, {"bytes": STREAM_BYTES, "calls": calls}
+
+
+def memory_field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
+    """A record's ``time_memory_reference``: bytes a call, ``calls`` calls a sample, the slowest rank's seconds per
+    call in each round, their median, and each rank's median CPU seconds per call."""
+    return {"bytes": int(work["bytes"]), "calls": int(work["calls"]), "samples_s": list(samples),
+            "median_s": statistics.median(samples),
+            "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}
 
 
 def field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:

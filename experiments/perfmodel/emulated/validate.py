@@ -13,9 +13,11 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   each row and priced only with ``at_reference=True``: in two runs it did better
   in one and worse in the other (docs/findings.md, "A reference in every group's
   rounds");
-* memory: memory traffic and a decode step's attention at the run's memory
-  load instead (``memory_load``: the memory rate the calibration timed at
-  bring-up over the table's), where the run timed it (since 2026-12-06);
+* memory: memory traffic and a decode step's attention at the memory load
+  instead: the group's own (``case_memory_load``: the memory reference timed in
+  its rounds, since 2026-12-07) or else the run's (``memory_load``: the memory
+  rate the calibration timed at bring-up over the table's, since 2026-12-06);
+  ``group_memory=False`` prices every record at the bring-up's;
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -128,24 +130,49 @@ def case_load(rec: dict, times: KernelTimes) -> float | None:
     return float(rec["time_reference"]["median_s"]) / times.seconds[key]
 
 
+def memory_key(rec: dict) -> tuple | None:
+    """The table's memory key where a record's run timed the memory rate (``memory_load``, ``case_memory_load``)."""
+    return HBM if (rec["cluster"].get("calibration") or {}).get("per_rank_memory_s_per_byte") else None
+
+
+def case_memory_load(rec: dict, times: KernelTimes) -> float | None:
+    """The memory load a record's group ran at: its memory reference's median (``stream_step`` timed in the group's
+    own rounds, the slowest rank's seconds a call, ``harness.reference.memory_step_for``) over the table's time for
+    those bytes; None for a record without one (before 2026-12-07), a table without the key, or a sample shorter
+    than two CFS periods."""
+    ref = rec.get("time_memory_reference") or {}
+    if not ref.get("median_s") or HBM not in times.seconds or not reference.long_enough(ref, rec["cluster"]):
+        return None
+    return float(ref["median_s"]) / (int(ref["bytes"]) * times.seconds[HBM])
+
+
 @dataclass(frozen=True)
 class Loads:
     """The loads one record is priced at: ``run`` (``load_scale``; 1 without ``rescale``), ``reference``
-    (``case_load``, reported), ``memory`` (``memory_load``; None: memory traffic at ``priced``) and ``priced``,
-    the kernels' load: the reference's with ``at_reference`` where the record has one, else the run's. The host
-    terms are derived at ``run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
+    (``case_load``, reported), ``memory_run`` (``memory_load``, the bring-up's), ``memory_reference``
+    (``case_memory_load``, the group's own rounds'), ``priced``, the kernels' load (the reference's with
+    ``at_reference`` where the record has one, else the run's) and ``memory``, the load memory-bound work is
+    priced at: the group's memory reference where the record has one (unless ``group_memory`` is False), else
+    the bring-up's (None: memory traffic at ``priced``). The host terms are derived at ``run`` and
+    ``memory_run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
 
     run: float
     reference: float | None
-    memory: float | None
+    memory_run: float | None
+    memory_reference: float | None
     priced: float
+    memory: float | None
 
 
-def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = False, rescale: bool = True) -> Loads:
+def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = False, rescale: bool = True,
+             group_memory: bool = True) -> Loads:
     run = load_scale(rec["cluster"], times) if rescale else 1.0
     ref = case_load(rec, times)
-    return Loads(run=run, reference=ref, memory=memory_load(rec["cluster"], times) if rescale else None,
-                 priced=ref if at_reference and rescale and ref is not None else run)
+    mem_run = memory_load(rec["cluster"], times) if rescale else None
+    mem_ref = case_memory_load(rec, times) if rescale else None
+    return Loads(run=run, reference=ref, memory_run=mem_run, memory_reference=mem_ref,
+                 priced=ref if at_reference and rescale and ref is not None else run,
+                 memory=mem_ref if group_memory and mem_ref is not None else mem_run)
 
 
 def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
@@ -173,36 +200,40 @@ def needed_keys(records, call: dict | None = None) -> set:
         smalls = [_small(call, c)] + [_small(call, c, CALL_METHOD, x) for x in CALL_LAYOUTS]
         for small in (s for s in smalls if s is not None):
             keys |= needed([small], hw, predict=predict_case)
-        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec)) if x is not None}
+        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec), memory_key(c.rec))
+                 if x is not None}
     return keys
 
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
-            call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = False) -> list[dict]:
+            call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = False,
+            group_memory: bool = True) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
     messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each record
-    at its group's reference's load (``case_load``) instead of the run's."""
+    at its group's reference's load (``case_load``) instead of the run's; ``group_memory`` False: memory-bound
+    work at the bring-up's memory load even where the group timed its own (``Loads``)."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        ld = loads_of(c.rec, times, at_reference=at_reference, rescale=rescale)
+        ld = loads_of(c.rec, times, at_reference=at_reference, rescale=rescale, group_memory=group_memory)
         cpus = run_cpus(c.rec["cluster"])
-        run = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory, cpus)
+        run = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory_run, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
             per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
                                           node_size=hw.devices_per_node, hardware=hw,
                                           costs=small_call_costs(times, ld.run, excess, messages, cpus,
-                                                                 mem_scale=ld.memory))
+                                                                 mem_scale=ld.memory_run))
         ch = per_call[run]["call_host_s"] if per_call[run] else 0.0
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
-                                     costs=small_call_costs(times, ld.run, excess, messages, cpus, ch, ld.memory))
+                                     costs=small_call_costs(times, ld.run, excess, messages, cpus, ch,
+                                                                 ld.memory_run))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         f = ld.priced / ld.run
@@ -219,7 +250,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
                      "load_scale": ld.priced, "run_load": ld.run, "reference_load": ld.reference,
-                     "memory_load": ld.memory,
+                     "memory_load": ld.memory, "memory_run_load": ld.memory_run,
+                     "memory_reference_load": ld.memory_reference,
                      "critical_comm_s": p.critical_comm_s,
                      "critical_compute_s": p.critical_compute_s, "parts_s": p.parts, "host": host,
                      "call_host": per_call[run],
@@ -301,8 +333,14 @@ def memory_line(rows: list[dict]) -> str:
         return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
                 "or given link rates)")
     compute = sorted({round(r["run_load"], 2) for r in rows})
-    return ("memory traffic and a decode step's attention at the run's memory load "
-            f"{', '.join(f'{x:.2f}' for x in loads)} (its bring-up memory rate over the table's; compute load "
+    span = f"{loads[0]:.2f}" if len(loads) == 1 else f"{loads[0]:.2f}-{loads[-1]:.2f}"
+    grouped = [r for r in rows if r.get("memory_reference_load") is not None
+               and r.get("memory_load") == r.get("memory_reference_load")]
+    bring = sorted({round(r["memory_run_load"], 2) for r in rows if r.get("memory_run_load") is not None})
+    source = (f"the groups' own memory references for {len(grouped)} of {len(rows)} rows, the bring-up's "
+              f"({', '.join(f'{x:.2f}' for x in bring)}) for the rest" if grouped else
+              "the run's bring-up memory rate over the table's")
+    return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; compute load "
             f"{', '.join(f'{x:.2f}' for x in compute)})")
 
 

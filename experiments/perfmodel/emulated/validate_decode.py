@@ -36,8 +36,8 @@ from .hardware import emulated_hardware
 from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
 from .measured import KernelTimes, needed
 from .message import MessageCost
-from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_line,
-                       messages_text, reference_key, run_cpus, small_call_costs)
+from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_key,
+                       memory_line, messages_text, reference_key, run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -107,23 +107,24 @@ def needed_keys(records, call: dict | None = None) -> set:
         step = _small_decode(call, c, hw)
         if step is not None:
             keys |= needed([step], hw)
-        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec)) if x is not None}
+        keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec), memory_key(c.rec))
+                 if x is not None}
     return keys
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None, at_reference: bool = False) -> list[dict]:
+            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = True) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
-    ``at_reference``: each record priced at its group's reference's load (``validate.compare``'s)."""
+    ``at_reference`` and ``group_memory`` as ``validate.compare``'s."""
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        ld = loads_of(c.rec, times, at_reference=at_reference)   # the host term at ld.run
+        ld = loads_of(c.rec, times, at_reference=at_reference, group_memory=group_memory)  # host at the run's
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
-        key = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory, step and (c.row, c.shape.batch))
+        key = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory_run, step and (c.row, c.shape.batch))
         if key not in hosts:
-            small_costs = small_call_costs(times, ld.run, excess, messages, cpus, mem_scale=ld.memory)
+            small_costs = small_call_costs(times, ld.run, excess, messages, cpus, mem_scale=ld.memory_run)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
@@ -142,6 +143,7 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": ld.priced,
                      "run_load": ld.run, "reference_load": ld.reference, "memory_load": ld.memory,
+                     "memory_run_load": ld.memory_run, "memory_reference_load": ld.memory_reference,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
                      "critical_comm_s": p.critical_comm_s, "host": host,
                      # the busiest rank's process CPU per step (records since 2026-12-04): the step's wall over it
