@@ -79,6 +79,10 @@ def test_the_report_says_which_load_memory_traffic_went_at():
     assert validate.memory_line(grouped) == (
         "memory traffic and a decode step's attention at the memory load 1.10-1.50 (the groups' own memory "
         "references for 1 of 2 rows, the bring-up's (1.10) for the rest; compute load 1.00)")
+    beside = [{**r, "memory_load": 1.1} for r in grouped]        # priced at the bring-up's, the group's reported
+    assert validate.memory_line(beside) == (
+        "memory traffic and a decode step's attention at the memory load 1.10 (the run's bring-up memory rate over "
+        "the table's; compute load 1.00; the groups' memory references, not priced: 1.50-1.50)")
 
 
 CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e6}
@@ -135,11 +139,11 @@ def test_a_group_is_priced_at_its_own_memory_rate_where_it_timed_one():
     rec = {"cluster": cluster, "time_memory_reference": {"bytes": 10**9, "calls": 1, "median_s": 0.25}}
     assert validate.memory_key(rec) == HBM and validate.memory_key({"cluster": {}}) is None
     assert validate.case_memory_load(rec, times) == pytest.approx(2.5)         # 2.5e-10 s a byte against 1e-10
-    ld = validate.loads_of(rec, times)
-    assert (ld.memory_run, ld.memory_reference, ld.memory) == pytest.approx((1.5, 2.5, 2.5))
-    assert validate.loads_of(rec, times, group_memory=False).memory == pytest.approx(1.5)
+    ld = validate.loads_of(rec, times)               # by default the bring-up's, the group's reported beside it
+    assert (ld.memory_run, ld.memory_reference, ld.memory) == pytest.approx((1.5, 2.5, 1.5))
+    assert validate.loads_of(rec, times, group_memory=True).memory == pytest.approx(2.5)
     # no reference, a table without the key, a sample shorter than two CFS periods (0.2 s here: 100 ms): the bring-up
-    assert validate.loads_of({"cluster": cluster}, times).memory == pytest.approx(1.5)
+    assert validate.loads_of({"cluster": cluster}, times, group_memory=True).memory == pytest.approx(1.5)
     assert validate.case_memory_load(rec, KernelTimes(1, 1, {})) is None
     short = {**rec, "time_memory_reference": {"bytes": 1000, "calls": 1, "median_s": 0.15}}
     assert validate.case_memory_load(short, times) is None

@@ -15,8 +15,10 @@ two runs that did better in one and worse in the other.
 
 Where the calibration timed the memory rate, a memory reference follows it in every round (``memory_step_for``:
 ``stream_step`` back to back for ``MIN_SAMPLE_S``, another 0.5 s a round; the record's ``time_memory_reference``).
-The validation prices the group's memory-bound work at it by default (``validate.case_memory_load``): the memory
-rate moved 1.6x between one run's bring-ups.
+The validation reports the load it gives beside each row (``validate.case_memory_load``) and prices the group's
+memory-bound work at it only with ``group_memory``: the memory rate moved 1.6x between one run's bring-ups, but in
+the one run timed with it (decode run H) the stream in the group's rounds did not follow its decode steps
+(docs/findings.md, "A memory reference in every group's rounds").
 
     step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
     rec["time_reference"] = field(work, samples, cpu_samples)    # samples per block (measure: / work["calls"])

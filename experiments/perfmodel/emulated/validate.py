@@ -13,11 +13,13 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   each row and priced only with ``at_reference=True``: in two runs it did better
   in one and worse in the other (docs/findings.md, "A reference in every group's
   rounds");
-* memory: memory traffic and a decode step's attention at the memory load
-  instead: the group's own (``case_memory_load``: the memory reference timed in
-  its rounds, since 2026-12-07) or else the run's (``memory_load``: the memory
-  rate the calibration timed at bring-up over the table's, since 2026-12-06);
-  ``group_memory=False`` prices every record at the bring-up's;
+* memory: memory traffic and a decode step's attention at the run's memory
+  load instead (``memory_load``: the memory rate the calibration timed at
+  bring-up over the table's), where the run timed it (since 2026-12-06). Each
+  group's records also carry a memory reference (``case_memory_load``, since
+  2026-12-06 14:41), reported beside each row and priced only with
+  ``group_memory=True``: in the one run that had it, it did worse (docs/findings.md,
+  "A memory reference in every group's rounds");
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -152,8 +154,8 @@ class Loads:
     (``case_load``, reported), ``memory_run`` (``memory_load``, the bring-up's), ``memory_reference``
     (``case_memory_load``, the group's own rounds'), ``priced``, the kernels' load (the reference's with
     ``at_reference`` where the record has one, else the run's) and ``memory``, the load memory-bound work is
-    priced at: the group's memory reference where the record has one (unless ``group_memory`` is False), else
-    the bring-up's (None: memory traffic at ``priced``). The host terms are derived at ``run`` and
+    priced at: the bring-up's, or the group's memory reference with ``group_memory`` where the record has one
+    (None: memory traffic at ``priced``). The host terms are derived at ``run`` and
     ``memory_run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
 
     run: float
@@ -165,7 +167,7 @@ class Loads:
 
 
 def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = False, rescale: bool = True,
-             group_memory: bool = True) -> Loads:
+             group_memory: bool = False) -> Loads:
     run = load_scale(rec["cluster"], times) if rescale else 1.0
     ref = case_load(rec, times)
     mem_run = memory_load(rec["cluster"], times) if rescale else None
@@ -207,14 +209,14 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
             call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = False,
-            group_memory: bool = True) -> list[dict]:
+            group_memory: bool = False) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
     messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each record
-    at its group's reference's load (``case_load``) instead of the run's; ``group_memory`` False: memory-bound
-    work at the bring-up's memory load even where the group timed its own (``Loads``)."""
+    at its group's reference's load (``case_load``) instead of the run's; ``group_memory``: memory-bound work at
+    the group's memory reference's load (``case_memory_load``) where it has one, instead of the bring-up's."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
@@ -340,8 +342,11 @@ def memory_line(rows: list[dict]) -> str:
     source = (f"the groups' own memory references for {len(grouped)} of {len(rows)} rows, the bring-up's "
               f"({', '.join(f'{x:.2f}' for x in bring)}) for the rest" if grouped else
               "the run's bring-up memory rate over the table's")
+    refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
+    beside = ("" if grouped or not refs else
+              f"; the groups' memory references, not priced: {refs[0]:.2f}-{refs[-1]:.2f}")
     return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; compute load "
-            f"{', '.join(f'{x:.2f}' for x in compute)})")
+            f"{', '.join(f'{x:.2f}' for x in compute)}{beside})")
 
 
 SPREAD_BOUNDS = (0.10, 0.15, 0.20)   # the bounds issues set on this model (15%: the mask benchmark, issue 37)

@@ -113,7 +113,7 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = True) -> list[dict]:
+            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = False) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
     ``at_reference`` and ``group_memory`` as ``validate.compare``'s."""
     rows, hosts = [], {}
