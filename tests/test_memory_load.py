@@ -4,13 +4,14 @@ and the load the validation carries memory-bound work at (experiments/perfmodel/
 from __future__ import annotations
 
 import pytest
+import torch
 
 from experiments.cluster.emulator import emulation
 from experiments.harness import reference
 from experiments.perfmodel.emulated import validate
 from experiments.perfmodel.emulated.costs import EmulatedCosts
 from experiments.perfmodel.emulated.decode_costs import DecodeEmulatedCosts, decode_key
-from experiments.perfmodel.emulated.measured import HBM, KernelTimes, _runner
+from experiments.perfmodel.emulated.measured import HBM, KernelTimes, _runner, chunks, footprint
 from experiments.profiles.hardware import load_hardware
 
 HW = load_hardware("a100_pcie_roce_4x8")
@@ -149,3 +150,36 @@ def test_a_group_is_priced_at_its_own_memory_rate_where_it_timed_one():
     assert validate.case_memory_load(short, times) is None
     two = {**rec, "time_memory_reference": {"bytes": 10**8, "calls": 2, "median_s": 0.12}}     # 0.24 s a sample
     assert validate.case_memory_load(two, times) == pytest.approx(12.0)
+
+
+def test_a_batch_decode_key_is_timed_over_the_steps_caches_in_turn():
+    assert decode_key(1, 4096, 8, 2, 64, "float32") == ("decode", 1, 4096, 8, 2, 64, "float32")   # B 1: as before
+    key = decode_key(1, 64, 8, 2, 16, "float32", batch=3)
+    assert key == ("decode", 1, 64, 8, 2, 16, "float32", 3)
+    run = _runner(key)
+    outs = [run()[0] for _ in range(4)]
+    # three caches in turn: calls 1 and 4 read the same one, 1 and 2 do not
+    assert torch.equal(outs[0], outs[3]) and not torch.equal(outs[0], outs[1])
+    assert footprint(key) == 3 * 2 * 64 * 2 * 16 * 4 and footprint(GEMM) == 0
+
+
+def test_keys_are_timed_in_chunks_that_fit_the_memory():
+    big = [decode_key(1, n, 8, 1, 64, "float32", batch=4) for n in (1 << 18, 1 << 18, 1 << 16)]   # 512, 512, 128 MiB
+    assert chunks(big + [GEMM]) == [[big[0], big[1]], [big[2], GEMM]]          # 1 GiB a chunk at most
+    assert chunks([GEMM, HBM]) == [[GEMM, HBM]]
+
+
+def test_the_decode_schedule_prices_each_sequence_in_a_step_over_the_batch():
+    from baselines import AttnShape
+    from experiments.perfmodel.emulated.decode_costs import DecodeRecording
+    from experiments.perfmodel.inference import predict_inference
+    shape = AttnShape(batch=4, seqlen=4096, heads=8, kv_heads=2, head_dim=64, world_size=4, causal=True)
+    seen = set()
+
+    predict_inference("cp_all_gather", shape, mode="decode", hardware=HW,
+                      costs=lambda hw, dt: DecodeRecording(hw, dt, seen=seen))
+    assert {k[-1] for k in seen if k[0] == "decode"} == {4}
+    # the accelerator's roofline reads every sequence's cache whatever the batch
+    from experiments.perfmodel.decode_costs import DecodeCosts
+    gpu = DecodeCosts(HW, "float32")
+    assert gpu.decode_attention(1, 4096, 8, 2, 64, 4) == gpu.decode_attention(1, 4096, 8, 2, 64)

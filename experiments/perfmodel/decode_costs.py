@@ -2,7 +2,7 @@
 against a weight matrix. Both are memory-bound on an accelerator, which the hardware cost model's
 compute-bound kernel and GEMM rates do not say (their efficiencies are measured on square problems).
 
-* ``decode_attention(q, keys, heads, kv_heads, head_dim)``: one sequence's q new tokens over ``keys``
+* ``decode_attention(q, keys, heads, kv_heads, head_dim, batch)``: one sequence's q new tokens over ``keys``
   cached keys: 4 q keys Z d FLOPs (every cached key is live) at the profile's flash efficiency, or the
   K and V read (2 keys Zkv d e bytes) and q, out (2 q Z d e) at the HBM rate, whichever is longer (the
   roofline of a flash-decoding kernel);
@@ -29,8 +29,11 @@ def elem_size(dtype: str) -> int:
 
 @dataclass(frozen=True)
 class DecodeCosts(CostModel):
-    def decode_attention(self, q: int, keys: int, heads: int, kv_heads: int, head_dim: int) -> tuple[float, float]:
-        """(seconds, FLOPs) of ``q`` new tokens of one sequence over ``keys`` cached keys (module docstring)."""
+    def decode_attention(self, q: int, keys: int, heads: int, kv_heads: int, head_dim: int,
+                         batch: int = 1) -> tuple[float, float]:
+        """(seconds, FLOPs) of ``q`` new tokens of one sequence over ``keys`` cached keys (module docstring), in a
+        step that attends ``batch`` sequences in turn (an accelerator reads each one's K and V from HBM whatever
+        the batch; the emulated twin times the rotation)."""
         if q <= 0 or keys <= 0:
             return 0.0, 0.0
         e = elem_size(self.dtype)

@@ -209,12 +209,21 @@ def _runner(key: tuple):
     if key[0] == "decode":
         # a decode step's attention of one sequence (burst_impl.inference.partial_attention: the mask built from
         # positions, the kernel over the rank's cached keys), as experiments/perfmodel/decode_costs.py asks for it
-        _, q, keys, z, zkv, d, dtype = key
+        _, q, keys, z, zkv, d, dtype, *rest = key
+        batch = rest[0] if rest else 1
         dt = DTYPES[dtype]
-        qs, k, v = (torch.randn(n, h, d, generator=g).to(dt) for n, h in ((q, z), (keys, zkv), (keys, zkv)))
+        qs = torch.randn(q, z, d, generator=g).to(dt)
+        # the step's B sequences' caches, one call each in turn (decode_costs.decode_key): a call's K and V are
+        # as cold as the step leaves them, not hot from the call before
+        kvs = [tuple(torch.randn(keys, zkv, d, generator=g).to(dt) for _ in range(2)) for _ in range(batch)]
         q_pos, k_pos = torch.arange(keys, keys + q), torch.arange(keys)
-        # one new token: every cached key live, which the decode step knows on the host (decode_all_live)
-        return lambda: partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5, all_live=q == 1)
+        turn = iter(range(1 << 62))
+
+        def step():
+            k, v = kvs[next(turn) % batch]
+            # one new token: every cached key live, which the decode step knows on the host (decode_all_live)
+            return partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5, all_live=q == 1)
+        return step
     if key == HBM:
         return stream_step()                # reads two fp32 arrays, writes one (STREAM_BYTES a call)
     raise ValueError(f"key={key!r}: unknown kind of work; expected attention, masked, gemm, scores, softmax, decode "
@@ -266,8 +275,47 @@ def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: flo
     return out
 
 
+# a timing process holds every key's inputs of its chunk at once: at most this many bytes of decode caches each
+CHUNK_BYTES = 1 << 30
+
+
+def footprint(key: tuple) -> int:
+    """Bytes of a decode key's caches (``_runner``: B caches of K and V); 0 for other keys (their inputs are the
+    schedules' tiles, all measured together before decode keys existed)."""
+    if key[0] != "decode":
+        return 0
+    _, q, keys, z, zkv, d, dtype, *rest = key
+    return (rest[0] if rest else 1) * 2 * keys * zkv * d * torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+def chunks(keys: list[tuple], budget: int = CHUNK_BYTES) -> list[list[tuple]]:
+    """``keys`` in order, cut where a chunk's ``footprint`` would pass ``budget`` (a key over it alone)."""
+    out: list[list[tuple]] = [[]]
+    held = 0
+    for k in keys:
+        if out[-1] and held + footprint(k) > budget:
+            out.append([])
+            held = 0
+        out[-1].append(k)
+        held += footprint(k)
+    return out
+
+
 def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3, python: str = sys.executable,
             timeout_s: float = 900, cpus: float | None = None) -> KernelTimes:
+    """``measure_chunk`` of each of ``chunks(keys)`` in turn, merged: eight processes each holding every decode
+    cache of a sweep at once do not fit this machine's memory (1M tokens of one KV head are 512 MiB)."""
+    parts = [measure_chunk(c, procs=procs, threads=threads, seconds=seconds, rounds=rounds, python=python,
+                           timeout_s=timeout_s, cpus=cpus)
+             for c in chunks(sorted({_key(k) for k in keys}, key=str))]
+    return KernelTimes(procs=procs, threads=threads, host=parts[0].host if parts else os.uname().nodename,
+                       cpus=parts[0].cpus if parts else cpus,
+                       seconds={k: v for p in parts for k, v in p.seconds.items()},
+                       samples={k: v for p in parts for k, v in p.samples.items()})
+
+
+def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3,
+                  python: str = sys.executable, timeout_s: float = 900, cpus: float | None = None) -> KernelTimes:
     """Time every key in ``procs`` processes at once, ``rounds`` times round-robin (at least ``seconds``
     each); the table keeps the median over processes and rounds.
 

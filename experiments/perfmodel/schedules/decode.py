@@ -55,7 +55,7 @@ def decode_layer(ctx: Ctx, row: str, new_tokens: int, ready: dict | None = None)
         for b in range(s.batch):
             last = ctx.compute(r, f"append[r{r},b{b}]", ctx.cost.hbm(2 * q * zkv * d * e), deps=[last],
                                phase="forward")
-            t, f = ctx.cost.decode_attention(q, keys, zq, zkv, d)
+            t, f = ctx.cost.decode_attention(q, keys, zq, zkv, d, s.batch)   # one of the step's B sequences
             last = ctx.compute(r, f"decode_attn[r{r},b{b}]", t, deps=[last], phase="forward", flops=f)
         ready[r] = last
     merge = MERGE_OF[row]
