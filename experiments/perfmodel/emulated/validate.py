@@ -140,7 +140,7 @@ def memory_key(rec: dict) -> tuple | None:
 def case_memory_load(rec: dict, times: KernelTimes) -> float | None:
     """The memory load a record's group ran at: its memory reference's median (``stream_step`` timed in the group's
     own rounds, the slowest rank's seconds a call, ``harness.reference.memory_step_for``) over the table's time for
-    those bytes; None for a record without one (before 2026-12-07), a table without the key, or a sample shorter
+    those bytes; None for a record without one (before 2026-12-06 14:41), a table without the key, or a sample shorter
     than two CFS periods."""
     ref = rec.get("time_memory_reference") or {}
     if not ref.get("median_s") or HBM not in times.seconds or not reference.long_enough(ref, rec["cluster"]):
