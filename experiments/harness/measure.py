@@ -109,17 +109,15 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
         torch.manual_seed(case.seed)
         steps.append(shape_checked(build_step(case, rank=rank, group=group, device=device)))
     policy = policy_for(cases, time.perf_counter() - t_start)
-    # on an emulated cluster, the calibration's work timed last in every round: the machine's rate in these rounds
-    ref, work = reference.step_for(R.cluster_info(world))
-    # and the memory stream after it (reference.memory_step_for): the memory rate in these rounds
-    mem, mem_work = reference.memory_step_for(R.cluster_info(world))
-    extra = [(x, None) for x in (ref, mem) if x is not None]
-    extra_calls = [w["calls"] for x, w in ((ref, work), (mem, mem_work)) if x is not None]
-    # the reference costs its time in every round, but the repeat policy judges the cases' intervals only
-    timed = time_interleaved([(s.step, s.setup) for s in steps] + extra, warmup=max(c.warmup for c in cases),
-                             policy=policy, device=device, group=group, judged=len(steps),
+    # on an emulated cluster, the calibration's work and the memory stream timed last in every round: the machine's
+    # compute and memory rates in these rounds
+    refs = reference.references_for(R.cluster_info(world))
+    # the references cost their time in every round, but the repeat policy judges the cases' intervals only
+    timed = time_interleaved([(s.step, s.setup) for s in steps] + [(r.step, None) for r in refs],
+                             warmup=max(c.warmup for c in cases), policy=policy, device=device, group=group,
+                             judged=len(steps),
                              on_step=lambda i: setattr(current, "case", cases[min(i, len(cases) - 1)]),
-                             ).per_call([s.calls for s in steps] + extra_calls)
+                             ).per_call([s.calls for s in steps] + [r.work["calls"] for r in refs])
     t_timed = time.perf_counter() - t_start
     out = []
     for i, (case, step) in enumerate(zip(cases, steps)):
@@ -146,13 +144,9 @@ def measure_group(cases: list[Case], *, rank: int, world: int, device: torch.dev
                                 "level": policy.level, "timing_budget_s": round(policy.budget_s, 3)}
         # the cases timed in the same rounds: sample j of each was taken in round j (paired ratios)
         rec["interleaved_with"] = [x for x in ids if x != ids[i]]
-        if ref is not None:
-            j = len(steps)
-            rec["time_reference"] = reference.field(work, timed.samples[j],
-                                                    timed.cpu_samples[j] if timed.cpu_samples else None)
-        if mem is not None:
-            rec["time_memory_reference"] = reference.memory_field(mem_work, timed.samples[-1],
-                                                                  timed.cpu_samples[-1] if timed.cpu_samples else None)
+        for j, ref in enumerate(refs, start=len(steps)):
+            cpu = timed.cpu_samples[j] if timed.cpu_samples else None
+            rec[ref.name] = ref.to_field(ref.work, timed.samples[j], cpu)
         rec["duration_s"] = t_timed / len(cases) + rec["duration_s"]   # + its untimed steps
     return out
 

@@ -20,13 +20,15 @@ memory-bound work at it only with ``group_memory``: the memory rate moved 1.6x b
 the one run timed with it (decode run H) the stream in the group's rounds did not follow its decode steps
 (docs/findings.md, "A memory reference in every group's rounds").
 
-    step, work = step_for(cluster_info)     # None, None: not an emulated run with a calibration
-    rec["time_reference"] = field(work, samples, cpu_samples)    # samples per block (measure: / work["calls"])
+    for ref in references_for(cluster_info):   # none: not an emulated run with a calibration
+        rec[ref.name] = ref.to_field(ref.work, samples, cpu_samples)   # samples per call (measure: / work["calls"])
 """
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -90,6 +92,14 @@ def calls_for(work: dict, per_rank_flops_s: float) -> int:
     return max(1, math.ceil(MIN_SAMPLE_S * per_rank_flops_s / flops))
 
 
+def _repeated(fn, calls: int):
+    """``fn`` run ``calls`` times a call (a reference's sample)."""
+    def step(n=calls):
+        for _ in range(n):
+            fn()
+    return step
+
+
 def step_for(cluster: dict):
     """(the reference step, its work with ``calls``: blocks a sample) for a group measured on ``cluster``, or
     (None, None). One call of the step runs the block ``calls`` times."""
@@ -98,11 +108,7 @@ def step_for(cluster: dict):
         return None, None
     block = block_step(int(work["tokens"]), int(work["heads"]), int(work["head_dim"]), work["dtype"])
     work["calls"] = calls_for(work, float(cluster["calibration"]["per_rank_flops_s"]))
-
-    def step(n=work["calls"]):
-        for _ in range(n):
-            block()
-    return step, work
+    return _repeated(block, work["calls"]), work
 
 
 def memory_step_for(cluster: dict):
@@ -115,29 +121,44 @@ def memory_step_for(cluster: dict):
     per_byte = (cluster.get("calibration") or {}).get("per_rank_memory_s_per_byte") if work_of(cluster) else None
     if not per_byte:
         return None, None
-    stream = stream_step()
     calls = max(1, math.ceil(MIN_SAMPLE_S / (STREAM_BYTES * float(per_byte))))
+    return _repeated(stream_step(), calls), {"bytes": STREAM_BYTES, "calls": calls}
 
-    def step(n=calls):
-        for _ in range(n):
-            stream()
-    return step, {"bytes": STREAM_BYTES, "calls": calls}
+
+def _timed(samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
+    """The slowest rank's seconds per call in each round, their median, and each rank's median CPU per call."""
+    return {"samples_s": list(samples), "median_s": statistics.median(samples),
+            "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}
 
 
 def memory_field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
-    """A record's ``time_memory_reference``: bytes a call, ``calls`` calls a sample, the slowest rank's seconds per
-    call in each round, their median, and each rank's median CPU seconds per call."""
-    return {"bytes": int(work["bytes"]), "calls": int(work["calls"]), "samples_s": list(samples),
-            "median_s": statistics.median(samples),
-            "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}
+    """A record's ``time_memory_reference``: bytes a call, ``calls`` calls a sample, and ``_timed``'s."""
+    return {"bytes": int(work["bytes"]), "calls": int(work["calls"]), **_timed(samples, cpu_samples)}
 
 
 def field(work: dict, samples: list[float], cpu_samples: list[list[float]] | None) -> dict:
-    """A record's ``time_reference``: the work (``calls`` blocks a sample), the slowest rank's seconds per block
-    in each round, their median, and each rank's median CPU seconds per block."""
-    return {"work": {k: work[k] for k in WORK_KEYS}, "calls": int(work.get("calls", 1)), "samples_s": list(samples),
-            "median_s": statistics.median(samples),
-            "cpu_s_per_rank": [statistics.median(r) for r in cpu_samples] if cpu_samples else None}
+    """A record's ``time_reference``: the work (``calls`` blocks a sample) and ``_timed``'s, per block."""
+    return {"work": {k: work[k] for k in WORK_KEYS}, "calls": int(work.get("calls", 1)),
+            **_timed(samples, cpu_samples)}
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One reference a group times after its cases in every round: the record's field, the step, its work
+    (``calls`` a sample) and how the samples become the field."""
+
+    name: str
+    step: Callable[[], None]
+    work: dict
+    to_field: Callable[[dict, list, list | None], dict]
+
+
+def references_for(cluster: dict) -> list[Reference]:
+    """The references a group measured on ``cluster`` times, in order: the compute rate (``step_for``), then the
+    memory rate (``memory_step_for``); none off an emulated run with a calibration."""
+    made = (("time_reference", step_for(cluster), field), ("time_memory_reference", memory_step_for(cluster),
+                                                            memory_field))
+    return [Reference(name, step, work, to_field) for name, (step, work), to_field in made if step is not None]
 
 
 def long_enough(ref: dict, cluster: dict) -> bool:

@@ -31,6 +31,7 @@ the timing); the schedule charges the delta = rowsum(dO * O) step separately.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import secrets
@@ -47,6 +48,7 @@ import torch
 from ...harness import cpuquota
 from ...harness.reference import STREAM_BYTES, stream_step
 from ..costs import CostModel
+from ..decode_costs import elem_size
 from burst_impl import kernels, masks
 from burst_impl.inference import partial_attention
 from burst_impl.kernels.common import TileMask
@@ -159,6 +161,12 @@ def needed(cases, hardware, *, predict=None) -> set:
 # ---------------------------------------------------------------- timing (one process)
 
 
+def _decode_parts(key: tuple) -> tuple:
+    """(q, keys, Z, Zkv, d, dtype, B) of a decode key (``decode_costs.decode_key``: B 1 has no batch part)."""
+    _, q, keys, z, zkv, d, dtype, *rest = key
+    return q, keys, z, zkv, d, dtype, rest[0] if rest else 1
+
+
 def _runner(key: tuple):
     """A zero-argument callable doing the work of ``key`` once (tensors made here, outside the timing)."""
     g = torch.Generator().manual_seed(0)
@@ -209,18 +217,17 @@ def _runner(key: tuple):
     if key[0] == "decode":
         # a decode step's attention of one sequence (burst_impl.inference.partial_attention: the mask built from
         # positions, the kernel over the rank's cached keys), as experiments/perfmodel/decode_costs.py asks for it
-        _, q, keys, z, zkv, d, dtype, *rest = key
-        batch = rest[0] if rest else 1
+        q, keys, z, zkv, d, dtype, batch = _decode_parts(key)
         dt = DTYPES[dtype]
         qs = torch.randn(q, z, d, generator=g).to(dt)
         # the step's B sequences' caches, one call each in turn (decode_costs.decode_key): a call's K and V are
         # as cold as the step leaves them, not hot from the call before
         kvs = [tuple(torch.randn(keys, zkv, d, generator=g).to(dt) for _ in range(2)) for _ in range(batch)]
         q_pos, k_pos = torch.arange(keys, keys + q), torch.arange(keys)
-        turn = iter(range(1 << 62))
+        turn = itertools.cycle(kvs)
 
         def step():
-            k, v = kvs[next(turn) % batch]
+            k, v = next(turn)
             # one new token: every cached key live, which the decode step knows on the host (decode_all_live)
             return partial_attention(qs, q_pos, k, v, k_pos, masks.Causal(), d ** -0.5, all_live=q == 1)
         return step
@@ -284,8 +291,8 @@ def footprint(key: tuple) -> int:
     schedules' tiles, all measured together before decode keys existed)."""
     if key[0] != "decode":
         return 0
-    _, q, keys, z, zkv, d, dtype, *rest = key
-    return (rest[0] if rest else 1) * 2 * keys * zkv * d * torch.empty((), dtype=DTYPES[dtype]).element_size()
+    q, keys, z, zkv, d, dtype, batch = _decode_parts(key)
+    return batch * 2 * keys * zkv * d * elem_size(dtype)
 
 
 def chunks(keys: list[tuple], budget: int = CHUNK_BYTES) -> list[list[tuple]]:
