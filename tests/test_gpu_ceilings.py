@@ -136,3 +136,21 @@ def test_decode_spec_runs_through_the_runner(tmp_path):
         assert r["tpot_s"] == pytest.approx(r["time_median_s"])
         # bytes and memory over one step: the cache holds the context and one step's token
         assert r["mem_kv_bytes_per_rank"] == [r["mem_kv_formula_bytes"]]
+
+
+def test_ttft_samples_run_prefills_back_to_back(tmp_path):
+    """TTFT through the runner at G 1: a prefill of ms, so a sample runs several into the emptied cache
+    (``inference_steps._ttft_step``); the record is one prefill's time, and the cache after it holds the
+    prompt once (the rewind between prefills, not a growing cache)."""
+    spec = G.decode_spec()
+    spec["name"] = "ttft_op"
+    spec["measure"]["modes"] = ["ttft"]
+    spec["sweep"].update(seqlen=[256], batch=[1], heads=4, kv_heads=2, head_dim=16, dtype="float32")
+    spec.pop("exclude")
+    spec.update(warmup=0, repeats=2)
+    st = G.step_harness(tmp_path, [spec], "ttft_op")
+    assert st.status == "ok", st.reason
+    (r,) = [r for r in G.R.read_records(tmp_path / "ttft_op" / G.R.RESULTS_FILE) if r["status"] == "ok"]
+    assert r["mode"] == "ttft" and 1 < r["calls_per_sample"] <= MAX_STEPS_PER_SAMPLE, r["calls_per_sample"]
+    assert r["ttft_s"] == pytest.approx(r["time_median_s"])
+    assert r["mem_kv_bytes_per_rank"] == [r["mem_kv_formula_bytes"]] == [2 * 256 * 2 * 16 * 4]

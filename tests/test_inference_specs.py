@@ -32,10 +32,20 @@ def test_rows_and_case_ids():
     assert [c.merge for c in ttft] == [None, None] * 2          # the prefill does not depend on the merge
     q2 = _spec(inference={"new_tokens": 2, "placement": "shortest", "merges": ["heads"]}).cases()
     assert q2[0].case_id.endswith(".heads.q2.shortest") and q2[0].new_tokens == 2
-    # consecutive decode steps per sample: decode only, and not in the case id (the same measurement, steadier)
-    assert {c.min_sample_s for c in cases if c.mode == "decode"} == {0.2}
-    assert {c.min_sample_s for c in cases if c.mode == "ttft"} == {0.0}
+    # consecutive steps per sample (decode steps, or prefills): not in the case id (the same measurement, steadier)
+    assert {c.min_sample_s for c in cases} == {0.2}
+    assert _spec(measure={"modes": ["kv_capacity"], "level": "inference"}).cases()[0].min_sample_s == 0.0
     assert _spec(inference={"min_sample_s": 0}).cases()[0].case_id == cases[0].case_id
+
+
+def test_the_cpu_specs_sample_ten_cfs_periods_as_the_host_probe_does():
+    """The emulated CPU specs' samples span ten of the ranks' 100 ms CFS periods, and the host term's probe
+    (call_cpu) runs its decode steps as they do."""
+    from experiments.harness.call_cpu import MIN_SAMPLE_S
+    from experiments.harness.cpuquota import PERIOD_US
+    for name in ("cpu_decode_full_2x4", "cpu_decode_emulated_2x4", "cpu_ttft_emulated_2x4"):
+        cases = load_spec(EXPERIMENTS_DIR / "cpu" / f"{name}.yaml").cases()
+        assert {c.min_sample_s for c in cases} == {MIN_SAMPLE_S} == {10 * PERIOD_US / 1e6}, name
 
 
 def test_the_model_sets_the_shape_and_the_paper_specs_load():

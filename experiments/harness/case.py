@@ -50,7 +50,7 @@ class Case:
     merge: str | None = None
     new_tokens: int = 1
     placement: str = "round_robin"
-    min_sample_s: float = 0.0        # decode: consecutive steps per sample until it lasts this long (0: one step)
+    min_sample_s: float = 0.0        # decode, ttft: consecutive steps per sample until it lasts this long (0: one)
 
     @property
     def repeat_cap(self) -> int:

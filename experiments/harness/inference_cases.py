@@ -14,7 +14,8 @@ A case measures one attention layer serving inference (``baselines.decode_layer`
   heads merge of Helix's layout, whose output projection is then row-parallel), ``tp_v1`` is tensor
   parallel decode with head-sharded caches (the baseline);
 * ``ttft`` (time to first token of the layer): the prompt's prefill into the empty cache: the Burst ring
-  (pass-KV) for ``burst``, each rank's heads over the whole prompt for ``tp_v1``;
+  (pass-KV) for ``burst``, each rank's heads over the whole prompt for ``tp_v1``; prefills back to back
+  for ``min_sample_s`` per sample, each into the cache emptied again;
 * ``kv_capacity``: not timed: the cache is filled and the K/V bytes each rank holds are recorded next to
   their formula, with how many tokens of context fit (``inference_record.kv_capacity``).
 
@@ -30,7 +31,7 @@ from burst_impl.inference import MERGES, PLACEMENTS
 from burst_impl.model.config import CONFIGS, get_config
 
 INFERENCE_MODES = ("ttft", "decode", "kv_capacity")
-MAX_STEPS_PER_SAMPLE = 64    # consecutive decode steps in one sample: the cache's reserve, and the context's drift
+MAX_STEPS_PER_SAMPLE = 64    # consecutive steps in one sample: (decode) the cache's reserve, and the context's drift
 INFERENCE_METHODS = {"burst": "context parallel", "tp_v1": "tensor parallel"}
 UNTIMED = ("kv_capacity",)
 MODEL_AXES = ("heads", "kv_heads", "head_dim")
@@ -51,9 +52,10 @@ class InferenceSetup:
     new_tokens: int = field(default=1, metadata={"check": lambda v: None if v >= 1 else f"{v!r} must be >= 1"})
     placement: str = field(default="round_robin", metadata={
         "check": lambda v: None if v in PLACEMENTS else f"{v!r} is unknown; choose from {list(PLACEMENTS)}"})
-    # decode: a timed sample runs consecutive decode steps until it lasts this long (timing.autorange, at most
-    # MAX_STEPS_PER_SAMPLE steps), as a server decodes token after token; TPOT is the sample over its steps.
-    # 0: one step per sample, alone after the barrier (docs/inference.md, "Consecutive steps")
+    # a timed sample runs consecutive steps (decode steps, or prefills each into the emptied cache) until it
+    # lasts this long (timing.autorange, at most MAX_STEPS_PER_SAMPLE), as a server decodes token after token;
+    # TPOT and TTFT are the sample over its steps. 0: one step per sample, alone after the barrier. The CPU
+    # specs on the emulated cluster set 1.0, ten CFS periods (docs/inference.md, "Consecutive steps")
     min_sample_s: float = field(default=0.2, metadata={
         "check": lambda v: None if v >= 0 else f"{v!r} must be >= 0 (seconds)"})
     # the decoder the layer belongs to (its shape, and the whole model's step in the performance model)
@@ -102,7 +104,7 @@ def inference_fields(spec, mode: str, merge: str | None) -> dict:
     setup = spec.inference
     decode = mode == "decode"
     return dict(merge=merge, new_tokens=setup.new_tokens if decode else 1, placement=setup.placement,
-                min_sample_s=setup.min_sample_s if decode else 0.0)
+                min_sample_s=setup.min_sample_s if mode != "kv_capacity" else 0.0)
 
 
 def check_inference_case(case, spec, err) -> None:

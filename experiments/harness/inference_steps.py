@@ -8,7 +8,8 @@
   The cache holds room for them (``ShardedKVCache.reserve``: steps write in place, as a server's
   preallocated cache does) and is rewound in the untimed setup before every sample (``rewind``), so every
   sample decodes from the same context. The new tokens' hidden states are seeded, the same on every rank.
-* ``ttft``: ``prefill_step`` of the whole prompt into the emptied cache (setup: rewind to empty).
+* ``ttft``: ``prefill_step`` of the whole prompt into the emptied cache (setup: rewind to empty); a sample
+  runs ``calls`` prefills back to back (``autorange`` as for decode), the cache emptied between them.
 * ``kv_capacity``: nothing timed (``measure.measure_group`` calls ``kv_capacity_record``).
 
 Record fields (``inference_fields``): ``tpot_s`` = step median / new_tokens, or ``ttft_s`` = step median;
@@ -67,16 +68,7 @@ def build_inference_step(case: Case, *, rank: int, group, device: torch.device) 
     lay = make_decode_layer(row, s, group=group, seed=case.seed, device=device, placement=case.placement)
     run = InferenceRun(lay)
     if case.mode == "ttft":
-        lay.cache.reserve(prefill_input_tokens(lay))
-        empty = lay.cache.snapshot()
-        if row == "tp":
-            x = _hidden(case, s.seqlen, rank, device, replicated=True)
-        else:
-            x = shard(_hidden(case, s.seqlen, rank, device, replicated=True), s.resolved_layout, rank, s.world_size)
-
-        def ttft():
-            return prefill_step(lay, x)
-        return Step(step=ttft, setup=lambda: lay.cache.rewind(empty), start_bytes=_nbytes(lay, x), context=run)
+        return _ttft_step(case, row, lay, run, rank, device, group)
     fill_cache(lay, s.seqlen, seed=case.seed, reserve=case.new_tokens * MAX_STEPS_PER_SAMPLE)
     filled = lay.cache.snapshot()
     x = _hidden(case, case.new_tokens, rank, device, replicated=True)
@@ -93,6 +85,32 @@ def build_inference_step(case: Case, *, rank: int, group, device: torch.device) 
             one()
         return one()
     return Step(step=decode, setup=rewind, start_bytes=_nbytes(lay, x), context=run, calls=calls, single=one)
+
+
+def _ttft_step(case: Case, row: str, lay: DecodeLayer, run: InferenceRun, rank: int, device, group) -> Step:
+    """The prompt's prefill into the emptied cache; a sample runs ``calls`` of them back to back (each into the
+    cache emptied again, a rewind of views, nothing copied), as many as ``case.min_sample_s`` takes."""
+    s = case.shape
+    lay.cache.reserve(prefill_input_tokens(lay))
+    empty = lay.cache.snapshot()
+    x = _hidden(case, s.seqlen, rank, device, replicated=True)
+    if row != "tp":      # TP: every rank the whole prompt, its own heads
+        x = shard(x, s.resolved_layout, rank, s.world_size)
+
+    def empty_cache():
+        lay.cache.rewind(empty)
+
+    def ttft():
+        return prefill_step(lay, x)
+    calls = autorange(ttft, empty_cache, case.min_sample_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
+
+    def prefills():
+        for _ in range(calls - 1):
+            ttft()
+            empty_cache()
+        return ttft()
+    return Step(step=prefills, setup=empty_cache, start_bytes=_nbytes(lay, x), context=run, calls=calls,
+                single=ttft)
 
 
 def _nbytes(lay: DecodeLayer, x: torch.Tensor) -> int:
