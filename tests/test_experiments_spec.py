@@ -102,6 +102,7 @@ def _bad(tmp_path, patch: dict, drop: tuple = ()) -> str:
     ({"cluster": "nowhere"}, "cluster", "no such cluster profile"),
     ({"sweep.dtype": "float8"}, "sweep.dtype", "unknown"),
     ({"sweep.causal": "yes"}, "sweep.causal", "true or false"),
+    ({"measure.min_sample_s": -1}, "measure.min_sample_s", ">= 0"),
 ])
 def test_bad_specs_name_file_key_rule(tmp_path, patch, key, rule):
     msg = _bad(tmp_path, patch)
@@ -320,3 +321,29 @@ def test_one_function_builds_the_shape_of_a_case_a_record_and_a_dataframe_row():
     mha = pd.DataFrame([{**rec, "kv_heads": None}, rec]).to_dict("records")[0]    # kv_heads NaN: = heads (MHA)
     assert shape_from(mha) == shape.replace(kv_heads=8)
     assert all(type(getattr(shape_from(rows[0]), a)) is type(getattr(shape, a)) for a in rec if a in shape.__dict__)
+
+
+def test_op_samples_run_calls_back_to_back_where_the_spec_asks():
+    """``measure.min_sample_s``: an op or layer sample runs its call back to back (``steps.consecutive``) until it
+    lasts that long; a step with an untimed setup (backward) stays one call; 0 leaves the step as built."""
+    import time as _time
+    from experiments.harness.steps import consecutive
+    from experiments.harness.timed_step import Step
+    n = []
+
+    def call():
+        n.append(1)
+        _time.sleep(0.002)
+        return len(n)
+    one = Step(step=call, setup=None, start_bytes=0)
+    many = consecutive(one, 0.02, device=torch.device("cpu"), group=None)
+    assert 5 <= many.calls <= 11 and many.single is call, many.calls      # 0.02 s of ~2 ms calls
+    before = len(n)
+    many.step()
+    assert len(n) - before == many.calls
+    assert consecutive(one, 0.0, device=torch.device("cpu"), group=None) is one
+    with_setup = Step(step=call, setup=lambda: None, start_bytes=0)
+    assert consecutive(with_setup, 0.02, device=torch.device("cpu"), group=None) is with_setup
+    spec = parse_spec({**GOOD, "measure": {"min_sample_s": 0.5}}, "t.yaml")
+    assert {c.min_sample_s for c in spec.cases()} == {0.5}
+    assert {c.min_sample_s for c in load_spec("experiments/cpu/cpu_varlen_magiattention_2x4.yaml").cases()} == {1.0}

@@ -71,6 +71,8 @@ def test_the_model_sets_the_shape_and_the_paper_specs_load():
      "merge 'heads' leaves each rank heads=6 / world_size=4"),
     ({"inference": {"new_tokens": 0}}, "key 'inference.new_tokens': 0 must be >= 1"),
     ({"inference": {"min_sample_s": -1}}, "key 'inference.min_sample_s': -1.0 must be >= 0 (seconds)"),
+    ({"measure": {"modes": ["decode"], "level": "inference", "min_sample_s": 1}},
+     "key 'measure.min_sample_s': 1.0 applies at levels op and layer; at level 'inference' use inference.min_sample_s"),
 ])
 def test_bad_inference_specs_are_load_errors(patch, match):
     raw = {k: v for k, v in {**BASE, **patch}.items() if v is not None}

@@ -50,7 +50,7 @@ class Case:
     merge: str | None = None
     new_tokens: int = 1
     placement: str = "round_robin"
-    min_sample_s: float = 0.0        # decode, ttft: consecutive steps per sample until it lasts this long (0: one)
+    min_sample_s: float = 0.0        # consecutive calls per sample until it lasts this long (0: one; not model level)
 
     @property
     def repeat_cap(self) -> int:

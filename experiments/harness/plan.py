@@ -90,7 +90,9 @@ def _rows(spec: Spec, model: ModelSetup | None, mode: str) -> list[tuple[str, Mo
         return [(m, None, inference_fields(spec, mode, merge)) for m, merge in expand_rows(spec, mode)]
     if model is not None and model.variants:
         return [(v.method, v, {}) for v in model.variants]
-    return [(m, None, {}) for m in spec.methods]
+    if model is not None:
+        return [(m, None, {}) for m in spec.methods]
+    return [(m, None, {"min_sample_s": spec.measure.min_sample_s}) for m in spec.methods]
 
 
 def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -> dict:
@@ -164,6 +166,10 @@ def _validate(spec: Spec, cases: list[Case]) -> None:
         why = prof.world_size_rule(ws)
         if why:
             raise err("sweep.world_size", why)
+    if spec.measure.min_sample_s and spec.measure.level not in ("op", "layer"):
+        where = "inference.min_sample_s" if spec.measure.level == "inference" else "nothing: one step a sample"
+        raise err("measure.min_sample_s", f"{spec.measure.min_sample_s!r} applies at levels op and layer; at level "
+                                          f"{spec.measure.level!r} use {where}")
     for case in cases:
         _validate_case(spec, prof, case, err)
 

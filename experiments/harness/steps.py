@@ -11,6 +11,7 @@ Modes (docs/papers.md §3, "FLOP convention"):
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -21,9 +22,11 @@ from baselines.registry import METHODS
 from burst_impl.kernels import resolve_backend
 
 from .model_steps import build_model_step
+from .inference_cases import MAX_STEPS_PER_SAMPLE
 from .inference_steps import build_inference_step
 from .spec import Case
 from .timed_step import Step
+from .timing import autorange
 
 
 def kernel_options(case: Case) -> dict:
@@ -144,5 +147,23 @@ def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
         return build_inference_step(case, rank=rank, group=group, device=device)
     method = METHODS[case.method]
     if case.level == "layer":
-        return build_layer_step(case, method, rank=rank, group=group, device=device)
-    return build_op_step(case, method, rank=rank, group=group, device=device)
+        step = build_layer_step(case, method, rank=rank, group=group, device=device)
+    else:
+        step = build_op_step(case, method, rank=rank, group=group, device=device)
+    return consecutive(step, case.min_sample_s, device=device, group=group)
+
+
+def consecutive(step: Step, min_s: float, *, device: torch.device, group) -> Step:
+    """``step`` run ``calls`` times back to back per sample, as many as ``min_s`` seconds take
+    (``timing.autorange``, at most ``MAX_STEPS_PER_SAMPLE``; the harness divides the sample by them). A step with
+    an untimed setup before each call (backward: the forward it differentiates) stays one call a sample."""
+    if min_s <= 0 or step.setup is not None:
+        return step
+    one = step.step
+    calls = autorange(one, None, min_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
+
+    def run():
+        for _ in range(calls - 1):
+            one()
+        return one()
+    return dataclasses.replace(step, step=run, calls=calls, single=one)
