@@ -346,4 +346,5 @@ def test_op_samples_run_calls_back_to_back_where_the_spec_asks():
     assert consecutive(with_setup, 0.02, device=torch.device("cpu"), group=None) is with_setup
     spec = parse_spec({**GOOD, "measure": {"min_sample_s": 0.5}}, "t.yaml")
     assert {c.min_sample_s for c in spec.cases()} == {0.5}
-    assert {c.min_sample_s for c in load_spec("experiments/cpu/cpu_varlen_magiattention_2x4.yaml").cases()} == {1.0}
+    # the mask benchmark times one call a sample, as the model's host terms are measured (docs/emulator.md)
+    assert {c.min_sample_s for c in load_spec("experiments/cpu/cpu_varlen_magiattention_2x4.yaml").cases()} == {0.0}

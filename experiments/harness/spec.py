@@ -121,7 +121,7 @@ class Measure:
     memory: bool = True    # measure peak memory in a separate untimed step
     comm: bool = True      # count bytes sent (burst_impl.comm.count_bytes)
     # levels op and layer: a timed sample runs calls (forward or fwd_bwd) back to back until it lasts this long
-    # (steps.consecutive); 0: one call a sample. The emulated CPU specs set 1.0, ten of the ranks' CFS periods
+    # (steps.consecutive); 0: one call a sample, the regime the performance model's host terms are measured in
     # (docs/emulator.md). Inference specs set theirs in ``inference:``
     min_sample_s: float = field(default=0.0, metadata={
         "check": lambda v: None if v >= 0 else f"{v!r} must be >= 0 (seconds)"})
