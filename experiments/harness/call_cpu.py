@@ -96,7 +96,7 @@ def _decode(name: str, context: int, batch: int, node_size: int):
     meta = dict(method=name, mode="decode", seqlen=context, batch=batch, world_size=shape.world_size,
                 node_size=node_size, heads=DECODE_HEADS, kv_heads=DECODE_KV_HEADS, head_dim=DECODE_HEAD_DIM,
                 dtype="float32", causal=True, layout="zigzag")
-    return step.setup, step.single, meta, step.calls
+    return step.setup, step.one, meta, step.calls
 
 
 def measure(name: str, n: int, *, node_size: int, calls: int = CALLS, layout: str = "zigzag",

@@ -29,9 +29,8 @@ from burst_impl import comm
 from burst_impl.layout import shard
 
 from .case import Case
-from .inference_cases import MAX_STEPS_PER_SAMPLE, ROW_LABELS, row_of
-from .timed_step import Step
-from .timing import autorange
+from .inference_cases import ROW_LABELS, row_of
+from .timed_step import MAX_STEPS_PER_SAMPLE, Step, repeated
 
 
 @dataclass
@@ -72,24 +71,14 @@ def build_inference_step(case: Case, *, rank: int, group, device: torch.device) 
     fill_cache(lay, s.seqlen, seed=case.seed, reserve=case.new_tokens * MAX_STEPS_PER_SAMPLE)
     filled = lay.cache.snapshot()
     x = _hidden(case, case.new_tokens, rank, device, replicated=True)
-
-    def one():
-        return decode_step(lay, x)
-
-    def rewind():
-        lay.cache.rewind(filled)
-    calls = autorange(one, rewind, case.min_sample_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
-
-    def decode():
-        for _ in range(calls - 1):
-            one()
-        return one()
-    return Step(step=decode, setup=rewind, start_bytes=_nbytes(lay, x), context=run, calls=calls, single=one)
+    step = Step(step=lambda: decode_step(lay, x), setup=lambda: lay.cache.rewind(filled),
+                start_bytes=_nbytes(lay, x), context=run)
+    return repeated(step, case.min_sample_s, device=device, group=group)
 
 
 def _ttft_step(case: Case, row: str, lay: DecodeLayer, run: InferenceRun, rank: int, device, group) -> Step:
-    """The prompt's prefill into the emptied cache; a sample runs ``calls`` of them back to back (each into the
-    cache emptied again, a rewind of views, nothing copied), as many as ``case.min_sample_s`` takes."""
+    """The prompt's prefill into the emptied cache; a sample runs ``calls`` of them back to back, each into the
+    cache emptied again (a rewind of views, nothing copied), as many as ``case.min_sample_s`` takes."""
     s = case.shape
     lay.cache.reserve(prefill_input_tokens(lay))
     empty = lay.cache.snapshot()
@@ -99,18 +88,8 @@ def _ttft_step(case: Case, row: str, lay: DecodeLayer, run: InferenceRun, rank: 
 
     def empty_cache():
         lay.cache.rewind(empty)
-
-    def ttft():
-        return prefill_step(lay, x)
-    calls = autorange(ttft, empty_cache, case.min_sample_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
-
-    def prefills():
-        for _ in range(calls - 1):
-            ttft()
-            empty_cache()
-        return ttft()
-    return Step(step=prefills, setup=empty_cache, start_bytes=_nbytes(lay, x), context=run, calls=calls,
-                single=ttft)
+    step = Step(step=lambda: prefill_step(lay, x), setup=empty_cache, start_bytes=_nbytes(lay, x), context=run)
+    return repeated(step, case.min_sample_s, device=device, group=group, between=empty_cache)
 
 
 def _nbytes(lay: DecodeLayer, x: torch.Tensor) -> int:

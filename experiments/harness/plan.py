@@ -90,9 +90,8 @@ def _rows(spec: Spec, model: ModelSetup | None, mode: str) -> list[tuple[str, Mo
         return [(m, None, inference_fields(spec, mode, merge)) for m, merge in expand_rows(spec, mode)]
     if model is not None and model.variants:
         return [(v.method, v, {}) for v in model.variants]
-    if model is not None:
-        return [(m, None, {}) for m in spec.methods]
-    return [(m, None, {"min_sample_s": spec.measure.min_sample_s}) for m in spec.methods]
+    row = {} if model is not None else {"min_sample_s": spec.measure.min_sample_s}     # op and layer levels
+    return [(m, None, row) for m in spec.methods]
 
 
 def _model_fields(model: ModelSetup, zero: bool, variant: ModelVariant | None) -> dict:
@@ -167,9 +166,10 @@ def _validate(spec: Spec, cases: list[Case]) -> None:
         if why:
             raise err("sweep.world_size", why)
     if spec.measure.min_sample_s and spec.measure.level not in ("op", "layer"):
-        where = "inference.min_sample_s" if spec.measure.level == "inference" else "nothing: one step a sample"
+        where = ("use inference.min_sample_s" if spec.measure.level == "inference" else
+                 "a training step is one call a sample")
         raise err("measure.min_sample_s", f"{spec.measure.min_sample_s!r} applies at levels op and layer; at level "
-                                          f"{spec.measure.level!r} use {where}")
+                                          f"{spec.measure.level!r} {where}")
     for case in cases:
         _validate_case(spec, prof, case, err)
 

@@ -11,7 +11,6 @@ Modes (docs/papers.md §3, "FLOP convention"):
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import torch
@@ -22,11 +21,9 @@ from baselines.registry import METHODS
 from burst_impl.kernels import resolve_backend
 
 from .model_steps import build_model_step
-from .inference_cases import MAX_STEPS_PER_SAMPLE
 from .inference_steps import build_inference_step
 from .spec import Case
-from .timed_step import Step
-from .timing import autorange
+from .timed_step import Step, repeated
 
 
 def kernel_options(case: Case) -> dict:
@@ -154,16 +151,8 @@ def build_step(case: Case, *, rank: int, group, device: torch.device) -> Step:
 
 
 def consecutive(step: Step, min_s: float, *, device: torch.device, group) -> Step:
-    """``step`` run ``calls`` times back to back per sample, as many as ``min_s`` seconds take
-    (``timing.autorange``, at most ``MAX_STEPS_PER_SAMPLE``; the harness divides the sample by them). A step with
-    an untimed setup before each call (backward: the forward it differentiates) stays one call a sample."""
+    """An op or layer step at ``measure.min_sample_s``: its calls back to back (``timed_step.repeated``). A step
+    with an untimed setup before each call (backward: the forward it differentiates) stays one call a sample."""
     if min_s <= 0 or step.setup is not None:
         return step
-    one = step.step
-    calls = autorange(one, None, min_s, cap=MAX_STEPS_PER_SAMPLE, device=device, group=group)
-
-    def run():
-        for _ in range(calls - 1):
-            one()
-        return one()
-    return dataclasses.replace(step, step=run, calls=calls, single=one)
+    return repeated(step, min_s, device=device, group=group)
