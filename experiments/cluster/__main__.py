@@ -12,6 +12,7 @@
     burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
     burst-bench cluster ratios cpu_double_ring_emulated   # speedups over --ref and overlap on/off, intervals
+    burst-bench cluster history cpu_varlen_magiattention_2x4 --target 0.15   # the model now against every committed run
 
 A tool that fails (namespaces not permitted, a probe's rank that dies, a self-test outside its tolerance)
 answers ``error: <message>`` and exit status 2, as a user's mistake does; ``--debug`` shows the traceback.
@@ -36,6 +37,8 @@ from ..harness.launch import run_launch
 from .emulator import call_probe, message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
+from ..perfmodel.emulated.history import history_table, replay
+from ..perfmodel.emulated.validate import TARGET
 from ..perfmodel.emulated.validate_decode import validate_inference, write_report as write_inference
 from .report import ratios_of, report, results_root_of, with_model, write_report
 
@@ -253,6 +256,13 @@ def _parser() -> argparse.ArgumentParser:
     ra.add_argument("--ref", default="burst", help="method the speedups are relative to")
     ra.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
     ra.add_argument("--json", action="store_true")
+    hi = sub.add_parser("history", help="the model as it is now against every committed run of an experiment "
+                                        "(each with its own probes and kernel table; measures nothing)")
+    hi.add_argument("experiment")
+    hi.add_argument("--results", default=None)
+    hi.add_argument("--commits", help="comma-separated commits (default: every commit that changed its records)")
+    hi.add_argument("--target", type=float, default=TARGET, help="the bound on |predicted / measured - 1|")
+    hi.add_argument("--json", action="store_true")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     return ap
 
@@ -303,6 +313,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         if args.write:
             print("wrote " + ", ".join(str(f) for f in write_report(out, args.results, args.plots)))
+        return 0
+    if args.cmd == "history":
+        if not 0 < args.target < 1:
+            raise ValueError(f"target={args.target} must be in (0, 1)")
+        commits = [c for c in (args.commits or "").split(",") if c] or None
+        out = history_table(replay(results_root_of(args.results), args.experiment, commits), args.target)
+        print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     if args.cmd == "ratios":
         out = ratios_of(args.experiment, results_root=args.results, ref=args.ref, level=args.level)

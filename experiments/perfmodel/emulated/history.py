@@ -1,0 +1,139 @@
+"""The model as it is now against every committed run of an emulated experiment.
+
+One run on this VM moves with the machine: a case's error spreads by 11-14% from run to run after the run's
+common shift (docs/findings.md, "The overlap probe at the hop size"), so one run's verdict says little about the
+model and a change judged on one run is judged on noise. ``runs_of`` lists the commits that changed an
+experiment's records under a results root; ``replay`` extracts each (``git archive``: the records, the kernel
+table and the probes as that commit holds them) into a temporary root and prices it with the model of the
+working tree, each run with its own probes, as its report did; ``history_table`` gives each run's count within
+the target and each case's median error over the runs.
+
+    burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> --target 0.15
+    burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --commits 66a8bfc,924248d
+
+A run whose records the model cannot price now (a kernel key its table lacks, a record from before a field) is
+listed with the reason and left out of the medians; nothing is measured here.
+"""
+from __future__ import annotations
+
+import io
+import statistics
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...harness import results as R
+from .validate import TARGET, validate_experiment
+from .validate_decode import validate_inference
+
+
+@dataclass(frozen=True)
+class Run:
+    commit: str
+    errors: dict = field(default_factory=dict)     # case label -> predicted / measured - 1
+    skipped: str = ""                               # why the model could not price it
+
+
+def _git(repo: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True).stdout
+
+
+def _repo_path(results_root) -> tuple[Path, str]:
+    """(the repository's top folder, ``results_root`` relative to it)."""
+    root = Path(results_root).resolve()
+    if not root.is_dir():
+        raise ValueError(f"results={str(results_root)!r}: no such folder")
+    try:
+        top = Path(_git(root, "rev-parse", "--show-toplevel").decode().strip())
+    except subprocess.CalledProcessError:
+        raise ValueError(f"results={str(results_root)!r}: not inside a git repository (runs are commits)") from None
+    return top, root.relative_to(top).as_posix()
+
+
+def runs_of(results_root, experiment: str) -> list[str]:
+    """Commits (oldest first) that changed ``<results_root>/<experiment>``'s records: one a run."""
+    top, rel = _repo_path(results_root)
+    out = _git(top, "log", "--format=%H", "--", f"{rel}/{experiment}/{R.RESULTS_FILE}").decode().split()
+    return out[::-1]
+
+
+def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
+    """The experiment's folder and the root's own files (probes it falls back to) as ``commit`` holds them,
+    under ``dest``; returns the results root there."""
+    top, rel = _repo_path(results_root)
+    names = _git(top, "ls-tree", "--name-only", commit, f"{rel}/").decode().split()
+    files = [n for n in names if n.endswith(".json")]
+    data = _git(top, "archive", "--format=tar", commit, f"{rel}/{experiment}", *files)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest / rel
+
+
+def _errors(root: Path, experiment: str) -> dict:
+    """{case label: error} of the model as it is now on the records under ``root`` (measuring nothing)."""
+    df = R.load_results(root, experiment)
+    if not df.empty and "level" in df and (df["level"] == "inference").all():
+        rows = validate_inference(root, experiment, measure_missing=False, write=False)["rows"]
+        return {f"{r['mode']} G{r['world_size']} B{r['batch']} N{r['seqlen']} {r['row']}": r["error"] for r in rows}
+    rows = validate_experiment(root, experiment, measure_missing=False)["rows"]
+    return {f"{r['method']} N{r['seqlen']} {r['case']}": r["error"] for r in rows}
+
+
+def _commit(results_root, name: str) -> str:
+    try:
+        return _git(Path(results_root).resolve(), "rev-parse", "--verify", f"{name}^{{commit}}").decode().strip()
+    except subprocess.CalledProcessError:
+        raise ValueError(f"commits: {name!r} is not a commit of this repository") from None
+
+
+def replay(results_root, experiment: str, commits: list[str] | None = None) -> list[Run]:
+    """Each run of ``commits`` (default ``runs_of``) priced by the model of the working tree."""
+    commits = commits or runs_of(results_root, experiment)
+    if not commits:
+        raise ValueError(f"experiment={experiment!r}: no commit changed its records under {results_root}")
+    out = []
+    for full in [_commit(results_root, c) for c in commits]:      # every name checked before any is priced
+        with tempfile.TemporaryDirectory(prefix="burst-history-") as tmp:
+            try:
+                root = extract(full, results_root, experiment, Path(tmp))
+                out.append(Run(full, _errors(root, experiment)))
+            except (ValueError, KeyError, RuntimeError, subprocess.CalledProcessError) as e:
+                why = (str(e).splitlines() or [type(e).__name__])[0].replace(f"{tmp}/", "")
+                out.append(Run(full, skipped=why[:160]))
+    return out
+
+
+def history_table(runs: list[Run], target: float = TARGET) -> dict:
+    """Text and numbers: per run, its cases within ``target``; per case, its median error over the priced runs
+    that have it and how many of them put it within ``target``; the cases beyond it on one side in every run."""
+    priced = [r for r in runs if not r.skipped]
+    cases = sorted({k for r in priced for k in r.errors})
+    lines = [f"the model as it is now against {len(priced)} committed run(s) (of {len(runs)}), each with its own "
+             f"probes and kernel table; target |error| <= {target:.0%}",
+             f"{'run':<10} {'within':>9} {'median |e|':>10} {'worst':>8}"]
+    for r in runs:
+        if r.skipped:
+            lines.append(f"{r.commit[:9]:<10} not priced: {r.skipped}")
+            continue
+        a = [abs(x) for x in r.errors.values()]
+        worst = max(r.errors.values(), key=abs)
+        lines.append(f"{r.commit[:9]:<10} {sum(x <= target for x in a):>4} of {len(a):<2} {statistics.median(a):10.1%} "
+                     f"{worst:+8.1%}")
+    medians, same_side = {}, []
+    lines.append(f"{'case':<64} {'median':>7} {'runs within':>11}  errors, run by run")
+    for k in cases:
+        xs = [r.errors[k] for r in priced if k in r.errors]
+        medians[k] = statistics.median(xs)
+        if all(x > target for x in xs) or all(x < -target for x in xs):
+            same_side.append(k)
+        lines.append(f"{k:<64} {medians[k]:+7.1%} {sum(abs(x) <= target for x in xs):>5} of {len(xs):<3}  "
+                     + " ".join(f"{x * 100:+.0f}" for x in xs))
+    a = [abs(x) for x in medians.values()]
+    if a:
+        lines.append(f"case medians: {sum(x <= target for x in a)} of {len(a)} within {target:.0%}, median "
+                     f"{statistics.median(a):.1%}, worst {max(medians.values(), key=abs):+.1%}; beyond it on one "
+                     f"side in every run: {', '.join(same_side) if same_side else 'none'}")
+    return {"runs": [{"commit": r.commit, "skipped": r.skipped, "errors": r.errors} for r in runs],
+            "case_medians": medians, "same_side": same_side, "target": target, "text": "\n".join(lines)}
