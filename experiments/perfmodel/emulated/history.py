@@ -63,7 +63,7 @@ def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
     """The experiment's folder and the root's own files (probes it falls back to) as ``commit`` holds them,
     under ``dest``; returns the results root there."""
     top, rel = _repo_path(results_root)
-    names = _git(top, "ls-tree", "--name-only", commit, f"{rel}/").decode().split()
+    names = _git(top, "ls-tree", "--name-only", commit, f"{rel}/").decode().splitlines()
     files = [n for n in names if n.endswith(".json")]
     data = _git(top, "archive", "--format=tar", commit, f"{rel}/{experiment}", *files)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
