@@ -16,7 +16,7 @@ from experiments import gpu_memory as GM
 from experiments.figure_parts import provenance
 from experiments.harness import gemm_sweep as GS
 from experiments.harness import kernel_sweep as KS
-from experiments.harness.inference_cases import MAX_STEPS_PER_SAMPLE
+from experiments.harness.timed_step import MAX_STEPS_PER_SAMPLE
 
 H200 = Path(__file__).resolve().parents[1] / "results" / "gpu_check" / "nvidia-h200"
 GIB = 2 ** 30

@@ -32,14 +32,13 @@ from pathlib import Path
 
 from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
-from ..harness import results as R
 from ..harness.launch import run_launch
 from .emulator import call_probe, message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.history import history_table, replay
 from ..perfmodel.emulated.validate import TARGET
-from ..perfmodel.emulated.validate_decode import validate_inference, write_report as write_inference
+from ..perfmodel.emulated.validate_decode import is_inference, validate_inference, write_report as write_inference
 from .report import ratios_of, report, results_root_of, with_model, write_report
 
 SELFTEST_TOLERANCE = 0.15       # of each link class's measured rate from its configured one
@@ -305,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         if args.plots and not args.write:
             raise ValueError(f"--plots={args.plots!r} draws the figure of --write; add --write")
-        if _is_inference(args.experiment, args.results):
+        if is_inference(results_root_of(args.results), args.experiment):
             return _inference_report(args)
         out = report(args.experiment, results_root=args.results, compute_from=args.compute_from, ref=args.ref)
         if args.model:
@@ -326,12 +325,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     return 2
-
-
-def _is_inference(experiment: str, results: str | None) -> bool:
-    """Decode / TTFT / KV-capacity records (level inference): the inference model's own comparison."""
-    df = R.load_results(results_root_of(results), experiment)
-    return not df.empty and "level" in df and (df["level"] == "inference").all()
 
 
 def _inference_report(args) -> int:

@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 from burst_impl.inference import MERGES, PLACEMENTS
 from burst_impl.model.config import CONFIGS, get_config
 
-from .timed_step import MAX_STEPS_PER_SAMPLE  # noqa: F401  (the cache's reserve; re-exported)
-
 INFERENCE_MODES = ("ttft", "decode", "kv_capacity")
 INFERENCE_METHODS = {"burst": "context parallel", "tp_v1": "tensor parallel"}
 UNTIMED = ("kv_capacity",)

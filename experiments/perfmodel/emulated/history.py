@@ -1,12 +1,11 @@
 """The model as it is now against every committed run of an emulated experiment.
 
-One run on this VM moves with the machine: a case's error spreads by 11-14% from run to run after the run's
-common shift (docs/findings.md, "The overlap probe at the hop size"), so one run's verdict says little about the
-model and a change judged on one run is judged on noise. ``runs_of`` lists the commits that changed an
-experiment's records under a results root; ``replay`` extracts each (``git archive``: the records, the kernel
-table and the probes as that commit holds them) into a temporary root and prices it with the model of the
-working tree, each run with its own probes, as its report did; ``history_table`` gives each run's count within
-the target and each case's median error over the runs.
+One run on this VM moves with the machine (how much: docs/findings.md, "The overlap probe at the hop size"), so
+one run's verdict says little about the model and a change judged on one run is judged on noise. ``runs_of`` lists
+the commits that changed an experiment's records under a results root; ``replay`` extracts each (``git archive``:
+the records, the kernel table and the probes as that commit holds them) into a temporary root and prices it with
+the model of the working tree, each run with its own probes, as its report did; ``history_table`` gives each
+run's count within the target and each case's median error over the runs.
 
     burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> --target 0.15
     burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --commits 66a8bfc,924248d
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from ...harness import results as R
 from .validate import TARGET, validate_experiment
-from .validate_decode import validate_inference
+from .validate_decode import is_inference, validate_inference
 
 
 @dataclass(frozen=True)
@@ -73,8 +72,7 @@ def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
 
 def _errors(root: Path, experiment: str) -> dict:
     """{case label: error} of the model as it is now on the records under ``root`` (measuring nothing)."""
-    df = R.load_results(root, experiment)
-    if not df.empty and "level" in df and (df["level"] == "inference").all():
+    if is_inference(root, experiment):
         rows = validate_inference(root, experiment, measure_missing=False, write=False)["rows"]
         return {f"{r['mode']} G{r['world_size']} B{r['batch']} N{r['seqlen']} {r['row']}": r["error"] for r in rows}
     rows = validate_experiment(root, experiment, measure_missing=False)["rows"]

@@ -186,6 +186,13 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     return {"rows": rows, "worst_abs_error": worst, "met": ok, "text": "\n".join(lines)}
 
 
+def is_inference(results_root, experiment: str) -> bool:
+    """Whether ``experiment``'s records under ``results_root`` are all decode / TTFT / KV-capacity records (level
+    inference), which ``validate_inference`` compares rather than ``validate.validate_experiment``."""
+    df = R.load_results(results_root, experiment)
+    return not df.empty and "level" in df and bool((df["level"] == "inference").all())
+
+
 def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                        rounds: int = 3, write: bool = True) -> dict:
     """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``
