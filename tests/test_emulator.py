@@ -28,6 +28,7 @@ from experiments.profiles.cluster import parse_profile
 from experiments.harness import results as R
 from experiments.harness.env import REPO
 from experiments.run import main as run_main
+from experiments.perfmodel.emulated.lockstep import load_lockstep
 
 WHY = netns.probe()
 pytestmark = pytest.mark.skipif(WHY is not None, reason=f"emulated cluster unavailable here: {WHY}")
@@ -276,6 +277,23 @@ def test_call_probe_on_one_node_of_a_cluster_writes_rows_the_validation_reads(tm
     assert [(r["method"], r["world_size"], r["node_size"]) for r in rows] == [("decode:tp", 2, 2), ("burst", 2, 2)]
     assert all(r["cpu_s_median"] > 0 and r["where"] == "emulated" for r in rows)
     assert rows[0]["steps_per_sample"] >= 1 and rows[0]["provenance"]["cluster"]["nodes"] == 1
+    assert not _new_ours(before)
+
+
+def test_lockstep_probe_on_one_node_writes_a_factor_the_validation_reads(tmp_path, capsys):
+    """`burst-bench cluster lockstep` at --world-size 2 on the 3 x 2 profile (one node, given rates, one round of
+    one piece size): a row with its world size, each kind's wall and CPU and a positive factor, that the
+    inference validation's loader reads; nothing left behind."""
+    out = tmp_path / "lockstep_probe.json"
+    before = set(netns.run_ids())
+    rc = run_cli(cluster_main, ["lockstep", "a800_ib_emu_3x2", "--rates", "intra=4e6,inter=1e6", "--repeats", "1",
+                                "--world-size", "2", "--cases", "5000", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["world_size"] == 2 and row["case"] == "5000" and row["profile"] == "a800_ib_emu_3x2"
+    assert all(row[f"{k}_wall_s"] > 0 and row[f"{k}_cpu_s"] > 0 for k in ("free", "lockstep", "sync"))
+    assert row["factor"] > 0 and row["cluster"]["nodes"] == 1
+    assert set(load_lockstep(tmp_path, "a800_ib_emu_3x2")["factors"]) == {2}
     assert not _new_ours(before)
 
 

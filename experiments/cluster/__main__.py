@@ -8,6 +8,7 @@
     burst-bench cluster overlap a800_ib_emu_3x2 --out F.json   # what overlap hides (overlap_probe.py)
     burst-bench cluster messages a800_ib_emu_2x4 --out F.json  # what a small blocking message costs (message_probe.py)
     burst-bench cluster calls a800_ib_emu_2x4 --out call_cpu.json   # the CPU a call costs a rank (call_probe.py)
+    burst-bench cluster lockstep a800_ib_emu_2x4 --out F.json  # a rank's share in lockstep (lockstep_probe.py)
     burst-bench cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
@@ -33,7 +34,7 @@ from pathlib import Path
 from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
 from ..harness.launch import run_launch
-from .emulator import call_probe, message_probe, netns, overlap_probe, selftest, shaping
+from .emulator import call_probe, lockstep_probe, message_probe, netns, overlap_probe, selftest, shaping
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.history import history_table, replay
@@ -178,14 +179,16 @@ def _write_probe(out: str | None, mod, prof, probe: str, info: dict, repeats: in
 
 
 PROBES = {"overlap": (overlap_probe, "OVERLAP_PROBE"), "messages": (message_probe, "MESSAGE_PROBE"),
-          "calls": (call_probe, "CALL_PROBE")}
+          "calls": (call_probe, "CALL_PROBE"), "lockstep": (lockstep_probe, "LOCKSTEP_PROBE")}
 PROBE_HELP = {    # kind: (help, default repeats, case syntax)
     "overlap": ("what overlap hides: compute, a transfer, and both at once on every rank", 5,
                 "<ring|pair|oneway>:<tokens>:<bytes>"),
     "messages": ("what a small message costs a rank that waits for it (lone hops and gloo collectives)", 10,
                  "<ring|pair|all_gather|all_reduce|all_to_all>:<bytes>"),
     "calls": ("the process CPU a call costs each rank at a few tokens (the host term; call_cpu.json's rows)", 60,
-              "<method>:<tokens>[:<layout>] or decode:<row>:<tokens>:<batch>")}
+              "<method>:<tokens>[:<layout>] or decode:<row>:<tokens>:<batch>"),
+    "lockstep": ("the share of a core a rank runs at, free-running and meeting its peers after each piece", 10,
+                 "<cpu_us>: a piece's CPU in microseconds")}
 
 
 def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None, world: int | None = None) -> int:

@@ -34,6 +34,7 @@ from .decode_costs import decode_twin
 from .excess import OVERLAP_FILE
 from .hardware import emulated_hardware
 from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_from, small_case
+from .lockstep import factor, load_lockstep, lockstep_text
 from .measured import KernelTimes, needed
 from .message import MessageCost
 from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_key,
@@ -113,9 +114,11 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = False) -> list[dict]:
+            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = False,
+            lockstep: dict | None = None) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
-    ``at_reference`` and ``group_memory`` as ``validate.compare``'s."""
+    ``at_reference`` and ``group_memory`` as ``validate.compare``'s; ``lockstep`` (``lockstep.load_lockstep``)
+    multiplies the work priced from the free-running table by its world size's factor."""
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
@@ -133,15 +136,18 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                                            costs=small_costs), HOST_METHOD
             hosts[key] = host and {**host, "source": source}
         host = hosts[key]
-        hs = (host["host_s_per_op"] if host else 0.0) * ld.priced / ld.run
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs: EmulatedCosts(h, dt, times=times, scale=ld.priced,
-                                                                     mem_scale=ld.memory, host_s=hs,
-                                                                     excess=excess or {}, messages=messages))
+        lf = factor(lockstep, c.shape.world_size)      # the small call's host term stays free-running: it is CPU
+        hs = (host["host_s_per_op"] if host else 0.0) * ld.priced / ld.run * lf
+        mem = None if ld.memory is None else ld.memory * lf
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs, mem=mem: EmulatedCosts(
+            h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, excess=excess or {},
+            messages=messages))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
                      "world_size": c.shape.world_size, "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured, "error": p.time_s / measured - 1, "load_scale": ld.priced,
+                     "lockstep_factor": lf,
                      "run_load": ld.run, "reference_load": ld.reference, "memory_load": ld.memory,
                      "memory_run_load": ld.memory_run, "memory_reference_load": ld.memory_reference,
                      "measured_mean_s": mean, "error_mean": None if not mean else p.time_s / float(mean) - 1,
@@ -202,10 +208,14 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     cases = cases_of(records)
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
-    call, ex, msgs = load_probes(results_root, experiment, cases[0].rec["cluster"].get("profile"))
+    profile = cases[0].rec["cluster"].get("profile")
+    call, ex, msgs = load_probes(results_root, experiment, profile)
+    lock = load_lockstep(results_root, profile, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
+                              lockstep=lock))
+    rep["text"] += "\n" + lockstep_text(lock)
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
@@ -219,6 +229,7 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
                         for r in rep["rows"]],
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
                "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
+               "lockstep": lock,
                "text": rep["text"]}
     if write:
         (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))

@@ -1,0 +1,74 @@
+"""The lockstep probe's pieces that need no cluster (experiments/cluster/emulator/lockstep_probe.py), the factor
+the inference validation reads from it (experiments/perfmodel/emulated/lockstep.py) and where it multiplies. A
+run on an emulated cluster is ``burst-bench cluster lockstep <profile>`` (root; tests/test_emulator.py runs one;
+measured in docs/findings.md)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from baselines import AttnShape
+from experiments.cluster.emulator import lockstep_probe as P
+from experiments.perfmodel.emulated import lockstep as L
+from experiments.perfmodel.emulated import validate_decode
+from experiments.perfmodel.emulated.measured import HBM, KernelTimes
+from tests.test_inference_model import _decode_record
+
+
+def test_cases_parse_and_bad_ones_name_the_rule():
+    assert P.parse_cases("2000,50000") == [P.Case(2000), P.Case(50000)]
+    for bad in ("0", "free:2000", "-5", "2.5"):
+        with pytest.raises(ValueError, match="microseconds, a positive integer"):
+            P.parse_cases(bad)
+    with pytest.raises(ValueError, match="needs 2 ranks, not 1"):
+        P.check_shape([P.Case(2000)], 1, 1)
+    P.check_shape([P.Case(2000)], 1, 2)
+
+
+def _ranks(free_wall, lock_wall, sync_wall, cpus):
+    """Two ranks' results for one case: every round's walls the same on both, the CPU per rank given."""
+    return [{"5000": {"free": {"wall": free_wall, "cpu": [c] * len(free_wall)},
+                      "lockstep": {"wall": lock_wall, "cpu": [c + 0.0001] * len(lock_wall)},
+                      "sync": {"wall": sync_wall, "cpu": [0.0001] * len(sync_wall)}}} for c in cpus]
+
+
+def test_the_factor_is_each_rounds_free_share_over_its_lockstep_share_less_the_all_reduce():
+    # round 1: free 5 ms CPU in 20 ms (0.25), lockstep 5 ms CPU in 25 ms less 1 ms of all-reduce (5/24):
+    # factor 0.25 / (5/24) = 1.2; round 2 the machine ran twice as slowly at both: the same factor
+    ranks = _ranks([0.020, 0.040], [0.025, 0.049], [0.001, 0.001], (0.004, 0.005, 0.006))
+    (row,) = P.summarize(ranks, [P.Case(5000)])
+    assert row["world_size"] == 3 and row["free_cpu_s"] == pytest.approx(0.005)
+    assert row["factor_samples"][0] == pytest.approx(1.2) and row["factor_samples"][1] == pytest.approx(1.2)
+    assert row["factor"] == pytest.approx(1.2) and row["lockstep_wall_s"] == pytest.approx(0.037)
+    assert "1.200" in P.table([row])
+
+
+def test_rows_of_several_world_sizes_fill_one_file_and_give_one_factor_each(tmp_path):
+    out = tmp_path / L.LOCKSTEP_FILE
+    prov = {"profile": "a800_ib_emu_2x4", "time": "t"}
+    rows8 = [{"case": str(p), "world_size": 8, "factor": f} for p, f in ((2000, 1.2), (5000, 1.0), (50000, 1.1))]
+    P.write(out, rows8, prov)
+    P.write(out, [{"case": "2000", "world_size": 4, "factor": 0.9}], prov)
+    P.write(out, [{"case": "2000", "world_size": 8, "factor": 1.3}], prov)      # replaces G 8's 2000
+    rows = json.loads(out.read_text())["rows"]
+    assert sorted((r["world_size"], r["case"]) for r in rows) == [(4, "2000"), (8, "2000"), (8, "5000"), (8, "50000")]
+    lock = L.load_lockstep(tmp_path, "a800_ib_emu_2x4")
+    assert lock["factors"] == {4: 0.9, 8: 1.1} and lock["path"] == str(out)
+    assert L.factor(lock, 8) == 1.1 and L.factor(lock, 2) == 1.0 and L.factor(None, 8) == 1.0
+    assert L.load_lockstep(tmp_path, "another_profile") is None and L.load_lockstep(tmp_path / "x", None) is None
+    assert "G 4 x0.900, G 8 x1.100" in L.lockstep_text(lock) and "factor 1" in L.lockstep_text(None)
+
+
+def test_the_inference_validation_multiplies_the_work_and_not_the_links():
+    rec = _decode_record("cp_all_gather", "burst", "all_gather", 0.01)
+    keys = validate_decode.needed_keys([rec])
+    times = KernelTimes(procs=2, threads=1, seconds={k: (1e-9 if k == HBM else 1e-3) for k in keys})
+    (plain,) = validate_decode.compare([rec], times)
+    world = AttnShape(**{k: rec[k] for k in validate_decode.SHAPE_KEYS}).world_size
+    (slow,) = validate_decode.compare([rec], times, lockstep={"factors": {world: 2.0}, "path": "p"})
+    (other,) = validate_decode.compare([rec], times, lockstep={"factors": {world + 1: 2.0}, "path": "p"})
+    assert plain["lockstep_factor"] == 1.0 and slow["lockstep_factor"] == 2.0 and other == plain
+    comm = plain["critical_comm_s"]
+    assert comm > 0 and slow["critical_comm_s"] == pytest.approx(comm)
+    assert slow["predicted_s"] == pytest.approx(2 * (plain["predicted_s"] - comm) + comm)
