@@ -56,7 +56,7 @@ class Case:
         return str(self.cpu_us)
 
 
-# a decode step of the 2 x 4 mirrors meets its peers every 2-60 ms of CPU; a ring step at each hop
+# pieces around a decode step's CPU between its meetings on the 2 x 4 mirrors (docs/findings.md)
 CASES = tuple(Case(p) for p in (2000, 5000, 10000, 20000, 50000))
 
 

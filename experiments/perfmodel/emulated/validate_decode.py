@@ -136,10 +136,12 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
                                            costs=small_costs), HOST_METHOD
             hosts[key] = host and {**host, "source": source}
         host = hosts[key]
-        lf = factor(lockstep, c.shape.world_size)      # the small call's host term stays free-running: it is CPU
+        # the host term per op is derived free-running (the small call's CPU over the cap, less the model's work
+        # there); the step's work meets its peers, and goes x the lockstep factor with the kernels it runs
+        lf = factor(lockstep, c.shape.world_size)
         hs = (host["host_s_per_op"] if host else 0.0) * ld.priced / ld.run * lf
         mem = None if ld.memory is None else ld.memory * lf
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs, mem=mem: EmulatedCosts(
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs, mem=mem, lf=lf: EmulatedCosts(
             h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, excess=excess or {},
             messages=messages))
         measured = float(c.rec["time_median_s"])
