@@ -19,11 +19,9 @@ barrier (docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06).
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,6 +32,7 @@ from burst_impl import comm
 from .case import Case
 from .inference_cases import row_of
 from .inference_steps import build_inference_step
+from .row_file import merge_rows
 
 HEADS, HEAD_DIM, CALLS = 8, 32, 12
 DECODE_HEADS, DECODE_KV_HEADS, DECODE_HEAD_DIM = 8, 2, 64     # experiments/cpu/cpu_decode_*_2x4.yaml
@@ -122,16 +121,13 @@ def row(meta: dict, per_rank: list[dict]) -> dict:
                 cpu_samples_s_per_rank=[list(r["cpu"]) for r in per_rank], wall_samples_s=wall)
 
 
+def _call_key(r: dict) -> tuple:
+    """A row's call: method, N, world and node size, batch and layout."""
+    return r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"), r.get("layout", "zigzag")
+
+
 def merge(path, rows: list[dict], **fields) -> None:
-    """Add ``rows`` to ``path``'s (``call_cpu.json``), replacing rows of the same call (method, N, world and node
-    size, batch and layout), so that probes at several world sizes fill one file; ``fields`` (a probe's
-    provenance) go on each new row."""
-    path = Path(path)
-    key = lambda r: (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"),   # noqa: E731
-                     r.get("layout", "zigzag"))
-    old = json.loads(path.read_text())["rows"] if path.exists() else []
-    new = [{**r, **fields} for r in rows]
-    keys = {key(r) for r in new}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"benchmark": "experiments.harness.call_cpu",
-                                "rows": [r for r in old if key(r) not in keys] + new}, indent=1))
+    """Add ``rows`` to ``path``'s (``call_cpu.json``), replacing rows of the same call (``_call_key``), so that
+    probes at several world sizes fill one file (``row_file.merge_rows``); ``fields`` (a probe's provenance) go on
+    each new row."""
+    merge_rows(path, [{**r, **fields} for r in rows], _call_key, benchmark="experiments.harness.call_cpu")

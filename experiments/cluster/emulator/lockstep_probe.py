@@ -26,17 +26,15 @@ share over the lockstep share, by which a step's work met every ``cpu_us`` outla
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from ...harness.row_file import merge_rows
 from ...harness.timing import RepeatPolicy, time_interleaved
 from .probe_rank import rank_main
 
@@ -118,9 +116,14 @@ def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
             for i, k in enumerate(KINDS)}
 
 
+def _lockstep_share(lock_wall, lock_cpu, sync_wall, sync_cpu) -> float:
+    """The share of a core a piece ran at in lockstep: its wall and CPU less the all-reduce's."""
+    return (lock_cpu - sync_cpu) / max(lock_wall - sync_wall, 1e-12)
+
+
 def _round_factor(free_wall, free_cpu, lock_wall, lock_cpu, sync_wall, sync_cpu) -> float:
-    """One round's free share over its lockstep share: the lockstep's wall and CPU less the all-reduce's."""
-    return (free_cpu / free_wall) / ((lock_cpu - sync_cpu) / max(lock_wall - sync_wall, 1e-12))
+    """One round's free share over its lockstep share."""
+    return (free_cpu / free_wall) / _lockstep_share(lock_wall, lock_cpu, sync_wall, sync_cpu)
 
 
 def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
@@ -146,7 +149,7 @@ def table(rows: list[dict]) -> str:
     lines = [f"{'cpu ms':>7} {'G':>2} {'free ms':>8} {'share':>6} {'lockstep ms':>11} {'share':>6} {'sync ms':>7} "
              f"{'factor':>6}"]
     for r in rows:
-        lock = (r["lockstep_cpu_s"] - r["sync_cpu_s"]) / max(r["lockstep_wall_s"] - r["sync_wall_s"], 1e-12)
+        lock = _lockstep_share(r["lockstep_wall_s"], r["lockstep_cpu_s"], r["sync_wall_s"], r["sync_cpu_s"])
         lines.append(f"{r['cpu_us'] / 1e3:7.1f} {r['world_size']:>2} {r['free_wall_s'] * 1e3:8.2f} "
                      f"{r['free_cpu_s'] / r['free_wall_s']:6.3f} {r['lockstep_wall_s'] * 1e3:11.2f} {lock:6.3f} "
                      f"{r['sync_wall_s'] * 1e3:7.2f} {r['factor']:6.3f}")
@@ -154,16 +157,9 @@ def table(rows: list[dict]) -> str:
 
 
 def write(out, rows: list[dict], provenance: dict) -> None:
-    """Add ``rows`` to ``out``, replacing those of the same case and world size, so that probes at several world
-    sizes fill one file; each new row carries the probe's provenance."""
-    path = Path(out)
-    key = lambda r: (r["case"], r["world_size"])       # noqa: E731
-    old = json.loads(path.read_text())["rows"] if path.exists() else []
-    new = [{**r, **provenance} for r in rows]
-    keys = {key(r) for r in new}
-    os.makedirs(path.parent, exist_ok=True)
-    path.write_text(json.dumps({"probe": "lockstep", "rows": [r for r in old if key(r) not in keys] + new},
-                               indent=1))
+    """Add ``rows`` to ``out``, replacing those of the same case and world size (``row_file.merge_rows``), so that
+    probes at several world sizes fill one file; each new row carries the probe's provenance."""
+    merge_rows(out, [{**r, **provenance} for r in rows], lambda r: (r["case"], r["world_size"]), probe="lockstep")
 
 
 def main(argv: list[str]) -> int:
