@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from baselines import AttnShape
 from experiments.cluster.emulator import lockstep_probe as P
@@ -18,12 +19,26 @@ from tests.test_inference_model import _decode_record
 
 def test_cases_parse_and_bad_ones_name_the_rule():
     assert P.parse_cases("2000,50000") == [P.Case(2000), P.Case(50000)]
-    for bad in ("0", "free:2000", "-5", "2.5"):
+    cases = P.parse_cases("2000,mem5000")
+    assert cases == [P.Case(2000), P.Case(5000, "memory")] and [c.name for c in cases] == ["2000", "mem5000"]
+    for bad in ("0", "free:2000", "-5", "2.5", "mem0", "memx", "mem"):
         with pytest.raises(ValueError, match="microseconds, a positive integer"):
             P.parse_cases(bad)
     with pytest.raises(ValueError, match="needs 2 ranks, not 1"):
         P.check_shape([P.Case(2000)], 1, 1)
     P.check_shape([P.Case(2000)], 1, 2)
+
+
+def test_a_memory_unit_streams_the_next_slice_and_a_compute_unit_stays_in_cache():
+    stream = P._unit_of("memory")
+    first = stream.__closure__[0].cell_contents                     # the cycle of (x slice, y slice)
+    x0, y0 = next(first)
+    before = x0.clone()
+    for _ in range(P.STREAM_ELEMENTS // P.STREAM_SLICE):            # one pass: back to the slice after x0
+        stream()
+    assert x0.data_ptr() != next(first)[0].data_ptr()
+    assert torch.equal(x0, before + y0)                             # the pass added y's slice to x's once
+    assert P._unit_of("compute")().shape == (P.UNIT, P.UNIT)
 
 
 def _ranks(free_wall, lock_wall, sync_wall, cpus):

@@ -188,7 +188,7 @@ PROBE_HELP = {    # kind: (help, default repeats, case syntax)
     "calls": ("the process CPU a call costs each rank at a few tokens (the host term; call_cpu.json's rows)", 60,
               "<method>:<tokens>[:<layout>] or decode:<row>:<tokens>:<batch>"),
     "lockstep": ("the share of a core a rank runs at, free-running and meeting its peers after each piece", 10,
-                 "<cpu_us>: a piece's CPU in microseconds")}
+                 "<cpu_us> (a compute piece's CPU in microseconds) or mem<cpu_us> (a memory piece's)")}
 
 
 def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None, world: int | None = None) -> int:

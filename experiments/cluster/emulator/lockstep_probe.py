@@ -10,8 +10,10 @@ CPU cgroups, gloo, as a run), timed by ``experiments.harness.timing.time_interle
 rank's), in rounds of three for each case, a piece's CPU ``cpu_us`` (the three see the same minute of the
 machine, whose rate moves):
 
-* ``free``: pieces of ``cpu_us`` microseconds of the rank's CPU (a single-threaded GEMM loop, its length
-  calibrated on the rank), back to back, ``ROUND_CPU_S`` of CPU a sample;
+* ``free``: pieces of ``cpu_us`` microseconds of the rank's CPU, back to back, ``ROUND_CPU_S`` of CPU a sample.
+  A ``compute`` piece is a single-threaded GEMM loop held in the core's caches; a ``memory`` piece streams
+  arrays far larger than the machine's last-level cache (``harness.reference.stream_step``'s traffic, in
+  slices), as a decode step's attention streams its cache; each piece's length is calibrated on the rank;
 * ``lockstep``: the same pieces, each followed by a 4-byte all-reduce over the world (the rank waits for every
   peer);
 * ``sync``: the all-reduce alone, whose wall and CPU the lockstep's share leaves out.
@@ -26,6 +28,7 @@ share over the lockstep share, by which a step's work met every ``cpu_us`` outla
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 import time
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ...harness.reference import STREAM_ELEMENTS
 from ...harness.row_file import merge_rows
 from ...harness.timing import RepeatPolicy, time_interleaved
 from .probe_rank import rank_main
@@ -42,29 +46,40 @@ ROUND_CPU_S = 0.25         # a sample's CPU: ten of the ranks' 100 ms CFS period
                            # the quota's quantisation averages out (as the decode specs' min_sample_s)
 SYNC_CALLS = 20            # all-reduces a sample of the all-reduce alone
 UNIT = 128                 # the GEMM's side: one unit is some 0.1-0.3 ms of CPU, the piece's resolution
+STREAM_SLICE = 1 << 20     # a memory unit's slice of the stream's arrays: 4 MiB fp32 an operand
 KINDS = ("free", "lockstep", "sync")
+
+
+PIECES = ("compute", "memory")
+MEMORY_PREFIX = "mem"      # a memory piece's case name: mem<cpu_us>
 
 
 @dataclass(frozen=True)
 class Case:
     cpu_us: int            # CPU a piece, microseconds
+    piece: str = "compute"  # PIECES: what the piece's CPU does
 
     @property
     def name(self) -> str:
-        return str(self.cpu_us)
+        return str(self.cpu_us) if self.piece == "compute" else f"{MEMORY_PREFIX}{self.cpu_us}"
 
 
-# pieces around a decode step's CPU between its meetings on the 2 x 4 mirrors (docs/findings.md)
-CASES = tuple(Case(p) for p in (2000, 5000, 10000, 20000, 50000))
+# pieces around a decode step's CPU between its meetings on the 2 x 4 mirrors (docs/findings.md), of both kinds:
+# a decode step's attention streams its cache, its host work and the rest run in the core's caches
+CASES = (tuple(Case(p) for p in (2000, 5000, 10000, 20000, 50000))
+         + tuple(Case(p, "memory") for p in (5000, 20000, 50000)))
 
 
 def parse_cases(text: str) -> list[Case]:
-    """``cpu_us`` items (positive integers), comma-separated."""
+    """Comma-separated items: ``cpu_us`` (a positive integer: a compute piece) or ``mem<cpu_us>`` (a memory
+    piece)."""
     out = []
     for item in text.split(","):
-        if not item.isdigit() or int(item) <= 0:
-            raise ValueError(f"case={item!r} must be a piece's CPU in microseconds, a positive integer")
-        out.append(Case(int(item)))
+        piece, digits = ("memory", item[len(MEMORY_PREFIX):]) if item.startswith(MEMORY_PREFIX) else ("compute", item)
+        if not digits.isdigit() or int(digits) <= 0:
+            raise ValueError(f"case={item!r} must be a piece's CPU in microseconds, a positive integer, or "
+                             f"{MEMORY_PREFIX}<microseconds> for a memory piece")
+        out.append(Case(int(digits), piece))
     return out
 
 
@@ -74,27 +89,41 @@ def check_shape(cases: list[Case], nodes: int, per_node: int) -> None:
         raise ValueError(f"a lockstep needs 2 ranks, not {nodes * per_node}")
 
 
-def _unit(a: torch.Tensor) -> torch.Tensor:
-    return torch.tanh(a @ a * 0.01)
+def _unit_of(piece: str):
+    """A piece's unit of work, a zero-argument callable: a 128 x 128 GEMM (some 0.1-0.3 ms of CPU), or ``x.add_(y)``
+    over the next 4 MiB slice of the stream's two 32 MiB arrays (some 1-2 ms: 64 MiB a rank, eight ranks twice
+    this machine's 32 MiB L3 over, so every slice comes from memory)."""
+    g = torch.Generator().manual_seed(0)
+    if piece == "compute":
+        a = torch.randn(UNIT, UNIT, generator=g)
+        return lambda: torch.tanh(a @ a * 0.01)
+    x, y = torch.randn(STREAM_ELEMENTS, generator=g), torch.randn(STREAM_ELEMENTS, generator=g)
+    slices = itertools.cycle([(x[i:i + STREAM_SLICE], y[i:i + STREAM_SLICE])
+                              for i in range(0, STREAM_ELEMENTS, STREAM_SLICE)])
+
+    def stream():
+        xs, ys = next(slices)
+        xs.add_(ys)
+    return stream
 
 
-def _calibrate(a: torch.Tensor) -> float:
-    """This rank's thread CPU of one unit (median of 5 timings of 20 units)."""
+def _calibrate(unit) -> float:
+    """This rank's thread CPU of one unit (median of 5 timings of 16 units)."""
     per = []
     for _ in range(5):
         c0 = time.thread_time()
-        for _ in range(20):
-            _unit(a)
-        per.append((time.thread_time() - c0) / 20)
+        for _ in range(16):
+            unit()
+        per.append((time.thread_time() - c0) / 16)
     return statistics.median(per)
 
 
-def _step(kind: str, units: int, pieces: int, a: torch.Tensor, flag: torch.Tensor, cpu: list):
+def _step(kind: str, units: int, pieces: int, unit, flag: torch.Tensor, cpu: list):
     def run():
         c0 = time.thread_time()
         for _ in range(pieces):
             for _ in range(units):
-                _unit(a)
+                unit()
             if kind != "free":
                 dist.all_reduce(flag)
         cpu.append((time.thread_time() - c0) / pieces)
@@ -105,12 +134,12 @@ def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
     """Rounds of (free, lockstep, the all-reduce alone), interleaved so that each round's three see the same
     machine: ``{kind: {"wall": [s per piece a round: the slowest rank's], "cpu": [this rank's thread s per
     piece a round]}}``."""
-    a, flag = torch.randn(UNIT, UNIT), torch.zeros(1)
-    units = max(1, round(case.cpu_us * 1e-6 / _calibrate(a)))
+    unit, flag = _unit_of(case.piece), torch.zeros(1)
+    units = max(1, round(case.cpu_us * 1e-6 / _calibrate(unit)))
     pieces = max(1, round(ROUND_CPU_S / (case.cpu_us * 1e-6)))
     shape = {"free": (units, pieces), "lockstep": (units, pieces), "sync": (0, SYNC_CALLS)}
     cpu: dict = {k: [] for k in KINDS}
-    res = time_interleaved([(_step(k, *shape[k], a, flag, cpu[k]), None) for k in KINDS], warmup=1,
+    res = time_interleaved([(_step(k, *shape[k], unit, flag, cpu[k]), None) for k in KINDS], warmup=1,
                            device=torch.device("cpu"), policy=RepeatPolicy(min_repeats=repeats, max_repeats=repeats))
     return {k: {"wall": [t / shape[k][1] for t in res.samples[i]], "cpu": cpu[k][-repeats:]}
             for i, k in enumerate(KINDS)}
@@ -136,8 +165,8 @@ def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
         cpu = {k: [statistics.median(x) for x in zip(*(r[c.name][k]["cpu"] for r in per_rank))] for k in KINDS}
         factors = [_round_factor(*args) for args in zip(wall["free"], cpu["free"], wall["lockstep"], cpu["lockstep"],
                                                          wall["sync"], cpu["sync"])]
-        row = {"case": c.name, "cpu_us": c.cpu_us, "world_size": len(per_rank), "factor": statistics.median(factors),
-               "factor_samples": factors}
+        row = {"case": c.name, "cpu_us": c.cpu_us, "piece": c.piece, "world_size": len(per_rank),
+               "factor": statistics.median(factors), "factor_samples": factors}
         for k in KINDS:
             row |= {f"{k}_wall_s": statistics.median(wall[k]), f"{k}_cpu_s": statistics.median(cpu[k]),
                     f"{k}_wall_samples_s": wall[k]}
@@ -146,13 +175,13 @@ def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'cpu ms':>7} {'G':>2} {'free ms':>8} {'share':>6} {'lockstep ms':>11} {'share':>6} {'sync ms':>7} "
-             f"{'factor':>6}"]
+    lines = [f"{'piece':>7} {'cpu ms':>7} {'G':>2} {'free ms':>8} {'share':>6} {'lockstep ms':>11} {'share':>6} "
+             f"{'sync ms':>7} {'factor':>6}"]
     for r in rows:
         lock = _lockstep_share(r["lockstep_wall_s"], r["lockstep_cpu_s"], r["sync_wall_s"], r["sync_cpu_s"])
-        lines.append(f"{r['cpu_us'] / 1e3:7.1f} {r['world_size']:>2} {r['free_wall_s'] * 1e3:8.2f} "
-                     f"{r['free_cpu_s'] / r['free_wall_s']:6.3f} {r['lockstep_wall_s'] * 1e3:11.2f} {lock:6.3f} "
-                     f"{r['sync_wall_s'] * 1e3:7.2f} {r['factor']:6.3f}")
+        lines.append(f"{r.get('piece', 'compute'):>7} {r['cpu_us'] / 1e3:7.1f} {r['world_size']:>2} "
+                     f"{r['free_wall_s'] * 1e3:8.2f} {r['free_cpu_s'] / r['free_wall_s']:6.3f} "
+                     f"{r['lockstep_wall_s'] * 1e3:11.2f} {lock:6.3f} {r['sync_wall_s'] * 1e3:7.2f} {r['factor']:6.3f}")
     return "\n".join(lines)
 
 
