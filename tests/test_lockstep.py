@@ -66,8 +66,10 @@ def test_rows_of_several_world_sizes_fill_one_file_and_give_one_factor_each(tmp_
     P.write(out, rows8, prov)
     P.write(out, [{"case": "2000", "world_size": 4, "factor": 0.9}], prov)
     P.write(out, [{"case": "2000", "world_size": 8, "factor": 1.3}], prov)      # replaces G 8's 2000
+    P.write(out, [{"case": "mem5000", "piece": "memory", "world_size": 8, "factor": 9.0}], prov)   # not read
     rows = json.loads(out.read_text())["rows"]
-    assert sorted((r["world_size"], r["case"]) for r in rows) == [(4, "2000"), (8, "2000"), (8, "5000"), (8, "50000")]
+    assert sorted((r["world_size"], r["case"]) for r in rows) == [(4, "2000"), (8, "2000"), (8, "5000"), (8, "50000"),
+                                                                  (8, "mem5000")]
     lock = L.load_lockstep(tmp_path, "a800_ib_emu_2x4")
     assert lock["factors"] == {4: 0.9, 8: 1.1} and lock["path"] == str(out)
     assert L.factor(lock, 8) == 1.1 and L.factor(lock, 2) == 1.0 and L.factor(None, 8) == 1.0

@@ -64,10 +64,9 @@ class Case:
         return str(self.cpu_us) if self.piece == "compute" else f"{MEMORY_PREFIX}{self.cpu_us}"
 
 
-# pieces around a decode step's CPU between its meetings on the 2 x 4 mirrors (docs/findings.md), of both kinds:
-# a decode step's attention streams its cache, its host work and the rest run in the core's caches
-CASES = (tuple(Case(p) for p in (2000, 5000, 10000, 20000, 50000))
-         + tuple(Case(p, "memory") for p in (5000, 20000, 50000)))
+# pieces around a decode step's CPU between its meetings on the 2 x 4 mirrors (docs/findings.md); memory pieces
+# (``mem<cpu_us>``) on request: measured, they lose what compute pieces lose ("The lockstep probe": memory pieces)
+CASES = tuple(Case(p) for p in (2000, 5000, 10000, 20000, 50000))
 
 
 def parse_cases(text: str) -> list[Case]:

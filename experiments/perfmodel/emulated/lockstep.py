@@ -28,9 +28,12 @@ LOCKSTEP_FILE = "lockstep_probe.json"
 
 
 def factors_of(rows: list[dict]) -> dict[int, float]:
-    """``{world size: the median of its rows' factors}``."""
+    """``{world size: the median of its compute rows' factors}`` (rows before the probe had memory pieces are
+    compute rows; a memory piece's row is the probe's diagnostic, which the model does not read)."""
     by_world: dict[int, list[float]] = {}
     for r in rows:
+        if r.get("piece", "compute") != "compute":
+            continue
         by_world.setdefault(int(r["world_size"]), []).append(float(r["factor"]))
     return {g: statistics.median(f) for g, f in sorted(by_world.items())}
 
