@@ -21,7 +21,7 @@ from experiments.perfmodel.costs import CostModel
 from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import predict_spec
 from experiments.perfmodel.schedules import VARIANTS, schedules
-from experiments.perfmodel.schedules.common import Ctx, ring_collective, ring_pass
+from experiments.perfmodel.schedules.common import EXCESS_SUFFIX, Ctx, ring_collective, ring_pass
 from experiments.perfmodel.simulator import Schedule
 
 REL = 1e-9   # the toy HBM makes elementwise tasks ~1e-15 s next to ~1e-4 s of compute
@@ -154,7 +154,7 @@ def test_all_reduce_is_2g_minus_2_steps_of_one_gth():
 class _HeldCost(CostModel):
     """A cost model whose every transfer holds its sender 0.5 s (as the emulated cluster's excess does)."""
 
-    def sender_seconds(self, nbytes, same_node, messages=1, two_way=True):
+    def sender_seconds(self, nbytes, same_node, messages=1, two_way=True, beside=None):
         return 0.5
 
 
@@ -178,6 +178,37 @@ def test_a_ring_senders_held_time_does_not_wait_for_its_receiver():
     # ...but its send at step 1 lands only once rank 1 posts its receive at step 1, so rank 0's step 2 waits for it
     assert t["p.send[r0,s1]"].start == pytest.approx(t["p.step[r1,s1]"].start, rel=REL)
     assert t["p.step[r0,s2]"].start >= t["p.send[r0,s1]"].end
+
+
+class _BesideCost(CostModel):
+    """Holds a transfer's sender 0.1 x the compute it runs beside, and notes what it was told (name, beside)."""
+
+    def __init__(self, hw):
+        super().__init__(hw)
+        object.__setattr__(self, "seen", [])
+
+    def sender_seconds(self, nbytes, same_node, messages=1, two_way=True, beside=None):
+        self.seen.append(beside)
+        return 0.1 * (beside or 0.0)
+
+
+def test_a_ring_hop_is_told_the_work_it_runs_beside():
+    """A hop posted at step s runs beside step s's work; an accumulator posted after step s's compute beside step
+    s + 1's, the last one beside nothing (the overlap probe's excess grows with that compute: EmulatedCosts)."""
+    hw = toy(per_node=4)
+    ctx = Ctx(sch=Schedule(), cost=_BesideCost(hw), place=Placement.of(hw, 3), shape=shape(3, 4096),
+              mode="forward", level="layer", table={})
+
+    def work(i, owner, s):
+        return [("w", 1.0 + s, 0.0), ("m", 0.5, 0.0)]          # step s: 1.5 + s s of work on every rank
+
+    ring_pass(ctx, [[0, 1, 2]], phase="forward", name="p", hop={("forward", "kv"): 1000}, work=work, ready={},
+              acc={("forward", "acc"): 1000})
+    # step 0's hops; step 1's hops, then its accumulators (beside step 2); step 2's accumulators (beside nothing)
+    assert ctx.cost.seen == [1.5] * 3 + [2.5] * 3 + [3.5] * 3 + [0.0] * 3
+    t = {x.name: x for x in ctx.sch.tasks}
+    assert t[f"p.send[r0,s1]{EXCESS_SUFFIX}"].duration == pytest.approx(0.25)
+    assert t[f"p.acc[r0,s1]{EXCESS_SUFFIX}"].duration == pytest.approx(0.35)
 
 
 def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():

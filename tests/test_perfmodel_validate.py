@@ -234,6 +234,32 @@ def test_fit_excess_keeps_both_terms_non_negative():
     assert excess.fit_excess([{"pattern": "ring", "bytes": 2e6, "cpu_excess_s": -0.001}])["intra"] == (0.0, 0.0)
 
 
+def test_a_probe_with_a_light_block_beside_a_hop_size_fits_a_plane_in_the_compute_beside_it():
+    # excess = 1 ms + 2 ns/B + 0.1 x the compute beside the hop (CPU at the cap 0.25); 128 KiB beside a 16- and a
+    # 512-token block, 2 MiB beside a 1024-token one
+    a, k, c, cpus = 0.001, 2e-9, 0.1, 0.25
+
+    def row(tokens, nbytes, compute_cpu, pattern="ring"):
+        return {"pattern": pattern, "tokens": tokens, "bytes": nbytes, "compute_cpu_s": compute_cpu,
+                "cpu_excess_s": a + k * nbytes + c * compute_cpu / cpus}
+    rows = [row(16, 1 << 17, 0.0003), row(512, 1 << 17, 0.02), row(1024, 1 << 21, 0.07)]
+    assert excess.fit_excess(rows, cpus)["intra"] == pytest.approx((a, k, c), rel=1e-6)
+    # without the cap, or without two blocks beside one hop size, the line in bytes of probes before
+    assert len(excess.fit_excess(rows)["intra"]) == 2
+    assert len(excess.fit_excess(rows[1:], cpus)["intra"]) == 2
+    # a hop that costs less beside more compute (noise) gets no compute term, not a negative one
+    down = [row(16, 1 << 17, 0.0003), {**row(512, 1 << 17, 0.02), "cpu_excess_s": 0.0005}, row(1024, 1 << 21, 0.07)]
+    assert excess.fit_excess(down, cpus)["intra"][2] == 0.0 and min(excess.fit_excess(down, cpus)["intra"]) >= 0
+    assert "0.100 x the compute beside it" in excess.excess_text(excess.fit_excess(rows, cpus))
+    # the cost model charges the plane: a posted hop beside 0.2 s of work, a blocking one beside nothing
+    hw = emulated_hardware(_cluster(), "float32")
+    cost = EmulatedCosts(hw, "float32", excess=excess.fit_excess(rows, cpus))
+    assert cost.sender_seconds(1 << 17, True, beside=0.2) == pytest.approx(a + k * (1 << 17) + c * 0.2)
+    assert cost.sender_seconds(1 << 17, True) == pytest.approx(a + k * (1 << 17))
+    assert EmulatedCosts(hw, "float32", excess={"intra": (a, k)}).sender_seconds(1 << 17, True, beside=0.2) == \
+        pytest.approx(a + k * (1 << 17))
+
+
 def test_each_ranks_cpu_per_step_reads_at_the_cap_beside_the_model():
     """A record with each rank's CPU per step (``time_cpu_s_per_rank``) gets the busiest rank's CPU at its cap
     (the wall time that much CPU takes a rank capped at ``cpus``) and the model's critical compute beside it; a

@@ -264,9 +264,11 @@ class CostModel:
         """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
         return seconds
 
-    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True) -> float:
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True,
+                       beside: float | None = None) -> float:
         """Compute-stream seconds a transfer of ``nbytes`` in ``messages`` equal messages (an all-to-all's
         pieces to the peers on one link class) takes from its sender while it runs: none. ``two_way``: the
         sender also receives over the same link class meanwhile (a pair exchange), not only sends (a flat
-        ring's hop across nodes)."""
+        ring's hop across nodes). ``beside``: the compute-stream seconds the sender runs while the transfer is
+        in flight (a ring step's work after its post); None: a blocking send, beside nothing."""
         return 0.0

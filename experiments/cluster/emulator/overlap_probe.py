@@ -60,9 +60,13 @@ class Case:
 # the block sizes of cpu_double_ring_emulated_2x4 (2K and 8K tokens over 8 ranks: K and V of 256 and
 # 1024 tokens x 8 x 32 float32 = 512 KiB and 2 MiB per hop), with the compute of a block of that size; the
 # one-way case (a flat ring's edge hop, the model's ``inter_oneway`` line) at both sizes, so that its line has
-# an intercept of its own (probes before 2026-12-04 have the 2 MiB case alone: a line through the origin)
+# an intercept of its own (probes before 2026-12-04 have the 2 MiB case alone: a line through the origin); and
+# each pattern's 512 KiB hop beside a 16-token block, next to nothing: a hop's excess grows with the compute it
+# runs beside, from about its own CPU beside none (the model's plane, ``perfmodel/emulated/excess.fit_excess``;
+# probes before 2026-12-07 lack these cases and are fitted a line)
 CASES = (Case("ring", 256, 1 << 19), Case("ring", 1024, 1 << 21), Case("pair", 1024, 1 << 19),
-         Case("pair", 1024, 1 << 21), Case("oneway", 1024, 1 << 19), Case("oneway", 1024, 1 << 21))
+         Case("pair", 1024, 1 << 21), Case("oneway", 1024, 1 << 19), Case("oneway", 1024, 1 << 21),
+         Case("ring", 16, 1 << 19), Case("pair", 16, 1 << 19), Case("oneway", 16, 1 << 19))
 PATTERNS = ("ring", "pair", "oneway")
 
 

@@ -14,9 +14,10 @@ Three things differ from an accelerator, each measured on this machine apart fro
   every kernel call ``call_host_s`` more (``host_cost.per_call_host``): a plan's tile is selected
   before its kernel and merged after it (``burst_impl.attention.forward_tiles``), work the kernel
   table does not time;
-* excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs
-  (``excess.fit_excess``, per link class, and across nodes per pattern: a hop whose sender also receives
-  across is the probe's pair exchange, one whose sender receives inside its node its one-way case):
+* excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs, ``+ c x`` the compute
+  it runs beside where the probe measured that (``excess.fit_excess``, per link class, and across nodes
+  per pattern: a hop whose sender also receives across is the probe's pair exchange, one whose sender
+  receives inside its node its one-way case):
   gloo's threads and the kernel's TCP work run out of the rank's capped share;
 * small messages: a transfer of messages no larger than the message probe measured holds its sender
   ``held(bytes)`` per message instead (``message.fit_messages``): a rank that waits for a message of a
@@ -45,7 +46,8 @@ class EmulatedCosts(CostModel):
     mem_scale: float | None = None       # the run's memory load (validate.memory_load); None: ``scale``
     host_s: float = 0.0                  # host seconds per op on the compute stream
     call_host_s: float = 0.0             # host seconds per attention kernel call (a tile's selects and merge)
-    # {"intra" | "inter": (seconds, seconds per byte)} a transfer takes from its sender's compute
+    # {"intra" | "inter" | "inter_oneway": (seconds, seconds per byte[, seconds per second of compute beside it])}
+    # a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
     messages: MessageCost | None = None     # small blocking messages (message.py); None: the excess line for all
     # A CPU rank has no side streams: torch.cpu.Stream is a stub and gloo's synchronous collectives block the
@@ -57,7 +59,8 @@ class EmulatedCosts(CostModel):
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s
 
-    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True) -> float:
+    def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True,
+                       beside: float | None = None) -> float:
         if nbytes <= 0:
             return 0.0
         if self.messages is not None and self.messages.covers(nbytes / messages):
@@ -65,8 +68,9 @@ class EmulatedCosts(CostModel):
         klass = "intra" if same_node or self.hw.inter is None else "inter" if two_way else "inter_oneway"
         if klass not in self.excess and klass == "inter_oneway":
             klass = "inter"         # a probe without the one-way case: every inter hop on the pair line
-        a, k = self.excess.get(klass, (0.0, 0.0))
-        return a + k * nbytes
+        a, k, *per_beside = self.excess.get(klass, (0.0, 0.0))
+        # a plane (excess.fit_excess): the hop's excess grows with the compute it runs beside
+        return a + k * nbytes + (per_beside[0] * (beside or 0.0) if per_beside else 0.0)
 
     def _table(self, key: tuple) -> float:
         """The table's seconds of ``key``, as timed (KeyError naming a key that was not)."""

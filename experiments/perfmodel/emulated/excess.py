@@ -1,16 +1,20 @@
 """The overlap excess of the emulated cluster's transfers, fitted to its overlap probe.
 
 What a transfer takes from its sender's compute while it runs under it (``EmulatedCosts.excess``),
-per link class: the least-squares line through the CPU excess the overlap probe measured on this
-cluster (``python -m experiments.cluster overlap <profile> --out <results root>/overlap_probe.json``:
-the CPU seconds a hop adds to its rank's step, at the rank's CPU rate; ``ring`` cases for intra,
-``pair`` cases for inter), no term below 0. Without that file hidden transfers are free, as on a
+per link class: the least-squares fit of the CPU excess the overlap probe measured on this cluster (a line
+in bytes, or a plane in bytes and in the compute the hop runs beside: ``fit_excess``; ``python -m
+experiments.cluster overlap <profile> --out <results root>/overlap_probe.json``: the CPU seconds a hop adds
+to its rank's step, at the rank's CPU rate; ``ring`` cases for intra, ``pair`` cases for inter), no term
+below 0. Without that file hidden transfers are free, as on a
 GPU. Why the CPU excess and not the probe's wall excess: docs/perfmodel.md#overlap-excess.
 """
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
+
+import torch
 
 OVERLAP_FILE = "overlap_probe.json"
 # the probe's case per hop pattern: an intra-node ring; an inter-node hop whose sender also receives across
@@ -19,27 +23,73 @@ OVERLAP_FILE = "overlap_probe.json"
 EXCESS_PATTERN = {"intra": "ring", "inter": "pair", "inter_oneway": "oneway"}
 
 
-def fit_excess(rows: list[dict]) -> dict[str, tuple[float, float]]:
-    """``{class: (excess_s, excess_s_per_byte)}``: per link class the least-squares line of the probe's
-    CPU excess (``cpu_excess_s``) against bytes over its cases (one case: all of it per byte), neither
-    term below 0."""
-    out = {}
+def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares ``y = a + k x`` (one x: all of it per unit of x), neither term below 0 (a < 0: through the
+    origin instead)."""
+    xs = {x for x, _ in pts}
+    if len(xs) < 2:
+        return 0.0, max(0.0, sum(y for _, y in pts) / sum(x for x, _ in pts))
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    k = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+    a = my - k * mx
+    if a < 0:
+        a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
+    return a, k
+
+
+def _plane(pts: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least squares ``y = a + k b + c x`` with no term below 0: of the fits on each subset of the three terms,
+    the feasible one (every term >= 0) of least squared error (non-negative least squares, by enumeration)."""
+    cols = (lambda b, x: 1.0, lambda b, x: b, lambda b, x: x)
+    best: tuple[float, tuple] | None = None
+    for use in itertools.product((False, True), repeat=3):
+        idx = [i for i in range(3) if use[i]]
+        if not idx:
+            continue
+        a = torch.tensor([[cols[i](b, x) for i in idx] for b, x, _ in pts], dtype=torch.float64)
+        y = torch.tensor([[v] for _, _, v in pts], dtype=torch.float64)
+        coef = torch.linalg.lstsq(a, y).solution[:, 0].tolist()
+        if any(c < 0 for c in coef):
+            continue
+        full = [0.0, 0.0, 0.0]
+        for i, c in zip(idx, coef):
+            full[i] = c
+        sse = sum((v - full[0] - full[1] * b - full[2] * x) ** 2 for b, x, v in pts)
+        if best is None or sse < best[0]:
+            best = (sse, tuple(full))
+    return best[1] if best else (0.0, 0.0, 0.0)
+
+
+def fit_excess(rows: list[dict], cpus: float | None = None) -> dict[str, tuple]:
+    """``{class: (excess_s, excess_s_per_byte[, excess_s_per_beside_s])}``: per link class the least-squares fit
+    of the probe's CPU excess (``cpu_excess_s``) over its cases, no term below 0.
+
+    Where the class's cases hold one hop size beside two sizes of compute (a ``<pattern>:16:<bytes>`` case beside
+    a block's) and the probe names the ranks' cap ``cpus``, the fit is a plane in bytes and in the compute beside
+    the hop (the case's compute CPU at the cap, ``compute_cpu_s / cpus``): a hop beside no compute costs about its
+    own CPU, one beside a 512-token block several times that (docs/findings.md, "What a hop costs beside the
+    compute it overlaps"). Otherwise a line in bytes (one case: all of it per byte), as probes before
+    2026-12-07 were fitted."""
+    out: dict[str, tuple] = {}
     for klass, pattern in EXCESS_PATTERN.items():
-        pts = [(float(r["bytes"]), float(r["cpu_excess_s"])) for r in rows if r["pattern"] == pattern]
-        if not pts:
+        mine = [r for r in rows if r["pattern"] == pattern]
+        if not mine:
             continue
-        xs = {x for x, _ in pts}
-        if len(xs) < 2:
-            out[klass] = (0.0, max(0.0, sum(y for _, y in pts) / sum(x for x, _ in pts)))
-            continue
-        mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-        k = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-        k = max(0.0, k)
-        a = my - k * mx
-        if a < 0:                     # through the origin instead
-            a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
-        out[klass] = (a, k)
+        blocks: dict[int, set] = {}         # hop size -> the block sizes (tokens) measured beside it
+        for r in mine:
+            blocks.setdefault(int(r["bytes"]), set()).add(r.get("tokens"))
+        if cpus and any(len(v) > 1 for v in blocks.values()):
+            out[klass] = _plane([(float(r["bytes"]), float(r["compute_cpu_s"]) / cpus, float(r["cpu_excess_s"]))
+                                 for r in mine])
+        else:
+            out[klass] = _line([(float(r["bytes"]), float(r["cpu_excess_s"])) for r in mine])
     return out
+
+
+def excess_text(fit: dict) -> str:
+    """``intra 2.86 ms + 4.34 ns/B[ + 0.088 x the compute beside it], ...``."""
+    return ", ".join(f"{k.replace('_', ' ')} {c[0] * 1e3:.2f} ms + {c[1] * 1e9:.2f} ns/B"
+                     + (f" + {c[2]:.3f} x the compute beside it" if len(c) > 2 else "") for k, c in fit.items())
 
 
 def probe_path(results_root, name: str, experiment: str | None = None) -> Path:
@@ -73,4 +123,5 @@ def load_excess(results_root, profile: str | None, experiment: str | None = None
     if any("cpu_excess_s" not in r for r in rec["rows"]):
         raise ValueError(f"{path}: a probe record without cpu_excess_s (written before it was measured); "
                          f"re-run python -m experiments.cluster overlap {rec.get('profile')} --out {path}")
-    return {"fit": fit_excess(rec["rows"]), "path": str(path), "commit": (rec.get("git") or {}).get("commit")}
+    cpus = ((rec.get("cluster") or {}).get("cpu_quota") or {}).get("cpus_per_rank")
+    return {"fit": fit_excess(rec["rows"], cpus), "path": str(path), "commit": (rec.get("git") or {}).get("commit")}

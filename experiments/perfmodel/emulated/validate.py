@@ -61,7 +61,7 @@ from ...harness import results as R
 from ..model import predict_case
 from .cases import SHAPE_KEYS, case_of
 from .costs import EmulatedCosts
-from .excess import OVERLAP_FILE, load_excess
+from .excess import OVERLAP_FILE, excess_text, load_excess
 from .hardware import emulated_hardware
 from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, host_per_op, load_call_cpu,
                         per_call_host, small_case)
@@ -441,8 +441,8 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     rep["messages"] = msgs and msgs.path
     rep["call_cpu"] = call and call["path"]
     rep["text"] += "\n" + (
-        "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): " + ", ".join(
-            f"{k.replace('_', ' ')} {a * 1e3:.2f} ms + {b * 1e9:.2f} ns/B" for k, (a, b) in ex["fit"].items())
+        "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): "
+        + excess_text(ex["fit"])
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
     rep["text"] += "\n" + host_text(rep["rows"], call)

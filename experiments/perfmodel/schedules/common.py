@@ -101,14 +101,15 @@ class Ctx:
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
              crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1,
-             two_way: bool = True, posted=None) -> int:
+             two_way: bool = True, posted=None, beside: float | None = None) -> int:
         """A transfer (``send_held``), its task alone."""
         return self.send_held(src, dst, name, nbytes, deps=deps, phase=phase, crossing=crossing, step=step,
-                              messages=messages, two_way=two_way, posted=posted)[0]
+                              messages=messages, two_way=two_way, posted=posted, beside=beside)[0]
 
     def send_held(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
                   crossing: dict[tuple[int, int], int] | None = None, step: bool = False,
-                  messages: int = 1, two_way: bool = True, posted=None) -> tuple[int, int | None]:
+                  messages: int = 1, two_way: bool = True, posted=None,
+                  beside: float | None = None) -> tuple[int, int | None]:
         """``crossing``: flows per (node, NIC) at the same time (``Placement.crossing``); an inter-node
         send gets its NIC's rate over the flows on that NIC. ``step``: a collective's step after its first
         (``CostModel.transfer``: the hop latency alone, where the profile has one). ``messages``: the
@@ -117,13 +118,15 @@ class Ctx:
         its post on the sender alone; the transfer still waits for ``deps`` (the receiver's matching
         receive: gloo sends on rendezvous), but the sender's held task does not, since the sender's
         thread goes on computing after an isend while gloo's threads wait and move the bytes. None: a
-        blocking send or collective, whose sender is held from ``deps`` on. Returns the transfer's task
-        and the task its sender is held by (None where the cost model holds it for nothing)."""
+        blocking send or collective, whose sender is held from ``deps`` on. ``beside``: the compute-stream
+        seconds the sender runs after the post while the transfer is in flight (``CostModel.sender_seconds``).
+        Returns the transfer's task and the task its sender is held by (None where the cost model holds it
+        for nothing)."""
         same = self.place.same_node(src, dst)
         conc = (crossing or {}).get(self.place.nic(src), 1)
         total = sum(nbytes.values())
         seconds = self.cost.transfer(total, same, conc, step=step)
-        extra = self.cost.sender_seconds(total, same, messages, two_way)
+        extra = self.cost.sender_seconds(total, same, messages, two_way, beside)
         held = None     # a zero task would still hold the sender's stream until the send's deps are met
         if extra > 0:
             held = self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}",
@@ -176,6 +179,10 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     acc_parts = split_table(acc, n - first_acc) if acc is not None else []
     B, S, C, P, A = {}, {}, {}, {}, {}
     members = [(ring, i, g) for ring in rings for i, g in enumerate(ring)]
+    # each step's work, once: a hop posted at step s runs beside step s's work, an accumulator posted after
+    # step s's compute beside step s + 1's (``CostModel.sender_seconds``' beside)
+    items = {(g, s): work(i, (i - s) % n, s) for s in range(n) for _, i, g in members}
+    beside = {k: stream_seconds(ctx, v) for k, v in items.items()}
     # a rank's hop is two-way across nodes when it also receives from another node
     across = {g: not ctx.place.same_node(ring[(i - 1) % n], g) for ring, i, g in members}
     for s in range(n):
@@ -190,13 +197,14 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             for ring, i, g in members:
                 nxt = ring[(i + 1) % n]
                 S[g, s] = ctx.send(g, nxt, f"{name}.send[r{g},s{s}]", hop_sends[s], deps=[B[g, s], B[nxt, s]],
-                                   phase=phase, crossing=crossing, two_way=across[g], posted=[B[g, s]])
+                                   phase=phase, crossing=crossing, two_way=across[g], posted=[B[g, s]],
+                                   beside=beside[g, s])
         for ring, i, g in members:
             last = B[g, s]
             if not overlap and s < n - 1:
                 prev = ring[(i - 1) % n]
                 last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, S[g, s], S[prev, s]], rank=g, phase=phase)
-            for label, seconds, flops in work(i, (i - s) % n, s):
+            for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase,
                                    flops=flops)
             C[g, s] = last
@@ -210,13 +218,18 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                 if n > 1:
                     A[g, s] = ctx.send(g, nxt, f"{name}.acc[r{g},s{s}]", acc_parts[s - first_acc],
                                        deps=[P[g, s], P[nxt, s]], phase=phase, crossing=crossing, two_way=across[g],
-                                       posted=[P[g, s]])
+                                       posted=[P[g, s]], beside=beside.get((g, s + 1), 0.0))
     end = {}
     for ring, i, g in members:
         prev = ring[(i - 1) % n]
         end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1)), A.get((g, n - 1)),
                                                        A.get((prev, n - 1))], rank=g, phase=phase)
     return end
+
+
+def stream_seconds(ctx: Ctx, items: list[tuple[str, float, float]]) -> float:
+    """Compute-stream seconds of a step's work items, as ``Ctx.compute`` puts them there (``CostModel.op_seconds``)."""
+    return sum(ctx.cost.op_seconds(seconds) for _, seconds, _ in items)
 
 
 # ---------------------------------------------------------------- collectives

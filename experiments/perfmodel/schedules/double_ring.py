@@ -34,7 +34,7 @@ from __future__ import annotations
 from burst_impl.nodes import Nodes
 from burst_impl.topology import DoubleRingSchedule
 
-from .common import Ctx, Work, ring_pass, split_table
+from .common import Ctx, Work, ring_pass, split_table, stream_seconds
 
 
 def grid_of(ctx: Ctx, ring: list[int]) -> tuple[int, int] | None:
@@ -82,9 +82,16 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
         s = posted.pop((side, g, ch))
         return [X.get((side, g, ch, s)), X.get((side, peer[g, ch, -1], ch, s))]
 
+    # each step's work, once: a bundle posted at step s runs beside step s's work, an accumulator posted after
+    # step s's compute beside step s + 1's, a finishing one beside nothing (``CostModel.sender_seconds``)
+    items = {(g, s): work(i, plan.owner(s), s) for s in range(n) for _, i, g, plan in members}
+    beside = {k: stream_seconds(ctx, v) for k, v in items.items()}
+
     def post(side: str, g: int, ch: str, s: int, nbytes: dict, deps: list) -> None:
+        after = s if side == "read" else s + 1
         X[side, g, ch, s] = ctx.send(g, peer[g, ch, 1], f"{name}.{side}.{ch}[r{g},s{s}]", nbytes, deps=deps,
-                                     phase=phase, crossing=crossing if ch == "inter" else None, posted=deps[:1])
+                                     phase=phase, crossing=crossing if ch == "inter" else None, posted=deps[:1],
+                                     beside=beside.get((g, after), 0.0))
         posted[side, g, ch] = s
 
     for s in range(n):
@@ -108,7 +115,7 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
                 last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last] + [
                     t for ch in plan.bundle_posts(s) for t in (X["read", g, ch, s], X["read", peer[g, ch, -1], ch, s])],
                     rank=g, phase=phase)
-            for label, seconds, flops in work(i, plan.owner(s), s):
+            for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase, flops=flops)
             C[g, s] = last
         if acc is not None:
