@@ -22,6 +22,7 @@ from experiments.perfmodel.placement import Placement
 from experiments.perfmodel.predict import predict_spec
 from experiments.perfmodel.schedules import VARIANTS, schedules
 from experiments.perfmodel.schedules.common import EXCESS_SUFFIX, Ctx, ring_collective, ring_pass
+from experiments.perfmodel.schedules.double_ring import routed_pass
 from experiments.perfmodel.simulator import Schedule
 
 REL = 1e-9   # the toy HBM makes elementwise tasks ~1e-15 s next to ~1e-4 s of compute
@@ -209,6 +210,23 @@ def test_a_ring_hop_is_told_the_work_it_runs_beside():
     t = {x.name: x for x in ctx.sch.tasks}
     assert t[f"p.send[r0,s1]{EXCESS_SUFFIX}"].duration == pytest.approx(0.25)
     assert t[f"p.acc[r0,s1]{EXCESS_SUFFIX}"].duration == pytest.approx(0.35)
+    # without overlap a step computes only once its transfers have landed: they run beside nothing
+    ctx = Ctx(sch=Schedule(), cost=_BesideCost(hw), place=Placement.of(hw, 3), shape=shape(3, 4096),
+              mode="forward", level="layer", table={})
+    ring_pass(ctx, [[0, 1, 2]], phase="forward", name="p", hop={("forward", "kv"): 1000}, work=work, ready={},
+              acc={("forward", "acc"): 1000}, overlap=False)
+    assert ctx.cost.seen == [0.0] * 12
+    # the double ring (2 nodes x 2): every bundle posted at step s runs beside step s's work, every accumulator
+    # beside the next step's or (finishing) nothing; without overlap all beside nothing
+    for overlap in (True, False):
+        hw2 = toy(nodes=2, per_node=2)
+        ctx = Ctx(sch=Schedule(), cost=_BesideCost(hw2), place=Placement.of(hw2, 4), shape=shape(4, 4096),
+                  mode="forward", level="layer", table={})
+        routed_pass(ctx, [[0, 1, 2, 3]], (2, 2), phase="forward", name="d", hop={("forward", "kv"): 3000},
+                    work=work, ready={}, acc={("forward", "acc"): 3000}, overlap=overlap)
+        steps = {1.5 + s for s in range(4)}
+        assert ctx.cost.seen and (set(ctx.cost.seen) <= steps | {0.0} if overlap else set(ctx.cost.seen) == {0.0})
+        assert not overlap or {1.5, 4.5} <= set(ctx.cost.seen)
 
 
 def test_inter_node_rate_is_shared_by_the_ranks_crossing_at_once():

@@ -180,9 +180,10 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     B, S, C, P, A = {}, {}, {}, {}, {}
     members = [(ring, i, g) for ring in rings for i, g in enumerate(ring)]
     # each step's work, once: a hop posted at step s runs beside step s's work, an accumulator posted after
-    # step s's compute beside step s + 1's (``CostModel.sender_seconds``' beside)
+    # step s's compute beside step s + 1's (``CostModel.sender_seconds``' beside); without overlap a step waits
+    # for its transfers before it computes, so they run beside nothing
     items = {(g, s): work(i, (i - s) % n, s) for s in range(n) for _, i, g in members}
-    beside = {k: stream_seconds(ctx, v) for k, v in items.items()}
+    beside = {k: stream_seconds(ctx, v) for k, v in items.items()} if overlap else {}
     # a rank's hop is two-way across nodes when it also receives from another node
     across = {g: not ctx.place.same_node(ring[(i - 1) % n], g) for ring, i, g in members}
     for s in range(n):
@@ -198,7 +199,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                 nxt = ring[(i + 1) % n]
                 S[g, s] = ctx.send(g, nxt, f"{name}.send[r{g},s{s}]", hop_sends[s], deps=[B[g, s], B[nxt, s]],
                                    phase=phase, crossing=crossing, two_way=across[g], posted=[B[g, s]],
-                                   beside=beside[g, s])
+                                   beside=beside.get((g, s), 0.0))
         for ring, i, g in members:
             last = B[g, s]
             if not overlap and s < n - 1:

@@ -83,9 +83,10 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
         return [X.get((side, g, ch, s)), X.get((side, peer[g, ch, -1], ch, s))]
 
     # each step's work, once: a bundle posted at step s runs beside step s's work, an accumulator posted after
-    # step s's compute beside step s + 1's, a finishing one beside nothing (``CostModel.sender_seconds``)
+    # step s's compute beside step s + 1's, a finishing one beside nothing (``CostModel.sender_seconds``); without
+    # overlap a step waits for its transfers before it computes, so they run beside nothing
     items = {(g, s): work(i, plan.owner(s), s) for s in range(n) for _, i, g, plan in members}
-    beside = {k: stream_seconds(ctx, v) for k, v in items.items()}
+    beside = {k: stream_seconds(ctx, v) for k, v in items.items()} if overlap else {}
 
     def post(side: str, g: int, ch: str, s: int, nbytes: dict, deps: list) -> None:
         after = s if side == "read" else s + 1
