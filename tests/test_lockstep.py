@@ -30,14 +30,14 @@ def test_cases_parse_and_bad_ones_name_the_rule():
 
 
 def test_a_memory_unit_streams_the_next_slice_and_a_compute_unit_stays_in_cache():
-    stream = P._unit_of("memory")
-    first = stream.__closure__[0].cell_contents                     # the cycle of (x slice, y slice)
-    x0, y0 = next(first)
-    before = x0.clone()
-    for _ in range(P.STREAM_ELEMENTS // P.STREAM_SLICE):            # one pass: back to the slice after x0
+    x, y = torch.zeros(6), torch.arange(6.0)
+    stream = P._stream_unit(x, y, 2)
+    stream()
+    assert x.tolist() == [0, 1, 0, 0, 0, 0]                         # the first slice only
+    for _ in range(3):                                              # the other two, then the first again
         stream()
-    assert x0.data_ptr() != next(first)[0].data_ptr()
-    assert torch.equal(x0, before + y0)                             # the pass added y's slice to x's once
+    assert x.tolist() == [0, 2, 2, 3, 4, 5]
+    assert P.STREAM_ELEMENTS % P.STREAM_SLICE == 0                  # the probe's slices tile its arrays
     assert P._unit_of("compute")().shape == (P.UNIT, P.UNIT)
 
 

@@ -48,16 +48,13 @@ SYNC_CALLS = 20            # all-reduces a sample of the all-reduce alone
 UNIT = 128                 # the GEMM's side: one unit is some 0.1-0.3 ms of CPU, the piece's resolution
 STREAM_SLICE = 1 << 20     # a memory unit's slice of the stream's arrays: 4 MiB fp32 an operand
 KINDS = ("free", "lockstep", "sync")
-
-
-PIECES = ("compute", "memory")
 MEMORY_PREFIX = "mem"      # a memory piece's case name: mem<cpu_us>
 
 
 @dataclass(frozen=True)
 class Case:
     cpu_us: int            # CPU a piece, microseconds
-    piece: str = "compute"  # PIECES: what the piece's CPU does
+    piece: str = "compute"  # what the piece's CPU does: "compute" (in cache) or "memory" (streaming)
 
     @property
     def name(self) -> str:
@@ -96,9 +93,13 @@ def _unit_of(piece: str):
     if piece == "compute":
         a = torch.randn(UNIT, UNIT, generator=g)
         return lambda: torch.tanh(a @ a * 0.01)
-    x, y = torch.randn(STREAM_ELEMENTS, generator=g), torch.randn(STREAM_ELEMENTS, generator=g)
-    slices = itertools.cycle([(x[i:i + STREAM_SLICE], y[i:i + STREAM_SLICE])
-                              for i in range(0, STREAM_ELEMENTS, STREAM_SLICE)])
+    return _stream_unit(torch.randn(STREAM_ELEMENTS, generator=g), torch.randn(STREAM_ELEMENTS, generator=g),
+                        STREAM_SLICE)
+
+
+def _stream_unit(x: torch.Tensor, y: torch.Tensor, size: int):
+    """``x.add_(y)`` over the next ``size`` elements of both each call, wrapping round."""
+    slices = itertools.cycle([(x[i:i + size], y[i:i + size]) for i in range(0, x.numel(), size)])
 
     def stream():
         xs, ys = next(slices)

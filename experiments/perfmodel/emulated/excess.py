@@ -10,54 +10,16 @@ GPU. Why the CPU excess and not the probe's wall excess: docs/perfmodel.md#overl
 """
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
-import torch
+from .fits import line, plane
 
 OVERLAP_FILE = "overlap_probe.json"
 # the probe's case per hop pattern: an intra-node ring; an inter-node hop whose sender also receives across
 # (a pair exchange: the double ring's inter ring), or one whose sender receives inside its node (a flat ring's
 # edge rank: the ``oneway`` case)
 EXCESS_PATTERN = {"intra": "ring", "inter": "pair", "inter_oneway": "oneway"}
-
-
-def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares ``y = a + k x`` (one x: all of it per unit of x), neither term below 0 (a < 0: through the
-    origin instead)."""
-    xs = {x for x, _ in pts}
-    if len(xs) < 2:
-        return 0.0, max(0.0, sum(y for _, y in pts) / sum(x for x, _ in pts))
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    k = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
-    a = my - k * mx
-    if a < 0:
-        a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
-    return a, k
-
-
-def _plane(pts: list[tuple[float, float, float]]) -> tuple[float, float, float]:
-    """Least squares ``y = a + k b + c x`` with no term below 0: of the fits on each subset of the three terms,
-    the feasible one (every term >= 0) of least squared error (non-negative least squares, by enumeration)."""
-    cols = (lambda b, x: 1.0, lambda b, x: b, lambda b, x: x)
-    best: tuple[float, tuple] | None = None
-    for use in itertools.product((False, True), repeat=3):
-        idx = [i for i in range(3) if use[i]]
-        if not idx:
-            continue
-        a = torch.tensor([[cols[i](b, x) for i in idx] for b, x, _ in pts], dtype=torch.float64)
-        y = torch.tensor([[v] for _, _, v in pts], dtype=torch.float64)
-        coef = torch.linalg.lstsq(a, y).solution[:, 0].tolist()
-        if any(c < 0 for c in coef):
-            continue
-        full = [0.0, 0.0, 0.0]
-        for i, c in zip(idx, coef):
-            full[i] = c
-        sse = sum((v - full[0] - full[1] * b - full[2] * x) ** 2 for b, x, v in pts)
-        if best is None or sse < best[0]:
-            best = (sse, tuple(full))
-    return best[1] if best else (0.0, 0.0, 0.0)
 
 
 def fit_excess(rows: list[dict], cpus: float | None = None) -> dict[str, tuple]:
@@ -79,10 +41,10 @@ def fit_excess(rows: list[dict], cpus: float | None = None) -> dict[str, tuple]:
         for r in mine:
             blocks.setdefault(int(r["bytes"]), set()).add(r.get("tokens"))
         if cpus and any(len(v) > 1 for v in blocks.values()):
-            out[klass] = _plane([(float(r["bytes"]), float(r["compute_cpu_s"]) / cpus, float(r["cpu_excess_s"]))
+            out[klass] = plane([(float(r["bytes"]), float(r["compute_cpu_s"]) / cpus, float(r["cpu_excess_s"]))
                                  for r in mine])
         else:
-            out[klass] = _line([(float(r["bytes"]), float(r["cpu_excess_s"])) for r in mine])
+            out[klass] = line([(float(r["bytes"]), float(r["cpu_excess_s"])) for r in mine], one_size="slope")
     return out
 
 

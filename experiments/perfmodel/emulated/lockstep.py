@@ -4,9 +4,9 @@ The kernel table times its work free-running at the ranks' cap (``measured.py``)
 the free share. A decode step waits for its peers at each of its collectives. Where the ranks' quotas fill the
 cores (G 8 at 0.25 on 2), ranks that meet after each piece of work fall out of phase with the scheduler's
 periods and run at less than the table's share (docs/findings.md, "A reference in every group's rounds"). The
-lockstep probe (``cluster/emulator/
-lockstep_probe.py``, ``burst-bench cluster lockstep``) measures the ratio, free share over lockstep share, in
-rounds that time both in the same minute, at pieces of 2-50 ms of CPU, at each world size it was run at.
+lockstep probe (``cluster/emulator/lockstep_probe.py``, ``burst-bench cluster lockstep``) measures the ratio, free
+share over lockstep share, in rounds that time both in the same minute, at pieces of 2-50 ms of CPU, at each world
+size it was run at.
 
 The factor of a world size is the median of its rows' factors: the probe's pieces span a decode step's CPU
 between meetings on the 2 x 4 mirrors, and over them it shows no trend beyond its own spread (docs/findings.md,

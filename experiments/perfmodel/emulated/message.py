@@ -29,6 +29,7 @@ import statistics
 from dataclasses import dataclass
 
 from .excess import read_probe
+from .fits import line
 from .hardware import emulated_hardware
 
 MESSAGE_FILE = "message_probe.json"
@@ -94,18 +95,6 @@ def _link_s(pattern: str, per_message: float, hw) -> float:
     return per_message * 8 / (link.gbits_s * 1e9 / link.shared_by)
 
 
-def _line(pts: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least squares ``y = a + k x``, neither below 0 (one size: flat; a < 0: through the origin)."""
-    if len({x for x, _ in pts}) < 2:
-        return max(0.0, statistics.fmean(y for _, y in pts)), 0.0
-    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
-    k = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
-    a = my - k * mx
-    if a < 0:
-        a, k = 0.0, max(0.0, sum(x * y for x, y in pts) / sum(x * x for x, _ in pts))
-    return a, k
-
-
 def fit_messages(rec: dict, path: str = "") -> MessageCost:
     """The line through the probe record's per-message wall seconds (module docstring)."""
     cluster = rec["cluster"]
@@ -122,7 +111,7 @@ def fit_messages(rec: dict, path: str = "") -> MessageCost:
     if not used:
         raise ValueError(f"{path or 'message probe'}: no collective ({', '.join(FIT)}) row that the link does not "
                          "bound; no small blocking message was measured")
-    a, k = _line(used)
+    a, k = line(used, one_size="intercept")
     return MessageCost(a, k, int(max(x for _, x, _, _ in points)), statistics.median(cpu), tuple(points), path)
 
 
