@@ -59,7 +59,10 @@ def test_extract_gives_the_run_as_its_commit_holds_it(repo, tmp_path):
 
 
 def test_replay_prices_each_run_and_lists_one_it_cannot(repo, monkeypatch):
-    def errors(root, experiment):
+    asked = []
+
+    def errors(root, experiment, at_reference):
+        asked.append(at_reference)
         n = json.loads((root / experiment / "results.jsonl").read_text())["run"]
         if n == 2:
             raise KeyError("no measured time for ('attention', 1)")
@@ -68,6 +71,9 @@ def test_replay_prices_each_run_and_lists_one_it_cannot(repo, monkeypatch):
     runs = H.replay(repo, "exp")
     assert runs[0].errors == {"a": 0.1, "b": -0.3} and not runs[0].skipped
     assert runs[1].skipped.startswith("\"no measured time") and runs[1].errors == {}
+    assert asked == [True, True]                          # each group at its own reference by default
+    H.replay(repo, "exp", at_reference=False)
+    assert asked[2:] == [False, False]
     with pytest.raises(ValueError, match="commits: 'nope' is not a commit"):
         H.replay(repo, "exp", ["nope"])
     with pytest.raises(ValueError, match="experiment='other': no commit changed its records"):
@@ -110,3 +116,7 @@ def test_the_committed_mask_run_replays_as_its_report_priced_it():
     (run,) = H.replay(MASK_ROOT, MASK, ["HEAD"])
     assert not run.skipped and len(run.errors) == 45
     assert run.errors == pytest.approx(H._errors(MASK_ROOT, MASK))
+    # its groups' references differ from its bring-up load, so the bring-up's prices differ
+    (bring,) = H.replay(MASK_ROOT, MASK, ["HEAD"], at_reference=False)
+    assert bring.errors == pytest.approx(H._errors(MASK_ROOT, MASK, at_reference=False))
+    assert bring.errors != pytest.approx(run.errors)

@@ -73,17 +73,17 @@ def test_the_calibration_times_the_memory_rate_and_records_it():
 def test_the_report_says_which_load_memory_traffic_went_at():
     rows = [{"memory_load": 1.2345, "run_load": 1.05}, {"memory_load": 1.2345, "run_load": 1.05}]
     assert validate.memory_line(rows) == ("memory traffic and a decode step's attention at the memory load 1.23 (the "
-                                          "run's bring-up memory rate over the table's; compute load 1.05)")
+                                          "run's bring-up memory rate over the table's; bring-up compute load 1.05)")
     assert "no memory rate" in validate.memory_line([{"memory_load": None, "run_load": 1.0}])
     grouped = [{"memory_load": 1.5, "memory_reference_load": 1.5, "memory_run_load": 1.1, "run_load": 1.0},
                {"memory_load": 1.1, "memory_reference_load": None, "memory_run_load": 1.1, "run_load": 1.0}]
     assert validate.memory_line(grouped) == (
         "memory traffic and a decode step's attention at the memory load 1.10-1.50 (the groups' own memory "
-        "references for 1 of 2 rows, the bring-up's (1.10) for the rest; compute load 1.00)")
+        "references for 1 of 2 rows, the bring-up's (1.10) for the rest; bring-up compute load 1.00)")
     beside = [{**r, "memory_load": 1.1} for r in grouped]        # priced at the bring-up's, the group's reported
     assert validate.memory_line(beside) == (
         "memory traffic and a decode step's attention at the memory load 1.10 (the run's bring-up memory rate over "
-        "the table's; compute load 1.00; the groups' memory references, not priced: 1.50-1.50)")
+        "the table's; bring-up compute load 1.00; the groups' memory references, not priced: 1.50-1.50)")
 
 
 CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e6}

@@ -83,14 +83,20 @@ def test_case_load_prices_a_record_at_its_own_rounds():
     assert validate.case_load(plain, times) is None                      # no reference: the run's load
     assert validate.case_load(slow, times) == pytest.approx(3.0)         # 0.3 s against the table's 0.1
     assert validate.case_load(short, times) is None                      # the quota's burst: the run's load
-    # by default every record is priced at the run's load, the reference's reported beside it
-    a, b = (validate.compare([r], times)[0] for r in (plain, slow))
+    # at the bring-up load on request, every record at the run's load, the reference's reported beside it
+    a, b = (validate.compare([r], times, at_reference=False)[0] for r in (plain, slow))
     assert (a["reference_load"], b["reference_load"], b["load_scale"]) == (None, pytest.approx(3.0), 1.0)
     assert b["predicted_s"] == pytest.approx(a["predicted_s"], rel=1e-12)
-    a, b = (validate.compare([r], times, at_reference=True)[0] for r in (plain, slow))
+    # by default each record at its own group's reference, where it has one
+    a, b = (validate.compare([r], times)[0] for r in (plain, slow))
     assert (a["load_scale"], b["load_scale"], b["run_load"]) == pytest.approx((1.0, 3.0, 1.0))
     # a forward at 2 ranks whose transfer hides under its kernels: all compute, so 3x
     assert b["predicted_s"] == pytest.approx(3 * a["predicted_s"], rel=1e-6)
+    (c,) = validate.compare([short], times)                               # too short to price: the run's load
+    assert (c["load_scale"], c["reference_load"]) == (pytest.approx(1.0), None)
+    text = validate.compute_load_line(validate.compare([plain, slow], times))
+    assert "own reference load for 1 of 2 rows (3.00-3.00" in text and "priced for the other 1" in text
+    assert "bring-up load 1.00" in validate.compute_load_line(validate.compare([slow], times, at_reference=False))
     missing = KernelTimes(2, 1, {k: v for k, v in times.seconds.items() if k != KEY})
     assert validate.case_load(slow, missing) is None                      # the table lacks the work
 
@@ -125,8 +131,8 @@ def test_at_a_reference_the_host_term_is_still_derived_at_the_runs_load():
             "path": "call_cpu.json"}
     keys = validate.needed_keys([slow], call)
     times = KernelTimes(procs=2, threads=1, seconds={**{k: (1e-9 if k == HBM else 0.25) for k in keys}, KEY: 0.1})
-    (run,) = validate.compare([slow], times, call=call)
-    (ref,) = validate.compare([slow], times, call=call, at_reference=True)
+    (run,) = validate.compare([slow], times, call=call, at_reference=False)
+    (ref,) = validate.compare([slow], times, call=call)
     assert run["host"]["host_s_per_op"] > 0
     assert ref["host"]["host_s_per_op"] == pytest.approx(run["host"]["host_s_per_op"], rel=1e-12)
     assert ref["call_host"] == run["call_host"]
@@ -135,5 +141,6 @@ def test_at_a_reference_the_host_term_is_still_derived_at_the_runs_load():
     ld = validate.loads_of(slow, times, at_reference=True)
     assert (ld.run, ld.reference, ld.memory, ld.priced) == (pytest.approx(1.0), pytest.approx(3.0), None,
                                                             pytest.approx(3.0))
-    assert validate.loads_of(slow, times).priced == pytest.approx(1.0)
+    assert validate.loads_of(slow, times, at_reference=False).priced == pytest.approx(1.0)
+    assert validate.loads_of(slow, times).priced == pytest.approx(3.0)
     assert validate.loads_of(slow, times, at_reference=True, rescale=False).priced == 1.0

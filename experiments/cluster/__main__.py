@@ -264,6 +264,9 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--results", default=None)
     hi.add_argument("--commits", help="comma-separated commits (default: every commit that changed its records)")
     hi.add_argument("--target", type=float, default=TARGET, help="the bound on |predicted / measured - 1|")
+    hi.add_argument("--bring-up-load", action="store_true",
+                    help="price every record at its run's bring-up load, not its group's reference (as reports "
+                         "before 2026-12-07)")
     hi.add_argument("--json", action="store_true")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     return ap
@@ -320,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 < args.target < 1:
             raise ValueError(f"target={args.target} must be in (0, 1)")
         commits = [c for c in (args.commits or "").split(",") if c] or None
-        out = history_table(replay(results_root_of(args.results), args.experiment, commits), args.target)
+        out = history_table(replay(results_root_of(args.results), args.experiment, commits,
+                                   at_reference=not args.bring_up_load), args.target)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     if args.cmd == "ratios":

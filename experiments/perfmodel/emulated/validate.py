@@ -6,13 +6,13 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   shapes, GEMMs and memory traffic the schedules ask for, with as many
   concurrent processes and threads as the run had ranks on this machine,
   each capped at the run's CPU share per rank (``cluster.cpu_quota``);
-* load: the table carried to the run's load, its calibration at bring-up over the
-  table's time for the same work (``load_scale``). Each group's records also carry
-  a reference, the calibration's work timed in its own rounds
-  (``harness/reference.py``); the load it gives (``case_load``) is reported beside
-  each row and priced only with ``at_reference=True``: in two runs it did better
-  in one and worse in the other (docs/findings.md, "A reference in every group's
-  rounds");
+* load: the table carried to the load each group of cases ran at: the group's reference, the
+  calibration's work timed in the group's own rounds (``harness/reference.py``), over the table's
+  time for it (``case_load``); where a record has none, or one too short, the run's calibration at
+  bring-up over the table's (``load_scale``). The machine's rate moves within a run; over every
+  committed run with references, pricing at them did better than at the bring-up load
+  (docs/findings.md, "Each group at its own reference"). ``at_reference=False`` prices at the
+  bring-up load, as reports before 2026-12-07 did;
 * memory: memory traffic and a decode step's attention at the run's memory
   load instead (``memory_load``: the memory rate the calibration timed at
   bring-up over the table's), where the run timed it (since 2026-12-06). Each
@@ -152,8 +152,8 @@ def case_memory_load(rec: dict, times: KernelTimes) -> float | None:
 class Loads:
     """The loads one record is priced at: ``run`` (``load_scale``; 1 without ``rescale``), ``reference``
     (``case_load``, reported), ``memory_run`` (``memory_load``, the bring-up's), ``memory_reference``
-    (``case_memory_load``, the group's own rounds'), ``priced``, the kernels' load (the reference's with
-    ``at_reference`` where the record has one, else the run's) and ``memory``, the load memory-bound work is
+    (``case_memory_load``, the group's own rounds'), ``priced``, the kernels' load (the reference's where the
+    record has one, unless ``at_reference`` is False; else the run's) and ``memory``, the load memory-bound work is
     priced at: the bring-up's, or the group's memory reference with ``group_memory`` where the record has one
     (None: memory traffic at ``priced``). The host terms are derived at ``run`` and
     ``memory_run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
@@ -166,7 +166,7 @@ class Loads:
     memory: float | None
 
 
-def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = False, rescale: bool = True,
+def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = True, rescale: bool = True,
              group_memory: bool = False) -> Loads:
     run = load_scale(rec["cluster"], times) if rescale else 1.0
     ref = case_load(rec, times)
@@ -208,15 +208,16 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
-            call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = False,
+            call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = True,
             group_memory: bool = False) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
-    messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each record
-    at its group's reference's load (``case_load``) instead of the run's; ``group_memory``: memory-bound work at
-    the group's memory reference's load (``case_memory_load``) where it has one, instead of the bring-up's."""
+    messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each
+    record at its group's reference's load (``case_load``) where it has one (False: at the run's bring-up load);
+    ``group_memory``: memory-bound work at the group's memory reference's load (``case_memory_load``) where it has
+    one, instead of the bring-up's."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
@@ -282,8 +283,9 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in judged), default=math.nan)
     ok = bool(judged) and all(abs(r["error"]) <= target for r in judged)
     lines = ["performance model (experiments.perfmodel) vs measured, this machine as emulated: compute from "
-             "kernel times measured here at the schedules' block shapes (x load = the run's calibration time / "
-             "the table's for the same work), links at the shaped per-rank rates",
+             "kernel times measured here at the schedules' block shapes (x load = the time of the calibration's "
+             "work in the group's own rounds, else at the run's bring-up, / the table's for it), links at the shaped "
+             "per-rank rates",
              f"{'N':>6} {'method':<{w}} {'measured s':>10} {'predicted s':>11} {'pred/meas':>9} {'error':>7} "
              f"{'crit. comm s':>12} {'load':>5}"]
     # a spec sweeping layouts or masks (cpu_sparse_masks, cpu_varlen_magiattention_2x4: causal and full too) has
@@ -316,7 +318,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
                  f"{'met' if ok else 'NOT met'} (worst {worst:.1%})"
                  + ("" if len(ns) >= 2 else "; only one N was measured"))
     lines.append(spread_line(judged))
-    lines.append(memory_line(rows))
+    lines += [x for x in (compute_load_line(rows), memory_line(rows)) if x]
     return {"rows": rows, "largest_n": top, "worst_abs_error": worst, "met": ok, "text": "\n".join(lines)}
 
 
@@ -326,6 +328,24 @@ def _threads_cells(r: dict) -> str:
     vals = (r.get("main_at_cap_s_per_rank"), r.get("work_s_per_rank"), r.get("rest_at_cap_s_per_rank"),
             r.get("held_s_per_rank"))
     return "".join(f" {max(v):{w}.3f}" if v else f" {'-':>{w}}" for v, w in zip(vals, (8, 6, 8, 6)))
+
+
+def compute_load_line(rows: list[dict]) -> str | None:
+    """The compute load(s) the rows' kernels were priced at: each group's own reference's or the bring-up's (None:
+    rows without loads)."""
+    bring = sorted({round(r["run_load"], 2) for r in rows if r.get("run_load") is not None})
+    if not bring:
+        return None
+    own = [r["load_scale"] for r in rows if r.get("reference_load") is not None
+           and r["load_scale"] == r["reference_load"]]
+    runs = ", ".join(f"{x:.2f}" for x in bring)
+    if not own:
+        return (f"compute at the run's bring-up load {runs} (no group reference priced: none recorded, one too short, "
+                "or the bring-up load asked for)")
+    rest = len(rows) - len(own)
+    return (f"compute at each group's own reference load for {len(own)} of {len(rows)} rows ({min(own):.2f}-"
+            f"{max(own):.2f}; the run's bring-up load {runs}" + (f", priced for the other {rest})" if rest else
+                                                                  ", not priced)"))
 
 
 def memory_line(rows: list[dict]) -> str:
@@ -345,8 +365,8 @@ def memory_line(rows: list[dict]) -> str:
     refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
     beside = ("" if grouped or not refs else
               f"; the groups' memory references, not priced: {refs[0]:.2f}-{refs[-1]:.2f}")
-    return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; compute load "
-            f"{', '.join(f'{x:.2f}' for x in compute)}{beside})")
+    return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; bring-up compute "
+            f"load {', '.join(f'{x:.2f}' for x in compute)}{beside})")
 
 
 SPREAD_BOUNDS = (0.10, 0.15, 0.20)   # the bounds issues set on this model (15%: the mask benchmark, issue 37)
@@ -417,7 +437,7 @@ def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dic
 
 
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
-                        rounds: int = 3, require_calibration: bool = False) -> dict:
+                        rounds: int = 3, require_calibration: bool = False, at_reference: bool = True) -> dict:
     """``error_table`` of an emulated experiment's latest records. The kernel times are read from
     ``results/<experiment>/kernel_times.json``; keys it lacks are measured here (as many processes as
     the run had ranks, as many threads each as the worker used) and added to it.
@@ -435,7 +455,8 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     call, ex, msgs = load_probes(results_root, experiment, cases[0].rec["cluster"].get("profile"))
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
-    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs))
+    rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
+                              at_reference=at_reference))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["messages"] = msgs and msgs.path

@@ -2,14 +2,15 @@
 
 The same terms as ``validate.py`` (nothing fitted for inference): this machine's kernel table at exactly the
 work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
-``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the run's load by its calibration
-(``validate.load_scale``; the load of each group's own rounds, ``validate.case_load``, is reported beside it and
-priced with ``at_reference``); the links the emulator shaped (``hardware.emulated_hardware``); the overlap
-excess per transfer (``excess.py``), and for the merges' small messages what a blocking message holds its
-rank for (``message.py``, the message probe); and the host's work per op (``host_cost.py``): a decode step's own,
-measured at a few tokens of context for the run's row, world, node size and batch (``call_cpu.json``'s
-``decode:<row>`` rows: ``burst-bench cluster calls``, or ``benchmarks.cpu_per_call`` over loopback), else (and
-for TTFT) that of ``burst``, the method whose communicator and kernels a step runs. Nothing is fitted to the runs.
+``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the load each group ran at (its reference
+timed in its own rounds, ``validate.case_load``; the run's calibration at bring-up, ``validate.load_scale``, where a
+record has none; ``at_reference=False``: the bring-up's for all, as reports before 2026-12-07); the links the
+emulator shaped (``hardware.emulated_hardware``); the overlap excess per transfer (``excess.py``), and for the
+merges' small messages what a blocking message holds its rank for (``message.py``, the message probe); and the
+host's work per op (``host_cost.py``): a decode step's own, measured at a few tokens of context for the run's row,
+world, node size and batch (``call_cpu.json``'s ``decode:<row>`` rows: ``burst-bench cluster calls``, or
+``benchmarks.cpu_per_call`` over loopback), else (and for TTFT) that of ``burst``, the method whose communicator
+and kernels a step runs. Nothing is fitted to the runs.
 
     rep = validate_inference(results_root, "cpu_decode_emulated_2x4")
     print(rep["text"]); rep["rows"], rep["worst_abs_error"], rep["met"]
@@ -38,7 +39,7 @@ from .lockstep import factor, load_lockstep, lockstep_text
 from .measured import KernelTimes, needed
 from .message import MessageCost
 from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_key,
-                       memory_line, messages_text, reference_key, run_cpus, small_call_costs)
+                       compute_load_line, memory_line, messages_text, reference_key, run_cpus, small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -114,7 +115,7 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None, at_reference: bool = False, group_memory: bool = False,
+            messages: MessageCost | None = None, at_reference: bool = True, group_memory: bool = False,
             lockstep: dict | None = None) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
     ``at_reference`` and ``group_memory`` as ``validate.compare``'s; ``lockstep`` (``lockstep.load_lockstep``)
@@ -168,8 +169,8 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
     worst = max((abs(r["error"]) for r in rows), default=math.nan)
     ok = bool(rows) and all(abs(r["error"]) <= target for r in rows)
     lines = ["inference model (experiments.perfmodel.inference) vs measured, this machine as emulated: the kernel "
-             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the run's "
-             "load, links as shaped; nothing fitted for inference",
+             "table at the schedules' work (a decode step's attention as partial_attention runs it), x the load "
+             "(the group's reference, else the bring-up's), links as shaped; nothing fitted for inference",
              f"{'mode':<6} {'G':>2} {'B':>3} {'N':>8} {'row':<14} {'measured ms':>11} {'predicted ms':>12} "
              f"{'error':>7} {'crit. comm ms':>13}       {'mean ms':>8} {'vs mean':>7}"]
     cpu = any(r.get("cpu_s") is not None for r in rows)
@@ -186,7 +187,7 @@ def error_table(rows: list[dict], target: float = TARGET) -> dict:
                      f"{r['measured_s'] * 1e3:11.2f} {r['predicted_s'] * 1e3:12.2f} {r['error']:+7.1%} "
                      f"{r['critical_comm_s'] * 1e3:13.2f}{flag}  {mean}")
     lines.append(f"target |error| <= {target:.0%} for every row: {'met' if ok else 'NOT met'} (worst {worst:.1%})")
-    lines.append(memory_line(rows))
+    lines += [x for x in (compute_load_line(rows), memory_line(rows)) if x]
     means = [abs(r["error_mean"]) for r in rows if r.get("error_mean") is not None]
     if means:
         lines.append(f"against the mean step: {sum(e <= target for e in means)} of {len(means)} rows within "
@@ -202,9 +203,9 @@ def is_inference(results_root, experiment: str) -> bool:
 
 
 def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
-                       rounds: int = 3, write: bool = True) -> dict:
+                       rounds: int = 3, write: bool = True, at_reference: bool = True) -> dict:
     """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``
-    unless ``write`` is False."""
+    unless ``write`` is False; ``at_reference`` as ``compare``'s."""
     out = R.experiment_dir(Path(results_root), experiment)
     records = list(R.latest_by_case(R.read_records(out / R.RESULTS_FILE)).values())
     cases = cases_of(records)
@@ -216,7 +217,7 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              lockstep=lock))
+                              lockstep=lock, at_reference=at_reference))
     rep["text"] += "\n" + lockstep_text(lock)
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
