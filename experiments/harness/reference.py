@@ -11,8 +11,8 @@ are timed; it adds some 0.5 s to each round of an emulated run. Each record of t
 (``time_reference``): the slowest rank's seconds per block and each rank's CPU. The model's validation divides
 their median by the kernel table's time for the same work (``experiments/perfmodel/emulated/validate.py``,
 ``case_load``) and prices the group's kernels at that load (``at_reference=False``: at the bring-up's, as
-reports before 2026-12-07 did; over every committed run with references the groups' own did better,
-docs/findings.md, "Each group at its own reference").
+reports before 2026-12-07 did; over every committed run with references the groups' own did better overall,
+though not in every run: docs/findings.md, "Each group at its own reference").
 
 Where the calibration timed the memory rate, a memory reference follows it in every round (``memory_step_for``:
 ``stream_step`` back to back for ``MIN_SAMPLE_S``, another 0.5 s a round; the record's ``time_memory_reference``).

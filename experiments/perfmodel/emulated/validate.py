@@ -10,8 +10,8 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   calibration's work timed in the group's own rounds (``harness/reference.py``), over the table's
   time for it (``case_load``); where a record has none, or one too short, the run's calibration at
   bring-up over the table's (``load_scale``). The machine's rate moves within a run; over every
-  committed run with references, pricing at them did better than at the bring-up load
-  (docs/findings.md, "Each group at its own reference"). ``at_reference=False`` prices at the
+  committed run with references, pricing at them did better overall than at the bring-up load,
+  though not in every run (docs/findings.md, "Each group at its own reference"). ``at_reference=False`` prices at the
   bring-up load, as reports before 2026-12-07 did;
 * memory: memory traffic and a decode step's attention at the run's memory
   load instead (``memory_load``: the memory rate the calibration timed at

@@ -180,10 +180,9 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     B, S, C, P, A = {}, {}, {}, {}, {}
     members = [(ring, i, g) for ring in rings for i, g in enumerate(ring)]
     # each step's work, once: a hop posted at step s runs beside step s's work, an accumulator posted after
-    # step s's compute beside step s + 1's (``CostModel.sender_seconds``' beside); without overlap a step waits
-    # for its transfers before it computes, so they run beside nothing
+    # step s's compute beside step s + 1's (``besides``)
     items = {(g, s): work(i, (i - s) % n, s) for s in range(n) for _, i, g in members}
-    beside = {k: stream_seconds(ctx, v) for k, v in items.items()} if overlap else {}
+    beside = besides(ctx, items, overlap)
     # a rank's hop is two-way across nodes when it also receives from another node
     across = {g: not ctx.place.same_node(ring[(i - 1) % n], g) for ring, i, g in members}
     for s in range(n):
@@ -228,9 +227,13 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     return end
 
 
-def stream_seconds(ctx: Ctx, items: list[tuple[str, float, float]]) -> float:
-    """Compute-stream seconds of a step's work items, as ``Ctx.compute`` puts them there (``CostModel.op_seconds``)."""
-    return sum(ctx.cost.op_seconds(seconds) for _, seconds, _ in items)
+def besides(ctx: Ctx, items: dict, overlap: bool) -> dict:
+    """``{(rank, step): the compute-stream seconds of that step's work items}``, as ``Ctx.compute`` puts them there
+    (``CostModel.op_seconds``): what a transfer posted beside that step runs beside (``CostModel.sender_seconds``).
+    Empty without overlap: a step then waits for its transfers before it computes, so they run beside nothing."""
+    if not overlap:
+        return {}
+    return {k: sum(ctx.cost.op_seconds(seconds) for _, seconds, _ in v) for k, v in items.items()}
 
 
 # ---------------------------------------------------------------- collectives

@@ -34,7 +34,7 @@ from __future__ import annotations
 from burst_impl.nodes import Nodes
 from burst_impl.topology import DoubleRingSchedule
 
-from .common import Ctx, Work, ring_pass, split_table, stream_seconds
+from .common import Ctx, Work, besides, ring_pass, split_table
 
 
 def grid_of(ctx: Ctx, ring: list[int]) -> tuple[int, int] | None:
@@ -83,10 +83,9 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
         return [X.get((side, g, ch, s)), X.get((side, peer[g, ch, -1], ch, s))]
 
     # each step's work, once: a bundle posted at step s runs beside step s's work, an accumulator posted after
-    # step s's compute beside step s + 1's, a finishing one beside nothing (``CostModel.sender_seconds``); without
-    # overlap a step waits for its transfers before it computes, so they run beside nothing
+    # step s's compute beside step s + 1's, a finishing one beside nothing (``besides``)
     items = {(g, s): work(i, plan.owner(s), s) for s in range(n) for _, i, g, plan in members}
-    beside = {k: stream_seconds(ctx, v) for k, v in items.items()} if overlap else {}
+    beside = besides(ctx, items, overlap)
 
     def post(side: str, g: int, ch: str, s: int, nbytes: dict, deps: list) -> None:
         after = s if side == "read" else s + 1
