@@ -84,6 +84,10 @@ def test_the_report_says_which_load_memory_traffic_went_at():
     assert validate.memory_line(beside) == (
         "memory traffic and a decode step's attention at the memory load 1.10 (the run's bring-up memory rate over "
         "the table's; bring-up compute load 1.00; the groups' memory references, not priced: 1.50-1.50)")
+    at_compute = [{**r, "memory_load": None} for r in grouped]     # the default rule since 2026-12-07
+    assert validate.memory_line(at_compute) == (
+        "memory traffic and a decode step's attention at the compute load (memory rule \"compute\", since "
+        "2026-12-07); the stream's loads, not priced: bring-up 1.10; the groups' memory references 1.50-1.50")
 
 
 CAL = {"tokens": 32, "heads": 2, "head_dim": 8, "dtype": "float32", "per_rank_flops_s": 1e6}
@@ -140,11 +144,15 @@ def test_a_group_is_priced_at_its_own_memory_rate_where_it_timed_one():
     rec = {"cluster": cluster, "time_memory_reference": {"bytes": 10**9, "calls": 1, "median_s": 0.25}}
     assert validate.memory_key(rec) == HBM and validate.memory_key({"cluster": {}}) is None
     assert validate.case_memory_load(rec, times) == pytest.approx(2.5)         # 2.5e-10 s a byte against 1e-10
-    ld = validate.loads_of(rec, times)               # by default the bring-up's, the group's reported beside it
-    assert (ld.memory_run, ld.memory_reference, ld.memory) == pytest.approx((1.5, 2.5, 1.5))
-    assert validate.loads_of(rec, times, group_memory=True).memory == pytest.approx(2.5)
+    # by default at the compute load (memory None), both streams' loads reported beside it
+    ld = validate.loads_of(rec, times)
+    assert (ld.memory_run, ld.memory_reference, ld.memory) == pytest.approx((1.5, 2.5, None))
+    assert validate.loads_of(rec, times, memory_rule="bring-up").memory == pytest.approx(1.5)
+    assert validate.loads_of(rec, times, memory_rule="group").memory == pytest.approx(2.5)
     # no reference, a table without the key, a sample shorter than two CFS periods (0.2 s here: 100 ms): the bring-up
-    assert validate.loads_of({"cluster": cluster}, times, group_memory=True).memory == pytest.approx(1.5)
+    assert validate.loads_of({"cluster": cluster}, times, memory_rule="group").memory == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="memory_rule='hbm' must be one of compute, bring-up, group"):
+        validate.loads_of(rec, times, memory_rule="hbm")
     assert validate.case_memory_load(rec, KernelTimes(1, 1, {})) is None
     short = {**rec, "time_memory_reference": {"bytes": 1000, "calls": 1, "median_s": 0.15}}
     assert validate.case_memory_load(short, times) is None

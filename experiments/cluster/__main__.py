@@ -38,7 +38,7 @@ from .emulator import call_probe, lockstep_probe, message_probe, netns, overlap_
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.history import history_table, replay
-from ..perfmodel.emulated.validate import TARGET
+from ..perfmodel.emulated.validate import MEMORY_RULES, TARGET
 from ..perfmodel.emulated.validate_decode import is_inference, validate_inference, write_report as write_inference
 from .report import ratios_of, report, results_root_of, with_model, write_report
 
@@ -267,6 +267,9 @@ def _parser() -> argparse.ArgumentParser:
     hi.add_argument("--bring-up-load", action="store_true",
                     help="price every record at its run's bring-up load, not its group's reference (as reports "
                          "before 2026-12-07)")
+    hi.add_argument("--memory-rule", choices=MEMORY_RULES, default="compute",
+                    help="the load memory-bound work (a decode step's attention) goes at: the compute load (since "
+                         "2026-12-07), the bring-up's stream (2026-12-06) or the group's own stream")
     hi.add_argument("--json", action="store_true")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     return ap
@@ -324,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"target={args.target} must be in (0, 1)")
         commits = [c for c in (args.commits or "").split(",") if c] or None
         out = history_table(replay(results_root_of(args.results), args.experiment, commits,
-                                   at_reference=not args.bring_up_load), args.target)
+                                   at_reference=not args.bring_up_load, memory_rule=args.memory_rule), args.target)
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0
     if args.cmd == "ratios":

@@ -17,9 +17,9 @@ though not in every run: docs/findings.md, "Each group at its own reference").
 Where the calibration timed the memory rate, a memory reference follows it in every round (``memory_step_for``:
 ``stream_step`` back to back for ``MIN_SAMPLE_S``, another 0.5 s a round; the record's ``time_memory_reference``).
 The validation reports the load it gives beside each row (``validate.case_memory_load``) and prices the group's
-memory-bound work at it only with ``group_memory``: the memory rate moved 1.6x between one run's bring-ups, but in
-the one run timed with it (decode run H) the stream in the group's rounds did not follow its decode steps
-(docs/findings.md, "A memory reference in every group's rounds").
+memory-bound work at it only with ``memory_rule="group"``: the memory rate moved 1.6x between one run's bring-ups,
+but over the decode runs timed with it the stream in the group's rounds did not follow the decode steps, and the
+compute reference did (docs/findings.md, "Memory-bound work at the group's compute load").
 
     for ref in references_for(cluster_info):   # none: not an emulated run with a calibration
         rec[ref.name] = ref.to_field(ref.work, samples, cpu_samples)   # samples per call (measure: / work["calls"])

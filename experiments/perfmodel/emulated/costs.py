@@ -7,8 +7,8 @@ Three things differ from an accelerator, each measured on this machine apart fro
   (``measured.py``) x ``scale`` (``validate.load_scale``: the
   run's own calibration over the table's time for the same work; the machine's load differs). Memory
   traffic, and work bound by it (``memory_bound``: a decode step's attention over its cache), go at
-  ``mem_scale`` instead (``validate.memory_load``: the run's memory rate at bring-up over the table's), where
-  the run measured it: this machine's memory rate moves apart from its compute rate;
+  ``mem_scale`` where one is given (``validate.loads_of``'s memory rules: a stream's load), else at ``scale``
+  (the default rule since 2026-12-07, docs/findings.md, "Memory-bound work at the group's compute load");
 * host: every op on a rank's compute stream costs ``host_s`` more (``host_cost.host_per_op``): a
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels; and
   every kernel call ``call_host_s`` more (``host_cost.per_call_host``): a plan's tile is selected
@@ -43,7 +43,7 @@ from burst_impl.flops import entries_flops
 class EmulatedCosts(CostModel):
     times: KernelTimes | None = None
     scale: float = 1.0
-    mem_scale: float | None = None       # the run's memory load (validate.memory_load); None: ``scale``
+    mem_scale: float | None = None       # memory-bound work's load (validate.loads_of's rule); None: ``scale``
     host_s: float = 0.0                  # host seconds per op on the compute stream
     call_host_s: float = 0.0             # host seconds per attention kernel call (a tile's selects and merge)
     # {"intra" | "inter" | "inter_oneway": (seconds, seconds per byte[, seconds per second of compute beside it])}
@@ -105,10 +105,11 @@ class EmulatedCosts(CostModel):
         return nbytes * self.memory_bound(HBM)
 
     def memory_bound(self, key: tuple) -> float:
-        """Seconds of ``key``, work whose time follows the machine's memory rate: at the run's memory load. A
-        decode step's attention streams its cache and goes at the memory rate whole, its GQA rows' arithmetic
-        included: timed apart, its keys moved with the stream, not with the compute block (docs/findings.md,
-        "The memory rate apart from the compute rate")."""
+        """Seconds of ``key``, work that streams memory (a byte of traffic; a decode step's attention over its cache,
+        whole, its GQA rows' arithmetic included): at ``mem_scale`` where given, else at ``scale``. Timed apart,
+        the decode keys once moved with a stream (docs/findings.md, "The memory rate apart from the compute rate"),
+        but in the runs the groups' compute references followed the steps and the streams did not ("Memory-bound
+        work at the group's compute load")."""
         return self._table(key) * (self.scale if self.mem_scale is None else self.mem_scale)
 
     def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):

@@ -4,8 +4,9 @@
   excess) answering ``decode_attention`` from the table's ``("decode", q, keys, Z, Zkv, d, dtype[, B])`` key
   (``measured._runner``: ``partial_attention`` as a decode step calls it, over the step's B caches in turn) and
   ``weight_gemm`` from its GEMM key at the exact shape (on a CPU the weight's read is in the measured time). The
-  attention streams the cache and goes at the run's memory load (``EmulatedCosts.memory_bound``); the GEMV at the
-  compute load: the CPU mirror's weights (at most 2.5 MiB a layer) stay in this machine's caches, as in the table;
+  attention streams the cache (``EmulatedCosts.memory_bound``: at the validation's memory rule, by default the
+  compute load); the GEMV at the compute load: the CPU mirror's weights (at most 2.5 MiB a layer) stay in this
+  machine's caches, as in the table;
 * ``DecodeRecording``: ``measured.RecordingCosts`` noting those keys too (``validate_decode.needed_keys``).
 """
 from __future__ import annotations

@@ -10,6 +10,7 @@ run's count within the target and each case's median error over the runs.
     burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> --target 0.15
     burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --commits 66a8bfc,924248d
     burst-bench cluster history cpu_ttft_emulated_2x4 --results results/reference/<root> --bring-up-load
+    burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --memory-rule bring-up
 
 A run whose records the model cannot price now (a kernel key its table lacks, a record from before a field) is
 listed with the reason and left out of the medians; nothing is measured here.
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...harness import results as R
-from .validate import TARGET, validate_experiment
+from .validate import TARGET, check_memory_rule, validate_experiment
 from .validate_decode import is_inference, validate_inference
 
 
@@ -71,14 +72,15 @@ def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
     return dest / rel
 
 
-def _errors(root: Path, experiment: str, at_reference: bool = True) -> dict:
+def _errors(root: Path, experiment: str, at_reference: bool = True, memory_rule: str = "compute") -> dict:
     """{case label: error} of the model as it is now on the records under ``root`` (measuring nothing);
-    ``at_reference``: as ``validate.compare``'s."""
+    ``at_reference``, ``memory_rule``: as ``validate.compare``'s."""
     if is_inference(root, experiment):
         rows = validate_inference(root, experiment, measure_missing=False, write=False,
-                                  at_reference=at_reference)["rows"]
+                                  at_reference=at_reference, memory_rule=memory_rule)["rows"]
         return {f"{r['mode']} G{r['world_size']} B{r['batch']} N{r['seqlen']} {r['row']}": r["error"] for r in rows}
-    rows = validate_experiment(root, experiment, measure_missing=False, at_reference=at_reference)["rows"]
+    rows = validate_experiment(root, experiment, measure_missing=False, at_reference=at_reference,
+                               memory_rule=memory_rule)["rows"]
     return {f"{r['method']} N{r['seqlen']} {r['case']}": r["error"] for r in rows}
 
 
@@ -89,9 +91,12 @@ def _commit(results_root, name: str) -> str:
         raise ValueError(f"commits: {name!r} is not a commit of this repository") from None
 
 
-def replay(results_root, experiment: str, commits: list[str] | None = None, *, at_reference: bool = True) -> list[Run]:
+def replay(results_root, experiment: str, commits: list[str] | None = None, *, at_reference: bool = True,
+           memory_rule: str = "compute") -> list[Run]:
     """Each run of ``commits`` (default ``runs_of``) priced by the model of the working tree; ``at_reference``
-    False: every record at its run's bring-up load (``validate.compare``), as reports before 2026-12-07."""
+    False: every record at its run's bring-up load (``validate.compare``), as reports before 2026-12-07;
+    ``memory_rule``: the load memory-bound work goes at (``validate.loads_of``)."""
+    check_memory_rule(memory_rule)
     commits = commits or runs_of(results_root, experiment)
     if not commits:
         raise ValueError(f"experiment={experiment!r}: no commit changed its records under {results_root}")
@@ -100,7 +105,7 @@ def replay(results_root, experiment: str, commits: list[str] | None = None, *, a
         with tempfile.TemporaryDirectory(prefix="burst-history-") as tmp:
             try:
                 root = extract(full, results_root, experiment, Path(tmp))
-                out.append(Run(full, _errors(root, experiment, at_reference)))
+                out.append(Run(full, _errors(root, experiment, at_reference, memory_rule)))
             except (ValueError, KeyError, RuntimeError, subprocess.CalledProcessError) as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0].replace(f"{tmp}/", "")
                 out.append(Run(full, skipped=why[:160]))

@@ -13,13 +13,12 @@ The profile is THIS machine as the run emulated it (``costs.EmulatedCosts``):
   committed run with references, pricing at them did better overall than at the bring-up load,
   though not in every run (docs/findings.md, "Each group at its own reference"). ``at_reference=False`` prices at the
   bring-up load, as reports before 2026-12-07 did;
-* memory: memory traffic and a decode step's attention at the run's memory
-  load instead (``memory_load``: the memory rate the calibration timed at
-  bring-up over the table's), where the run timed it (since 2026-12-06). Each
-  group's records also carry a memory reference (``case_memory_load``, since
-  2026-12-06 14:41), reported beside each row and priced only with
-  ``group_memory=True``: in the one run that had it, it did worse (docs/findings.md,
-  "A memory reference in every group's rounds");
+* memory: memory traffic and a decode step's attention at the compute load above (``memory_rule="compute"``, the
+  rule since 2026-12-07): over the seven decode runs that carry both, the groups' compute references followed the
+  decode steps and the stream did not (docs/findings.md, "Memory-bound work at the group's compute load").
+  ``memory_rule="bring-up"`` prices it at the run's memory load (``memory_load``: the stream the calibration timed at
+  bring-up over the table's, the rule of 2026-12-06), ``"group"`` at the group's own stream (``case_memory_load``,
+  since 2026-12-06 14:41); both loads are reported beside each row;
 * links: the per-rank rates, latency and NICs the emulator shaped, read from
   the records' ``cluster`` block (``hardware.emulated_hardware``);
 * overlap: what a transfer takes from its sender's compute while it runs
@@ -148,15 +147,18 @@ def case_memory_load(rec: dict, times: KernelTimes) -> float | None:
     return float(ref["median_s"]) / (int(ref["bytes"]) * times.seconds[HBM])
 
 
+MEMORY_RULES = ("compute", "bring-up", "group")     # the load memory-bound work goes at (``loads_of``)
+
+
 @dataclass(frozen=True)
 class Loads:
     """The loads one record is priced at: ``run`` (``load_scale``; 1 without ``rescale``), ``reference``
     (``case_load``, reported), ``memory_run`` (``memory_load``, the bring-up's), ``memory_reference``
     (``case_memory_load``, the group's own rounds'), ``priced``, the kernels' load (the reference's where the
     record has one, unless ``at_reference`` is False; else the run's) and ``memory``, the load memory-bound work is
-    priced at: the bring-up's, or the group's memory reference with ``group_memory`` where the record has one
-    (None: memory traffic at ``priced``). The host terms are derived at ``run`` and
-    ``memory_run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
+    priced at: None (at ``priced``) under the memory rule ``"compute"``; the bring-up's under ``"bring-up"``; the
+    group's memory reference under ``"group"`` where the record has one, else the bring-up's. The host terms are
+    derived at ``run`` and ``memory_run`` (their probes were taken near bring-up) and carried by ``priced / run``."""
 
     run: float
     reference: float | None
@@ -166,15 +168,23 @@ class Loads:
     memory: float | None
 
 
+def check_memory_rule(memory_rule: str) -> None:
+    if memory_rule not in MEMORY_RULES:
+        raise ValueError(f"memory_rule={memory_rule!r} must be one of {', '.join(MEMORY_RULES)} (the load "
+                         "memory-bound work is priced at)")
+
+
 def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = True, rescale: bool = True,
-             group_memory: bool = False) -> Loads:
+             memory_rule: str = "compute") -> Loads:
+    check_memory_rule(memory_rule)
     run = load_scale(rec["cluster"], times) if rescale else 1.0
     ref = case_load(rec, times)
     mem_run = memory_load(rec["cluster"], times) if rescale else None
     mem_ref = case_memory_load(rec, times) if rescale else None
+    memory = {"compute": None, "bring-up": mem_run,
+              "group": mem_ref if mem_ref is not None else mem_run}[memory_rule]
     return Loads(run=run, reference=ref, memory_run=mem_run, memory_reference=mem_ref,
-                 priced=ref if at_reference and rescale and ref is not None else run,
-                 memory=mem_ref if group_memory and mem_ref is not None else mem_run)
+                 priced=ref if at_reference and rescale and ref is not None else run, memory=memory)
 
 
 def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
@@ -209,20 +219,20 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
             call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = True,
-            group_memory: bool = False) -> list[dict]:
+            memory_rule: str = "compute") -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
     (``host_cost.load_call_cpu``; None: the host's work is free); ``messages``: small blocking
     messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each
     record at its group's reference's load (``case_load``) where it has one (False: at the run's bring-up load);
-    ``group_memory``: memory-bound work at the group's memory reference's load (``case_memory_load``) where it has
-    one, instead of the bring-up's."""
+    ``memory_rule``: the load memory-bound work goes at (``loads_of``: the compute load, the bring-up's memory load
+    or the group's own)."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        ld = loads_of(c.rec, times, at_reference=at_reference, rescale=rescale, group_memory=group_memory)
+        ld = loads_of(c.rec, times, at_reference=at_reference, rescale=rescale, memory_rule=memory_rule)
         cpus = run_cpus(c.rec["cluster"])
         run = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory_run, cpus)
         if run not in per_call:       # the host per kernel call: once per run, from burst's two layouts
@@ -352,8 +362,7 @@ def memory_line(rows: list[dict]) -> str:
     """The memory load(s) the rows' memory traffic went at (``memory_load``), or why it went at the compute load."""
     loads = sorted({round(r["memory_load"], 3) for r in rows if r.get("memory_load") is not None})
     if not loads:
-        return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
-                "or given link rates)")
+        return _compute_memory_line(rows)
     compute = sorted({round(r["run_load"], 2) for r in rows})
     span = f"{loads[0]:.2f}" if len(loads) == 1 else f"{loads[0]:.2f}-{loads[-1]:.2f}"
     grouped = [r for r in rows if r.get("memory_reference_load") is not None
@@ -367,6 +376,19 @@ def memory_line(rows: list[dict]) -> str:
               f"; the groups' memory references, not priced: {refs[0]:.2f}-{refs[-1]:.2f}")
     return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; bring-up compute "
             f"load {', '.join(f'{x:.2f}' for x in compute)}{beside})")
+
+
+def _compute_memory_line(rows: list[dict]) -> str:
+    """``memory_line`` where memory-bound work went at the compute load: the stream's loads beside, not priced."""
+    bring = sorted({round(r["memory_run_load"], 2) for r in rows if r.get("memory_run_load") is not None})
+    refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
+    if not bring and not refs:
+        return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
+                "or given link rates)")
+    beside = [f"bring-up {', '.join(f'{x:.2f}' for x in bring)}"] if bring else []
+    beside += [f"the groups' memory references {refs[0]:.2f}-{refs[-1]:.2f}"] if refs else []
+    return ("memory traffic and a decode step's attention at the compute load (memory rule \"compute\", since "
+            f"2026-12-07); the stream's loads, not priced: {'; '.join(beside)}")
 
 
 SPREAD_BOUNDS = (0.10, 0.15, 0.20)   # the bounds issues set on this model (15%: the mask benchmark, issue 37)
@@ -437,10 +459,12 @@ def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dic
 
 
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
-                        rounds: int = 3, require_calibration: bool = False, at_reference: bool = True) -> dict:
-    """``error_table`` of an emulated experiment's latest records. The kernel times are read from
-    ``results/<experiment>/kernel_times.json``; keys it lacks are measured here (as many processes as
-    the run had ranks, as many threads each as the worker used) and added to it.
+                        rounds: int = 3, require_calibration: bool = False, at_reference: bool = True,
+                        memory_rule: str = "compute") -> dict:
+    """``error_table`` of an emulated experiment's latest records (``at_reference``, ``memory_rule``:
+    ``compare``'s). The kernel times are read from ``results/<experiment>/kernel_times.json``; keys it lacks
+    are measured here (as many processes as the run had ranks, as many threads each as the worker used) and
+    added to it.
     ``require_calibration``: refuse a run with given link rates and no compute calibration (nothing
     then carries the table to the run's load; ``experiments.run`` skips those, e.g. the emulator's tests)."""
     out = R.experiment_dir(Path(results_root), experiment)
@@ -456,7 +480,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              at_reference=at_reference))
+                              at_reference=at_reference, memory_rule=memory_rule))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["messages"] = msgs and msgs.path

@@ -4,7 +4,8 @@ The same terms as ``validate.py`` (nothing fitted for inference): this machine's
 work the schedules ask for (``decode_costs.DecodeEmulatedCosts``: a decode step's attention as
 ``partial_attention`` runs it, GEMMs at their shape, HBM), scaled to the load each group ran at (its reference
 timed in its own rounds, ``validate.case_load``; the run's calibration at bring-up, ``validate.load_scale``, where a
-record has none; ``at_reference=False``: the bring-up's for all, as reports before 2026-12-07); the links the
+record has none; ``at_reference=False``: the bring-up's for all, as reports before 2026-12-07), a decode step's
+attention included (``memory_rule="compute"``; the stream's load with ``"bring-up"`` or ``"group"``); the links the
 emulator shaped (``hardware.emulated_hardware``); the overlap excess per transfer (``excess.py``), and for the
 merges' small messages what a blocking message holds its rank for (``message.py``, the message probe); and the
 host's work per op (``host_cost.py``): a decode step's own, measured at a few tokens of context for the run's row,
@@ -115,15 +116,15 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
-            messages: MessageCost | None = None, at_reference: bool = True, group_memory: bool = False,
+            messages: MessageCost | None = None, at_reference: bool = True, memory_rule: str = "compute",
             lockstep: dict | None = None) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
-    ``at_reference`` and ``group_memory`` as ``validate.compare``'s; ``lockstep`` (``lockstep.load_lockstep``)
+    ``at_reference`` and ``memory_rule`` as ``validate.compare``'s; ``lockstep`` (``lockstep.load_lockstep``)
     multiplies the work priced from the free-running table by its world size's factor."""
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
-        ld = loads_of(c.rec, times, at_reference=at_reference, group_memory=group_memory)  # host at the run's
+        ld = loads_of(c.rec, times, at_reference=at_reference, memory_rule=memory_rule)  # host at the run's
         cpus = run_cpus(c.rec["cluster"])
         step = _small_decode(call, c, hw)
         key = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory_run, step and (c.row, c.shape.batch))
@@ -203,9 +204,10 @@ def is_inference(results_root, experiment: str) -> bool:
 
 
 def validate_inference(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
-                       rounds: int = 3, write: bool = True, at_reference: bool = True) -> dict:
+                       rounds: int = 3, write: bool = True, at_reference: bool = True,
+                       memory_rule: str = "compute") -> dict:
     """``error_table`` of an emulated inference experiment's latest records, written to ``VALIDATION_FILE``
-    unless ``write`` is False; ``at_reference`` as ``compare``'s."""
+    unless ``write`` is False; ``at_reference`` and ``memory_rule`` as ``compare``'s."""
     out = R.experiment_dir(Path(results_root), experiment)
     records = list(R.latest_by_case(R.read_records(out / R.RESULTS_FILE)).values())
     cases = cases_of(records)
@@ -217,7 +219,7 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              lockstep=lock, at_reference=at_reference))
+                              lockstep=lock, at_reference=at_reference, memory_rule=memory_rule))
     rep["text"] += "\n" + lockstep_text(lock)
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
