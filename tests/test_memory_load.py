@@ -43,7 +43,7 @@ def test_memory_traffic_and_a_decode_steps_attention_go_at_the_memory_load():
     # the GEMV's weights stay in cache here: the compute load
     t, flops = c.weight_gemm(1, 256, 256)
     assert t == pytest.approx(1e-4 * 1.2) and flops == 2.0 * 256 * 256
-    # no memory rate for the run (before 2026-12-06): everything at the compute load, as before
+    # no stream load given (the memory rule "compute", or a run before 2026-12-06): everything at the compute load
     old = DecodeEmulatedCosts(HW, "float32", times=times, scale=1.2)
     assert old.decode_attention(1, 4096, 8, 2, 64)[0] == pytest.approx(2e-3 * 1.2)
     assert old.hbm(1e9) == pytest.approx(0.12)

@@ -106,10 +106,8 @@ class EmulatedCosts(CostModel):
 
     def memory_bound(self, key: tuple) -> float:
         """Seconds of ``key``, work that streams memory (a byte of traffic; a decode step's attention over its cache,
-        whole, its GQA rows' arithmetic included): at ``mem_scale`` where given, else at ``scale``. Timed apart,
-        the decode keys once moved with a stream (docs/findings.md, "The memory rate apart from the compute rate"),
-        but in the runs the groups' compute references followed the steps and the streams did not ("Memory-bound
-        work at the group's compute load")."""
+        whole, its GQA rows' arithmetic included): at ``mem_scale`` where given, else at ``scale`` (which of the
+        two, and why: ``validate.loads_of``'s memory rule)."""
         return self._table(key) * (self.scale if self.mem_scale is None else self.mem_scale)
 
     def score_block(self, heads, rows, cols, head_dim, total_cols, *, nbytes, dtype=None):

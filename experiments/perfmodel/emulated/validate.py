@@ -359,36 +359,30 @@ def compute_load_line(rows: list[dict]) -> str | None:
 
 
 def memory_line(rows: list[dict]) -> str:
-    """The memory load(s) the rows' memory traffic went at (``memory_load``), or why it went at the compute load."""
+    """The load the rows' memory-bound work went at: the compute load (``memory_load`` None: the memory rule
+    "compute", or a run with no memory rate) or a stream's (``memory_load``), with the streams not priced beside."""
     loads = sorted({round(r["memory_load"], 3) for r in rows if r.get("memory_load") is not None})
+    bring = sorted({round(r["memory_run_load"], 2) for r in rows if r.get("memory_run_load") is not None})
+    refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
+    bring_text = ", ".join(f"{x:.2f}" for x in bring)
     if not loads:
-        return _compute_memory_line(rows)
+        if not bring and not refs:
+            return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
+                    "or given link rates)")
+        beside = ([f"bring-up {bring_text}"] if bring else []) + (
+            [f"the groups' memory references {refs[0]:.2f}-{refs[-1]:.2f}"] if refs else [])
+        return ("memory traffic and a decode step's attention at the compute load (memory rule \"compute\", since "
+                f"2026-12-07); the stream's loads, not priced: {'; '.join(beside)}")
     compute = sorted({round(r["run_load"], 2) for r in rows})
     span = f"{loads[0]:.2f}" if len(loads) == 1 else f"{loads[0]:.2f}-{loads[-1]:.2f}"
     grouped = [r for r in rows if r.get("memory_reference_load") is not None
                and r.get("memory_load") == r.get("memory_reference_load")]
-    bring = sorted({round(r["memory_run_load"], 2) for r in rows if r.get("memory_run_load") is not None})
     source = (f"the groups' own memory references for {len(grouped)} of {len(rows)} rows, the bring-up's "
-              f"({', '.join(f'{x:.2f}' for x in bring)}) for the rest" if grouped else
-              "the run's bring-up memory rate over the table's")
-    refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
+              f"({bring_text}) for the rest" if grouped else "the run's bring-up memory rate over the table's")
     beside = ("" if grouped or not refs else
               f"; the groups' memory references, not priced: {refs[0]:.2f}-{refs[-1]:.2f}")
     return (f"memory traffic and a decode step's attention at the memory load {span} ({source}; bring-up compute "
             f"load {', '.join(f'{x:.2f}' for x in compute)}{beside})")
-
-
-def _compute_memory_line(rows: list[dict]) -> str:
-    """``memory_line`` where memory-bound work went at the compute load: the stream's loads beside, not priced."""
-    bring = sorted({round(r["memory_run_load"], 2) for r in rows if r.get("memory_run_load") is not None})
-    refs = sorted(r["memory_reference_load"] for r in rows if r.get("memory_reference_load") is not None)
-    if not bring and not refs:
-        return ("memory traffic at the compute load: the run has no memory rate (a calibration before 2026-12-06, "
-                "or given link rates)")
-    beside = [f"bring-up {', '.join(f'{x:.2f}' for x in bring)}"] if bring else []
-    beside += [f"the groups' memory references {refs[0]:.2f}-{refs[-1]:.2f}"] if refs else []
-    return ("memory traffic and a decode step's attention at the compute load (memory rule \"compute\", since "
-            f"2026-12-07); the stream's loads, not priced: {'; '.join(beside)}")
 
 
 SPREAD_BOUNDS = (0.10, 0.15, 0.20)   # the bounds issues set on this model (15%: the mask benchmark, issue 37)
