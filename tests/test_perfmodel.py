@@ -181,6 +181,43 @@ def test_a_ring_senders_held_time_does_not_wait_for_its_receiver():
     assert t["p.step[r0,s2]"].start >= t["p.send[r0,s1]"].end
 
 
+class _ReleasedCost(CostModel):
+    """A CPU rank's gloo send: the wait on a ring's send returns ``share`` of the way through its transfer from the
+    rendezvous (0: the bytes fit the socket buffers), not when it lands (``emulated.send_buffer``)."""
+
+    def __init__(self, hw, share):
+        super().__init__(hw)
+        object.__setattr__(self, "share", share)
+
+    def sender_release(self, nbytes, seconds, same_node):
+        return self.share * seconds
+
+
+@pytest.mark.parametrize("share", [None, 0.0, 0.5])
+def test_a_ring_sender_goes_on_when_its_send_releases_it_and_its_receiver_when_it_lands(share):
+    """Ring [0, 1, 2, 3] over 2 nodes: rank 1's hop to rank 2 crosses them (1 s), every other hop 1 ms. A sender
+    waits on its own send at the end of its step: on the hardware model (None) until the bytes land; where the cost
+    model releases it earlier, from the rendezvous plus that hold. Its receiver waits for the bytes either way."""
+    hw = toy(nodes=2, per_node=2, intra_bytes_s=1e6, inter_bytes_s=1e3)
+    cost = CostModel(hw) if share is None else _ReleasedCost(hw, share)
+    ctx = Ctx(sch=Schedule(), cost=cost, place=Placement.of(hw, 4), shape=shape(4, 4096), mode="forward",
+              level="layer", table={})
+    ring_pass(ctx, [[0, 1, 2, 3]], phase="forward", name="p", hop={("forward", "kv"): 3000},
+              work=lambda i, owner, s: [("w", 0.1, 0.0)], ready={})
+    t = {x.name: x for x in ctx.sch.tasks}
+    cross = t["p.send[r1,s0]"]
+    assert cross.duration == pytest.approx(1.0, rel=REL) and cross.start == pytest.approx(0.0, abs=1e-9)
+    assert t["p.step[r2,s1]"].start >= cross.end                      # the receiver waits for the bytes
+    if share is None:
+        assert t["p.step[r1,s1]"].start >= cross.end
+        assert "p.send[r1,s0].released" not in t
+    else:
+        # rank 1 waits for its step's work (0.1 s), its incoming 1 ms hop and its own send's hold from the rendezvous
+        assert t["p.step[r1,s1]"].start == pytest.approx(max(0.1, share * 1.0), rel=1e-6)
+    # the bytes on the link are the formula's either way
+    assert ctx.sch.bytes_sent()[1] == {("forward", "kv"): 3000}
+
+
 class _BesideCost(CostModel):
     """Holds a transfer's sender 0.1 x the compute it runs beside, and notes what it was told (name, beside)."""
 

@@ -9,6 +9,7 @@
     burst-bench cluster messages a800_ib_emu_2x4 --out F.json  # what a small blocking message costs (message_probe.py)
     burst-bench cluster calls a800_ib_emu_2x4 --out call_cpu.json   # the CPU a call costs a rank (call_probe.py)
     burst-bench cluster lockstep a800_ib_emu_2x4 --out F.json  # a rank's share in lockstep (lockstep_probe.py)
+    burst-bench cluster sends a800_ib_emu_2x4 --out F.json     # how long a send holds its rank (send_probe.py)
     burst-bench cluster down bemu1a2b3c             # one cluster; --stale: those whose owner died; --all
     burst-bench cluster report cpu_train_emulated   # measured vs predicted time ratios of an experiment
     burst-bench cluster report cpu_train_emulated --model   # + the performance model, per case
@@ -34,7 +35,8 @@ from pathlib import Path
 from ..cli import DEBUG_FLAG, DEBUG_HELP, ToolFailed, prog, run_cli
 from ..harness import env as provenance
 from ..harness.launch import run_launch
-from .emulator import call_probe, lockstep_probe, message_probe, netns, overlap_probe, selftest, shaping
+from .emulator import (call_probe, lockstep_probe, message_probe, netns, overlap_probe, selftest, send_probe,
+                       shaping)
 from .emulator.emulated import EmulatedCluster
 from ..profiles.cluster import load_profile
 from ..perfmodel.emulated.history import history_table, replay
@@ -179,7 +181,8 @@ def _write_probe(out: str | None, mod, prof, probe: str, info: dict, repeats: in
 
 
 PROBES = {"overlap": (overlap_probe, "OVERLAP_PROBE"), "messages": (message_probe, "MESSAGE_PROBE"),
-          "calls": (call_probe, "CALL_PROBE"), "lockstep": (lockstep_probe, "LOCKSTEP_PROBE")}
+          "calls": (call_probe, "CALL_PROBE"), "lockstep": (lockstep_probe, "LOCKSTEP_PROBE"),
+          "sends": (send_probe, "SEND_PROBE")}
 PROBE_HELP = {    # kind: (help, default repeats, case syntax)
     "overlap": ("what overlap hides: compute, a transfer, and both at once on every rank", 5,
                 "<ring|pair|oneway>:<tokens>:<bytes>"),
@@ -188,7 +191,9 @@ PROBE_HELP = {    # kind: (help, default repeats, case syntax)
     "calls": ("the process CPU a call costs each rank at a few tokens (the host term; call_cpu.json's rows)", 60,
               "<method>:<tokens>[:<layout>] or decode:<row>:<tokens>:<batch>"),
     "lockstep": ("the share of a core a rank runs at, free-running and meeting its peers after each piece", 10,
-                 "<cpu_us> (a compute piece's CPU in microseconds) or mem<cpu_us> (a memory piece's)")}
+                 "<cpu_us> (a compute piece's CPU in microseconds) or mem<cpu_us> (a memory piece's)"),
+    "sends": ("how long a ring's send holds the rank that posted it (gloo's socket buffers)", 6,
+              "<oneway|intra>:<bytes>")}
 
 
 def _probe(kind: str, prof, repeats: int, cases_text: str, out: str | None, world: int | None = None) -> int:

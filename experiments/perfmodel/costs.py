@@ -272,3 +272,10 @@ class CostModel:
         ring's hop across nodes). ``beside``: the compute-stream seconds the sender runs while the transfer is
         in flight (a ring step's work after its post); None: a blocking send, beside nothing."""
         return 0.0
+
+    def sender_release(self, nbytes: float, seconds: float, same_node: bool) -> float | None:
+        """Seconds from a non-blocking send's rendezvous until the wait on it returns to its sender, for a
+        transfer of ``nbytes`` that takes ``seconds`` on its link; None: when the transfer lands (NCCL's send
+        ends with its transfer). A CPU rank's gloo send returns once its bytes fit the socket buffers
+        (``emulated.send_buffer``)."""
+        return None

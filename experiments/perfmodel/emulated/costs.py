@@ -21,7 +21,9 @@ Three things differ from an accelerator, each measured on this machine apart fro
   gloo's threads and the kernel's TCP work run out of the rank's capped share;
 * small messages: a transfer of messages no larger than the message probe measured holds its sender
   ``held(bytes)`` per message instead (``message.fit_messages``): a rank that waits for a message of a
-  few KiB is held by its own send and receive path and its wake-up, not by the bytes.
+  few KiB is held by its own send and receive path and its wake-up, not by the bytes;
+* a ring's send: its sender's wait on it returns once the bytes fit the socket buffers
+  (``send_buffer.SendBuffers.hold``), not when they land (``CostModel.sender_release``).
 
 Host and excess reach the schedules through the hardware model's hooks (``CostModel.op_seconds``,
 ``CostModel.sender_seconds``), which are the work alone and nothing on every hardware profile.
@@ -36,6 +38,7 @@ from typing import ClassVar
 from ..costs import CostModel
 from .measured import HBM, KernelTimes, masked_key
 from .message import MessageCost
+from .send_buffer import SendBuffers
 from burst_impl.flops import entries_flops
 
 
@@ -50,6 +53,8 @@ class EmulatedCosts(CostModel):
     # a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
     messages: MessageCost | None = None     # small blocking messages (message.py); None: the excess line for all
+    sends: SendBuffers | None = None        # what a ring's send holds its sender for (send_buffer.py); None: until
+                                            # the transfer lands, as on a GPU
     # A CPU rank has no side streams: torch.cpu.Stream is a stub and gloo's synchronous collectives block the
     # Python thread (FSDP2's all-gathers and reduce-scatters, ``parallel.sync_grads``' all-reduce after the
     # backward), so ``schedules/zero3.py`` and the gradient sync expose every such collective.
@@ -71,6 +76,9 @@ class EmulatedCosts(CostModel):
         a, k, *per_beside = self.excess.get(klass, (0.0, 0.0))
         # a plane (excess.fit_excess): the hop's excess grows with the compute it runs beside
         return a + k * nbytes + (per_beside[0] * (beside or 0.0) if per_beside else 0.0)
+
+    def sender_release(self, nbytes: float, seconds: float, same_node: bool) -> float | None:
+        return None if self.sends is None else self.sends.hold(nbytes, seconds, same_node)
 
     def _table(self, key: tuple) -> float:
         """The table's seconds of ``key``, as timed (KeyError naming a key that was not)."""

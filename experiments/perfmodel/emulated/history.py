@@ -5,7 +5,9 @@ one run's verdict says little about the model and a change judged on one run is 
 the commits that changed an experiment's records under a results root; ``replay`` extracts each (``git archive``:
 the records, the kernel table and the probes as that commit holds them) into a temporary root and prices it with
 the model of the working tree, each run with its own probes, as its report did; ``history_table`` gives each
-run's count within the target and each case's median error over the runs.
+run's count within the target and each case's median error over the runs. A probe of the machine itself rather
+than of a run's window (``MACHINE_FILES``: the send probe, the kernel's socket buffers) that a run's commit predates
+comes from the working tree's root, so every run is priced with it.
 
     burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> --target 0.15
     burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --commits 66a8bfc,924248d
@@ -26,8 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...harness import results as R
+from .send_buffer import SEND_FILE
 from .validate import TARGET, check_memory_rule, validate_experiment
 from .validate_decode import is_inference, validate_inference
+
+MACHINE_FILES = (SEND_FILE,)     # the root's files of the machine, not of a run's window (module docstring)
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,10 @@ def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
     data = _git(top, "archive", "--format=tar", commit, f"{rel}/{experiment}", *files)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(dest, filter="data")
+    for name in MACHINE_FILES:
+        here, there = Path(results_root) / name, dest / rel / name
+        if here.exists() and not there.exists():
+            there.write_bytes(here.read_bytes())
     return dest / rel
 
 

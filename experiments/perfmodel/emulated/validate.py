@@ -66,6 +66,7 @@ from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, hos
                         per_call_host, small_case)
 from .measured import HBM, KernelTimes, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
+from .send_buffer import SEND_FILE, SendBuffers, load_send_buffers
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 __all__ = ["SHAPE_KEYS", "compare", "error_table", "needed_keys", "validate_experiment"]
@@ -194,11 +195,12 @@ def _small(call: dict | None, c, method: str | None = None, layout: str | None =
 
 
 def small_call_costs(times: KernelTimes, scale: float, excess: dict | None, messages: MessageCost | None,
-                     cpus: float | None, call_host_s: float = 0.0, mem_scale: float | None = None):
+                     cpus: float | None, call_host_s: float = 0.0, mem_scale: float | None = None,
+                     sends: SendBuffers | None = None):
     """The cost model of a small call measured as CPU (``host_cost``): no host per op (that is what it
     measures), its messages at their CPU (``message.for_host``)."""
     return lambda h, dt: EmulatedCosts(h, dt, times=times, scale=scale, mem_scale=mem_scale, excess=excess or {},
-                                       messages=for_host(messages, cpus), call_host_s=call_host_s)
+                                       messages=for_host(messages, cpus), call_host_s=call_host_s, sends=sends)
 
 
 def needed_keys(records, call: dict | None = None) -> set:
@@ -219,7 +221,7 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
             call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = True,
-            memory_rule: str = "compute") -> list[dict]:
+            memory_rule: str = "compute", sends: SendBuffers | None = None) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
@@ -227,7 +229,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     messages (``message.fit_messages``; None: the excess line for every size); ``at_reference``: price each
     record at its group's reference's load (``case_load``) where it has one (False: at the run's bring-up load);
     ``memory_rule``: the load memory-bound work goes at (``loads_of``: the compute load, the bring-up's memory load
-    or the group's own)."""
+    or the group's own); ``sends``: what a ring's send holds its sender for (``send_buffer.fit_send_buffers``;
+    None: until it lands)."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
@@ -239,20 +242,20 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
             per_call[run] = per_call_host(call, world_size=c.shape.world_size, dtype=c.shape.dtype, cpus=cpus,
                                           node_size=hw.devices_per_node, hardware=hw,
                                           costs=small_call_costs(times, ld.run, excess, messages, cpus,
-                                                                 mem_scale=ld.memory_run))
+                                                                 mem_scale=ld.memory_run, sends=sends))
         ch = per_call[run]["call_host_s"] if per_call[run] else 0.0
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
                                      node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
                                      costs=small_call_costs(times, ld.run, excess, messages, cpus, ch,
-                                                                 ld.memory_run))
+                                                                 ld.memory_run, sends))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         f = ld.priced / ld.run
         p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f: EmulatedCosts(
             h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, excess=excess,
-            messages=messages))
+            messages=messages, sends=sends))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
         main = c.rec.get("time_cpu_main_s_per_rank")
@@ -470,20 +473,25 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
         raise ValueError(f"experiment={experiment!r}: the run had given link rates and no compute calibration; "
                          f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
-    call, ex, msgs = load_probes(results_root, experiment, cases[0].rec["cluster"].get("profile"))
+    profile = cases[0].rec["cluster"].get("profile")
+    call, ex, msgs = load_probes(results_root, experiment, profile)
+    sends = load_send_buffers(results_root, profile, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              at_reference=at_reference, memory_rule=memory_rule))
+                              at_reference=at_reference, memory_rule=memory_rule, sends=sends))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["messages"] = msgs and msgs.path
     rep["call_cpu"] = call and call["path"]
+    rep["sends"] = sends and sends.path
     rep["text"] += "\n" + (
         "overlap excess per transfer (the CPU a hop adds to its rank, fitted to " + ex["path"] + "): "
         + excess_text(ex["fit"])
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
+    rep["text"] += "\n" + (sends.text if sends else f"no {SEND_FILE} in the results root: a ring's sender waits "
+                           "until its send lands")
     rep["text"] += "\n" + host_text(rep["rows"], call)
     rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
                            if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "

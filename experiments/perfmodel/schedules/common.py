@@ -60,6 +60,9 @@ class Ctx:
     notes: list[str] = field(default_factory=list)
     # Transient buffers per rank (bytes) by phase, for the memory model: {phase: {name: bytes}}.
     transient: dict = field(default_factory=lambda: {"forward": {}, "backward": {}})
+    # {a non-blocking send's task: the task its sender's wait on it returns with} where the cost model releases a
+    # sender before the transfer lands (``CostModel.sender_release``); ``own`` reads it
+    released: dict = field(default_factory=dict)
 
     @property
     def phases(self) -> tuple[str, ...]:
@@ -91,6 +94,11 @@ class Ctx:
             raise ValueError(f"method={method!r}: the schedule placed no transfer for registry bytes "
                              f"{sorted(left)}; its schedule builder must be updated with the formula")
 
+    def own(self, send: int | None) -> int | None:
+        """What a rank that posted ``send`` waits for when it waits on it: the task the cost model releases it
+        with (``send_held``), else the transfer itself (None stays None)."""
+        return None if send is None else self.released.get(send, send)
+
     # ------------------------------------------------------------ single tasks
 
     def compute(self, rank: int, name: str, seconds: float, *, deps=(), phase: str, flops: float = 0.0) -> int:
@@ -120,6 +128,8 @@ class Ctx:
         thread goes on computing after an isend while gloo's threads wait and move the bytes. None: a
         blocking send or collective, whose sender is held from ``deps`` on. ``beside``: the compute-stream
         seconds the sender runs after the post while the transfer is in flight (``CostModel.sender_seconds``).
+        A non-blocking send's sender waits on it until ``CostModel.sender_release`` from the rendezvous where
+        the cost model says so (a task ``own`` returns), else until it lands.
         Returns the transfer's task and the task its sender is held by (None where the cost model holds it
         for nothing)."""
         same = self.place.same_node(src, dst)
@@ -131,9 +141,16 @@ class Ctx:
         if extra > 0:
             held = self.sch.add(f"{name}{EXCESS_SUFFIX}", kind="compute", resource=f"compute/{src}",
                                 duration=extra, deps=deps if posted is None else posted, rank=src, phase=phase)
-        return self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
+        task = self.sch.add(name, kind="comm", resource=f"send.{'intra' if same else 'inter'}/{src}",
                             duration=seconds, deps=deps, rank=src, phase=phase,
-                            nbytes={k: v for k, v in nbytes.items() if v}), held
+                            nbytes={k: v for k, v in nbytes.items() if v})
+        release = None if posted is None else self.cost.sender_release(total, seconds, same)
+        if release is not None:
+            # from the rendezvous (the transfer's deps), not the link's queue: the bytes wait in the socket
+            self.released[task] = (self.sch.marker(f"{name}.released", deps, rank=src, phase=phase) if release <= 0
+                                   else self.sch.add(f"{name}.released", kind="comm", duration=release, deps=deps,
+                                                     rank=src, phase=phase))
+        return task, held
 
 
 def split(total: int, parts: int) -> list[int]:
@@ -188,10 +205,10 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     for s in range(n):
         for ring, i, g in members:
             prev = ring[(i - 1) % n]
-            deps = [ready.get(g)] if s == 0 else [C[g, s - 1], S.get((g, s - 1)), S.get((prev, s - 1)),
+            deps = [ready.get(g)] if s == 0 else [C[g, s - 1], ctx.own(S.get((g, s - 1))), S.get((prev, s - 1)),
                                                   P.get((g, s - 1))]
             if s > 0 and not overlap:
-                deps += [A.get((g, s - 1)), A.get((prev, s - 1))]
+                deps += [ctx.own(A.get((g, s - 1))), A.get((prev, s - 1))]
             B[g, s] = ctx.sch.marker(f"{name}.step[r{g},s{s}]", deps, rank=g, phase=phase)
         if s < n - 1:
             for ring, i, g in members:
@@ -203,7 +220,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             last = B[g, s]
             if not overlap and s < n - 1:
                 prev = ring[(i - 1) % n]
-                last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, S[g, s], S[prev, s]], rank=g, phase=phase)
+                last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, ctx.own(S[g, s]), S[prev, s]], rank=g,
+                                      phase=phase)
             for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase,
                                    flops=flops)
@@ -212,7 +230,8 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
             for ring, i, g in members:
                 prev = ring[(i - 1) % n]
                 P[g, s] = ctx.sch.marker(f"{name}.push[r{g},s{s}]",
-                                         [C[g, s], A.get((g, s - 1)), A.get((prev, s - 1))], rank=g, phase=phase)
+                                         [C[g, s], ctx.own(A.get((g, s - 1))), A.get((prev, s - 1))], rank=g,
+                                         phase=phase)
             for ring, i, g in members:
                 nxt = ring[(i + 1) % n]
                 if n > 1:
@@ -222,7 +241,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
     end = {}
     for ring, i, g in members:
         prev = ring[(i - 1) % n]
-        end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1)), A.get((g, n - 1)),
+        end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1)), ctx.own(A.get((g, n - 1))),
                                                        A.get((prev, n - 1))], rank=g, phase=phase)
     return end
 

@@ -80,7 +80,7 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
     def landed(side: str, g: int, ch: str) -> list:
         """The transfer g waits for on ``ch``: its own latest send there and the matching one into it."""
         s = posted.pop((side, g, ch))
-        return [X.get((side, g, ch, s)), X.get((side, peer[g, ch, -1], ch, s))]
+        return [ctx.own(X.get((side, g, ch, s))), X.get((side, peer[g, ch, -1], ch, s))]
 
     # each step's work, once: a bundle posted at step s runs beside step s's work, an accumulator posted after
     # step s's compute beside step s + 1's, a finishing one beside nothing (``besides``)
@@ -113,7 +113,8 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
             last = B[g, s]
             if not overlap:
                 last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last] + [
-                    t for ch in plan.bundle_posts(s) for t in (X["read", g, ch, s], X["read", peer[g, ch, -1], ch, s])],
+                    t for ch in plan.bundle_posts(s)
+                    for t in (ctx.own(X["read", g, ch, s]), X["read", peer[g, ch, -1], ch, s])],
                     rank=g, phase=phase)
             for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase, flops=flops)
