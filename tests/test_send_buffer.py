@@ -25,7 +25,8 @@ def _rows(pattern: str, buffer: float, rate: float, sizes) -> list[dict]:
 
 def test_the_fit_finds_the_buffer_a_sender_was_not_held_for():
     rows = _rows("oneway", 1.1 * MIB, RATE, [131072, 524288, 2 * MIB, 4 * MIB, 8 * MIB])
-    rows += _rows("intra", 16 * MIB, 250e6, [131072, 8 * MIB])       # never held: a lower bound
+    rows += _rows("intra", 16 * MIB, 250e6, [4096, 131072, 8 * MIB])  # never held: a lower bound
+    rows += _rows("intra", 0, 1e12, [8])   # the smallest row: the base; rows no longer than 10 x it tell nothing
     s = fit_send_buffers(rows, "p.json")
     assert s.bytes_by_class["inter"] == pytest.approx(1.1 * MIB, rel=1e-9)
     assert s.bytes_by_class["intra"] == 8 * MIB and s.at_least == {"intra"}
@@ -37,7 +38,7 @@ def test_the_fit_finds_the_buffer_a_sender_was_not_held_for():
 
 
 def test_a_class_the_probe_did_not_measure_holds_its_sender_until_the_bytes_land():
-    s = fit_send_buffers(_rows("oneway", MIB, RATE, [2 * MIB, 4 * MIB]))
+    s = fit_send_buffers(_rows("oneway", MIB, RATE, [65536, 2 * MIB, 4 * MIB]))
     assert s.hold(MIB, 0.01, same_node=True) is None
     with pytest.raises(ValueError, match="no row"):
         fit_send_buffers([])
@@ -47,13 +48,12 @@ def test_the_cost_models_release_a_sender_as_measured():
     hw = load_hardware("a800_ib_4x8")
     assert CostModel(hw, "float32").sender_release(MIB, 0.1, False) is None          # NCCL: when it lands
     assert EmulatedCosts(hw, "float32").sender_release(MIB, 0.1, False) is None      # no probe: the same
-    s = fit_send_buffers(_rows("oneway", MIB, RATE, [2 * MIB, 4 * MIB]))
-    assert s.bytes_by_class["inter"] == pytest.approx(MIB - BASE * RATE)     # no unheld row: its post counts
+    s = fit_send_buffers(_rows("oneway", MIB, RATE, [65536, 2 * MIB, 4 * MIB]))
     assert EmulatedCosts(hw, "float32", sends=s).sender_release(3 * MIB, 0.3, False) == pytest.approx(0.2, rel=1e-2)
 
 
 def test_the_probe_file_is_read_for_its_profile(tmp_path):
-    rec = {"profile": "t_emu", "rows": _rows("oneway", MIB, RATE, [2 * MIB, 4 * MIB])}
+    rec = {"profile": "t_emu", "rows": _rows("oneway", MIB, RATE, [65536, 2 * MIB, 4 * MIB])}
     (tmp_path / SEND_FILE).write_text(json.dumps(rec))
     assert load_send_buffers(tmp_path, "t_emu").bytes_by_class["inter"] == pytest.approx(MIB, rel=1e-2)
     assert load_send_buffers(tmp_path, "other_emu") is None and load_send_buffers(tmp_path / "none", "t_emu") is None

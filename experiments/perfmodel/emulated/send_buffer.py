@@ -6,13 +6,14 @@ buffers take up to some bytes on the way, so a sender whose message fits is rele
 one whose message does not is held while the rest drains (``cluster/emulator/send_probe.py``, run with ``burst-bench
 cluster sends <profile> --out <results root>/send_probe.json``). On a GPU NCCL's send ends with its transfer, which
 is what the hardware model keeps (``CostModel.sender_release``: None). Per link class (``oneway`` rows: across nodes;
-``intra``: inside a node), from each row whose sender was held:
+``intra``: inside a node), with ``base`` the send wait of the class's smallest row (a message the buffers take
+whole: its post and wake-up, which every send pays), from each row whose link time outweighs that (a receive of
+at least ``LINK_X`` x ``base``):
 
-    held   = send wait - base     (base: the post and wake-up every send pays, the least send wait of the
-                                   class's rows whose sender waited under HELD of the receive; none: 0)
+    held   = send wait - base
     buffer = bytes - held x bytes / receive wait        (the bytes the sender did not wait for)
 
-over the rows whose sender was held for at least ``HELD`` of the receive, the median. A class none of whose rows
+the median over the rows whose sender was held for at least ``HELD`` of the receive. A class none of whose rows
 held its sender has a buffer of at least its largest row (``SendBuffers.at_least``). ``EmulatedCosts`` then
 releases a ring's sender ``max(0, bytes - buffer) / bytes`` of the way through its transfer
 (``SendBuffers.hold``), from the rendezvous on; the receiver still waits for the bytes to land.
@@ -29,6 +30,7 @@ from .excess import read_probe
 
 SEND_FILE = "send_probe.json"
 HELD = 0.2          # a row's sender is held when it waits this share of the receive beyond the smallest row's wait
+LINK_X = 10.0       # a row tells the buffer only when its receive takes this many times the smallest row's send
 CLASS_OF = {"oneway": "inter", "intra": "intra"}   # the probe's pattern -> the model's link class
 
 
@@ -62,10 +64,10 @@ def fit_send_buffers(rows: list[dict], path: str = "") -> SendBuffers:
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: int(r["bytes"]))
         if not mine:
             continue
-        # the post and wake-up every send pays: the least wait of a row the buffers took whole (none: 0)
-        base = min((float(r["send_s"]) for r in mine if float(r["send_s"]) < HELD * float(r["recv_s"])), default=0.0)
+        base = float(mine[0]["send_s"])
+        told = [r for r in mine if float(r["recv_s"]) >= LINK_X * base]
         bufs = []
-        for r in mine:
+        for r in told:
             n, recv = int(r["bytes"]), float(r["recv_s"])
             held = float(r["send_s"]) - base
             buf = n - held * n / recv if held >= HELD * recv else None
@@ -74,8 +76,8 @@ def fit_send_buffers(rows: list[dict], path: str = "") -> SendBuffers:
                 bufs.append(max(0.0, buf))
         if bufs:
             out[klass] = statistics.median(bufs)
-        else:
-            out[klass] = float(mine[-1]["bytes"])
+        elif told:
+            out[klass] = float(told[-1]["bytes"])
             lower.add(klass)
     if not out:
         raise ValueError(f"{path or 'send probe'}: no row of {', '.join(CLASS_OF)}; nothing was measured")
