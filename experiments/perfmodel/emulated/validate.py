@@ -490,13 +490,17 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
         + excess_text(ex["fit"])
         if ex else f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
-    rep["text"] += "\n" + (sends.text if sends else f"no {SEND_FILE} in the results root: a ring's sender waits "
-                           "until its send lands")
+    rep["text"] += "\n" + sends_text(sends)
     rep["text"] += "\n" + host_text(rep["rows"], call)
     rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
                            if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "
                            "or no cpu cgroup could be made here)")
     return rep
+
+
+def sends_text(sends: SendBuffers | None) -> str:
+    """One line: what a ring's send holds its sender for (``send_buffer.py``), or why it is held until it lands."""
+    return sends.text if sends else f"no {SEND_FILE} in the results root: a ring's sender waits until its send lands"
 
 
 def messages_text(msgs: MessageCost | None) -> str:

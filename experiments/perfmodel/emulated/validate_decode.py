@@ -39,8 +39,10 @@ from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_fro
 from .lockstep import factor, load_lockstep, lockstep_text
 from .measured import KernelTimes, needed
 from .message import MessageCost
+from .send_buffer import SendBuffers, load_send_buffers
 from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_key,
-                       compute_load_line, memory_line, messages_text, reference_key, run_cpus, small_call_costs)
+                       compute_load_line, memory_line, messages_text, reference_key, run_cpus, sends_text,
+                       small_call_costs)
 
 HOST_METHOD = "burst"          # whose host work per op a decode step is charged (module docstring)
 VALIDATION_FILE = "inference_validation.json"
@@ -117,10 +119,11 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, excess: dict | None = None, call: dict | None = None,
             messages: MessageCost | None = None, at_reference: bool = True, memory_rule: str = "compute",
-            lockstep: dict | None = None) -> list[dict]:
+            lockstep: dict | None = None, sends: SendBuffers | None = None) -> list[dict]:
     """One row per ok emulated decode/TTFT record: measured median, predicted, their error (module docstring);
-    ``at_reference`` and ``memory_rule`` as ``validate.compare``'s; ``lockstep`` (``lockstep.load_lockstep``)
-    multiplies the work priced from the free-running table by its world size's factor."""
+    ``at_reference``, ``memory_rule`` and ``sends`` as ``validate.compare``'s; ``lockstep``
+    (``lockstep.load_lockstep``) multiplies the work priced from the free-running table by its world size's
+    factor."""
     rows, hosts = [], {}
     for c in cases_of(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
@@ -129,7 +132,8 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         step = _small_decode(call, c, hw)
         key = (c.shape.world_size, c.shape.dtype, repr(hw), ld.run, ld.memory_run, step and (c.row, c.shape.batch))
         if key not in hosts:
-            small_costs = small_call_costs(times, ld.run, excess, messages, cpus, mem_scale=ld.memory_run)
+            small_costs = small_call_costs(times, ld.run, excess, messages, cpus, mem_scale=ld.memory_run,
+                                           sends=sends)
             if step is not None and cpus:
                 host, source = per_op_from(step.small, step.schedule(hw, small_costs), cpus), step.small.method
             else:
@@ -145,7 +149,7 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         mem = None if ld.memory is None else ld.memory * lf
         p = c.predict(hw, lambda h, dt, ld=ld, hs=hs, mem=mem, lf=lf: EmulatedCosts(
             h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, excess=excess or {},
-            messages=messages))
+            messages=messages, sends=sends))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
         rows.append({"mode": c.mode, "row": c.row, "method": c.row, "seqlen": c.shape.seqlen, "batch": c.shape.batch,
@@ -216,14 +220,16 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     profile = cases[0].rec["cluster"].get("profile")
     call, ex, msgs = load_probes(results_root, experiment, profile)
     lock = load_lockstep(results_root, profile, experiment)
+    sends = load_send_buffers(results_root, profile, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              lockstep=lock, at_reference=at_reference, memory_rule=memory_rule))
+                              lockstep=lock, at_reference=at_reference, memory_rule=memory_rule, sends=sends))
     rep["text"] += "\n" + lockstep_text(lock)
     rep["text"] += "\n" + (f"overlap excess fitted to {ex['path']}" if ex else
                            f"no {OVERLAP_FILE} in the results root: hidden transfers cost the sender nothing")
     rep["text"] += "\n" + messages_text(msgs)
+    rep["text"] += "\n" + sends_text(sends)
     labelled = [{**r, "method": f"{r['host'] and r['host']['source']} (G {r['world_size']}, B {r['batch']})"}
                 for r in rep["rows"]]
     rep["text"] += "\n" + host_text(labelled, call)
@@ -234,7 +240,7 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
                         for r in rep["rows"]],
                "host_s_per_op": next((r["host"]["host_s_per_op"] for r in rep["rows"] if r.get("host")), 0.0),
                "overlap_excess": ex and ex["path"], "messages": msgs and msgs.path, "call_cpu": call and call["path"],
-               "lockstep": lock,
+               "lockstep": lock, "sends": sends and sends.path,
                "text": rep["text"]}
     if write:
         (out / VALIDATION_FILE).write_text(json.dumps(summary, indent=1, default=str))
