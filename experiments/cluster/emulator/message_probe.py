@@ -41,7 +41,7 @@ from burst_impl.collectives import all_gather_, all_reduce_, all_to_all_
 
 from ...harness.timing import RepeatPolicy, time_interleaved
 from .overlap_probe import Case as HopCase, check_shape as check_hops, peers
-from .probe_rank import rank_main
+from .probe_rank import pattern_bytes, rank_main
 
 ITERS = 8                  # calls per sample, back to back (a decode step makes 2-3 of them in a row)
 HOPS = ("ring", "pair")    # point-to-point, one link class each (overlap_probe.peers)
@@ -66,17 +66,8 @@ CASES = tuple(Case(p, n) for p in PATTERNS for n in SIZES)
 
 
 def parse_cases(text: str) -> list[Case]:
-    """``pattern:bytes`` items, comma-separated."""
-    out = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 2 or parts[0] not in PATTERNS or not (parts[1].isdigit() and int(parts[1]) > 0):
-            raise ValueError(f"case={item!r} must be <pattern>:<bytes> with pattern in {PATTERNS} and a positive "
-                             "integer")
-        if int(parts[1]) % 4:
-            raise ValueError(f"case={item!r}: bytes must be a multiple of 4 (float32 elements)")
-        out.append(Case(parts[0], int(parts[1])))
-    return out
+    """``pattern:bytes`` items, comma-separated (``probe_rank.pattern_bytes``)."""
+    return [Case(p, n) for p, n in pattern_bytes(text, PATTERNS)]
 
 
 def check_shape(cases: list[Case], nodes: int, per_node: int) -> None:

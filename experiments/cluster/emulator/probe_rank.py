@@ -15,6 +15,22 @@ import torch
 import torch.distributed as dist
 
 
+def pattern_bytes(text: str, patterns: tuple) -> list[tuple[str, int]]:
+    """``pattern:bytes`` items of ``text``, comma-separated, as (pattern, bytes): a pattern of ``patterns`` and a
+    positive multiple of 4 bytes (float32 elements); ValueError naming the item otherwise (``message_probe``,
+    ``send_probe``)."""
+    out = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 2 or parts[0] not in patterns or not (parts[1].isdigit() and int(parts[1]) > 0):
+            raise ValueError(f"case={item!r} must be <pattern>:<bytes> with pattern in {patterns} and a positive "
+                             "integer")
+        if int(parts[1]) % 4:
+            raise ValueError(f"case={item!r}: bytes must be a multiple of 4 (float32 elements)")
+        out.append((parts[0], int(parts[1])))
+    return out
+
+
 def rank_main(argv: list[str], *, marker: str, doc: str, parse_cases: Callable, check_shape: Callable,
               probe_case: Callable) -> int:
     """``argv`` = [repeats, cases]; ``probe_case(case, repeats, per_node)`` -> this rank's JSON-able result."""

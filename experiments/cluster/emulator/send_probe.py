@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .overlap_probe import peers
-from .probe_rank import rank_main
+from .probe_rank import pattern_bytes, rank_main
 
 PATTERNS = ("oneway", "intra")
 # a ring's hop on the 2 x 4 mirrors is 64 KiB-2 MiB (K/V blocks of 256-4096 tokens); the larger sizes find where
@@ -55,17 +55,8 @@ CASES = tuple(Case(p, n) for p in PATTERNS for n in SIZES)
 
 
 def parse_cases(text: str) -> list[Case]:
-    """``pattern:bytes`` items, comma-separated."""
-    out = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 2 or parts[0] not in PATTERNS or not (parts[1].isdigit() and int(parts[1]) > 0):
-            raise ValueError(f"case={item!r} must be <pattern>:<bytes> with pattern in {PATTERNS} and a positive "
-                             "integer")
-        if int(parts[1]) % 4:
-            raise ValueError(f"case={item!r}: bytes must be a multiple of 4 (float32 elements)")
-        out.append(Case(parts[0], int(parts[1])))
-    return out
+    """``pattern:bytes`` items, comma-separated (``probe_rank.pattern_bytes``)."""
+    return [Case(p, n) for p, n in pattern_bytes(text, PATTERNS)]
 
 
 def check_shape(cases: list[Case], nodes: int, per_node: int) -> None:
