@@ -72,7 +72,7 @@ def roles(pattern: str, rank: int, world: int, per_node: int) -> tuple[int | Non
     """(send to, receive from) of ``rank``; None where it has no such role."""
     if pattern == "oneway":
         return peers("oneway", rank, world, per_node)
-    node, local = divmod(rank, per_node)
+    local = rank % per_node
     if local % 2 == 0:
         return (rank + 1, None) if local + 1 < per_node else (None, None)
     return None, rank - 1

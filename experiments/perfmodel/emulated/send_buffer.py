@@ -24,7 +24,7 @@ releases a ring's sender ``max(0, bytes - buffer) / bytes`` of the way through i
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .excess import read_probe
 
@@ -38,7 +38,6 @@ CLASS_OF = {"oneway": "inter", "intra": "intra"}   # the probe's pattern -> the 
 class SendBuffers:
     bytes_by_class: dict                        # {"intra" | "inter": bytes a send's buffers take}
     at_least: frozenset = frozenset()           # classes whose buffer took every row measured (a lower bound)
-    points: tuple = field(default=())           # (class, bytes, held s, receive s, buffer bytes or None)
     path: str = ""
 
     def hold(self, nbytes: float, seconds: float, same_node: bool) -> float | None:
@@ -59,7 +58,7 @@ class SendBuffers:
 
 def fit_send_buffers(rows: list[dict], path: str = "") -> SendBuffers:
     """The buffer per link class of the probe's rows (module docstring)."""
-    out, lower, points = {}, set(), []
+    out, lower = {}, set()
     for pattern, klass in CLASS_OF.items():
         mine = sorted((r for r in rows if r["pattern"] == pattern), key=lambda r: int(r["bytes"]))
         if not mine:
@@ -70,10 +69,8 @@ def fit_send_buffers(rows: list[dict], path: str = "") -> SendBuffers:
         for r in told:
             n, recv = int(r["bytes"]), float(r["recv_s"])
             held = float(r["send_s"]) - base
-            buf = n - held * n / recv if held >= HELD * recv else None
-            points.append((klass, n, held, recv, buf))
-            if buf is not None:
-                bufs.append(max(0.0, buf))
+            if held >= HELD * recv:
+                bufs.append(max(0.0, n - held * n / recv))
         if bufs:
             out[klass] = statistics.median(bufs)
         elif told:
@@ -81,7 +78,7 @@ def fit_send_buffers(rows: list[dict], path: str = "") -> SendBuffers:
             lower.add(klass)
     if not out:
         raise ValueError(f"{path or 'send probe'}: no row of {', '.join(CLASS_OF)}; nothing was measured")
-    return SendBuffers(out, frozenset(lower), tuple(points), path)
+    return SendBuffers(out, frozenset(lower), path)
 
 
 def load_send_buffers(results_root, profile: str | None, experiment: str | None = None) -> SendBuffers | None:

@@ -448,11 +448,11 @@ def kernel_times(out: Path, cases, keys: set, *, measure_missing: bool = True, s
 
 
 def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dict | None, dict | None,
-                                                                            MessageCost | None]:
-    """(call CPU, overlap excess, message cost) a validation prices ``experiment``'s run with: each the
+                                                                            MessageCost | None, SendBuffers | None]:
+    """(call CPU, overlap excess, message cost, send buffers) a validation prices ``experiment``'s run with: each the
     experiment's own file where it has one, else the results root's (``excess.probe_path``)."""
     return (load_call_cpu(results_root, experiment), load_excess(results_root, profile, experiment),
-            load_messages(results_root, profile, experiment))
+            load_messages(results_root, profile, experiment), load_send_buffers(results_root, profile, experiment))
 
 
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
@@ -474,8 +474,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
                          f"compare by hand: python -m experiments.cluster report {experiment} --model")
     path = out / KERNEL_TIMES_FILE
     profile = cases[0].rec["cluster"].get("profile")
-    call, ex, msgs = load_probes(results_root, experiment, profile)
-    sends = load_send_buffers(results_root, profile, experiment)
+    call, ex, msgs, sends = load_probes(results_root, experiment, profile)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,

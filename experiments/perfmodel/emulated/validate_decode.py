@@ -39,7 +39,7 @@ from .host_cost import DECODE_PREFIX, decode_small_case, host_per_op, per_op_fro
 from .lockstep import factor, load_lockstep, lockstep_text
 from .measured import KernelTimes, needed
 from .message import MessageCost
-from .send_buffer import SendBuffers, load_send_buffers
+from .send_buffer import SendBuffers
 from .validate import (TARGET, calibration_key, host_text, kernel_times, load_probes, loads_of, memory_key,
                        compute_load_line, memory_line, messages_text, reference_key, run_cpus, sends_text,
                        small_call_costs)
@@ -218,9 +218,8 @@ def validate_inference(results_root, experiment: str, *, measure_missing: bool =
     if not cases:
         raise ValueError(f"experiment={experiment!r}: no ok decode or ttft records of an emulated run under {out}")
     profile = cases[0].rec["cluster"].get("profile")
-    call, ex, msgs = load_probes(results_root, experiment, profile)
+    call, ex, msgs, sends = load_probes(results_root, experiment, profile)
     lock = load_lockstep(results_root, profile, experiment)
-    sends = load_send_buffers(results_root, profile, experiment)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,

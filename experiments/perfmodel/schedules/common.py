@@ -147,9 +147,8 @@ class Ctx:
         release = None if posted is None else self.cost.sender_release(total, seconds, same)
         if release is not None:
             # from the rendezvous (the transfer's deps), not the link's queue: the bytes wait in the socket
-            self.released[task] = (self.sch.marker(f"{name}.released", deps, rank=src, phase=phase) if release <= 0
-                                   else self.sch.add(f"{name}.released", kind="comm", duration=release, deps=deps,
-                                                     rank=src, phase=phase))
+            self.released[task] = self.sch.add(f"{name}.released", kind="comm", duration=release, deps=deps,
+                                               rank=src, phase=phase)
         return task, held
 
 
