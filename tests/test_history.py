@@ -84,6 +84,20 @@ def test_replay_prices_each_run_and_lists_one_it_cannot(repo, monkeypatch):
         H.replay(repo, "other")
 
 
+def test_one_kernel_table_can_price_every_run(repo, tmp_path, monkeypatch):
+    table = tmp_path / "fresh.json"
+    table.write_text('{"fresh": 1}')
+    root = H.extract(H.runs_of(repo, "exp")[0], repo, "exp", tmp_path / "x", table)
+    assert json.loads((root / "exp" / "kernel_times.json").read_text()) == {"fresh": 1}
+    seen = []
+    monkeypatch.setattr(H, "_errors", lambda root, *a: seen.append((root / "exp" / "kernel_times.json").read_text())
+                        or {"a": 0.0})
+    H.replay(repo, "exp", kernel_table=table)
+    assert seen == ['{"fresh": 1}'] * 2
+    with pytest.raises(ValueError, match="kernel_table='.*nope.json': no such file"):
+        H.replay(repo, "exp", kernel_table=tmp_path / "nope.json")
+
+
 def test_a_results_root_outside_a_repository_is_refused(tmp_path):
     with pytest.raises(ValueError, match="not inside a git repository"):
         H.runs_of(tmp_path, "exp")

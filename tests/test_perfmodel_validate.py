@@ -125,6 +125,44 @@ def test_measure_times_real_work():
     assert len(t.samples[key]) == 2                            # one per process and round
 
 
+def test_a_capped_table_keeps_cpu_seconds_at_the_cap_and_its_clock(tmp_path):
+    """Under a cap the table keeps each call's process CPU / the cap (the wall medians beside it); an uncapped one
+    and a table from before the clock was recorded keep wall seconds; a missing key is timed on the table's clock."""
+    key = ("attention", 1, 1, 8, 32, 48, True, "forward", "float32")
+    with pytest.raises(ValueError, match="clock='cpu' must be one of cpu, wall; 'cpu' only with a cap"):
+        measure([key], procs=1, threads=1, clock="cpu")
+    with pytest.raises(ValueError, match="clock='tsc'"):
+        measure([key], procs=1, threads=1, cpus=0.5, clock="tsc")
+    t = measure([key], procs=1, threads=1, seconds=0.01, rounds=1)
+    assert t.clock == "wall" and t.wall == {}
+    capped = KernelTimes(1, 1, {key: 2e-3}, samples={key: [2e-3]}, cpus=0.25, clock="cpu", wall={key: 1.9e-3})
+    back = KernelTimes.load(capped.save(tmp_path / "kt.json"))
+    assert back == capped
+    old = capped.to_json()
+    del old["clock"]
+    assert KernelTimes.from_json(old).clock == "wall"       # tables before 2026-12-07 were timed on the wall clock
+
+
+def test_missing_keys_are_timed_on_the_tables_own_clock(tmp_path, monkeypatch):
+    from experiments.perfmodel.emulated import validate as V
+    key, other = (("attention", 1, 1, 8, 32, n, True, "forward", "float32") for n in (32, 48))
+    KernelTimes(2, 1, {key: 1e-3}, cpus=0.25, clock="wall").save(tmp_path / V.KERNEL_TIMES_FILE)
+    asked = {}
+
+    def fake(keys, **kw):
+        asked.update(kw)
+        return KernelTimes(2, 1, {k: 2e-3 for k in keys}, cpus=kw["cpus"], clock=kw["clock"])
+    monkeypatch.setattr(V, "measure", fake)
+    quota = {"applied": True, "cpus_per_rank": 0.25}
+    case = type("C", (), {"shape": type("S", (), {"world_size": 2})(),
+                          "rec": {"cluster": {"ranks_per_node": 1, "cpu_quota": quota}}})
+    t = V.kernel_times(tmp_path, [case], {key, other})
+    assert asked["clock"] == "wall" and t.clock == "wall" and t.seconds[other] == 2e-3
+    (tmp_path / V.KERNEL_TIMES_FILE).unlink()
+    t = V.kernel_times(tmp_path, [case], {key})             # timed afresh under the run's cap: CPU seconds
+    assert asked["clock"] == "cpu" and t.clock == "cpu"
+
+
 def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):
     recs = [_record(256, "burst", 0.5)]           # given link rates: no calibration in the cluster block
     d = tmp_path / "t_emu"

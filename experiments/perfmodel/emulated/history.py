@@ -7,9 +7,13 @@ the records, the kernel table and the probes as that commit holds them) into a t
 the model of the working tree, each run with its own probes, as its report did; ``history_table`` gives each
 run's count within the target and each case's median error over the runs. A probe of the machine itself rather
 than of a run's window (``MACHINE_FILES``: the send probe, the kernel's socket buffers) that a run's commit predates
-comes from the working tree's root, so every run is priced with it.
+comes from the working tree's root, so every run is priced with it. ``kernel_table`` prices every run with one
+kernel table instead of its own (a table timed afresh on this machine: each run's records carry their own load,
+which carries the table to it).
 
     burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> --target 0.15
+    burst-bench cluster history cpu_varlen_magiattention_2x4 --results results/reference/<root> \
+        --kernel-table results/reference/<root>/cpu_varlen_magiattention_2x4/kernel_times.json
     burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --commits 66a8bfc,924248d
     burst-bench cluster history cpu_ttft_emulated_2x4 --results results/reference/<root> --bring-up-load
     burst-bench cluster history cpu_decode_full_2x4 --results results/reference/<root> --memory-rule bring-up
@@ -29,7 +33,7 @@ from pathlib import Path
 
 from ...harness import results as R
 from .send_buffer import SEND_FILE
-from .validate import TARGET, check_memory_rule, validate_experiment
+from .validate import KERNEL_TIMES_FILE, TARGET, check_memory_rule, validate_experiment
 from .validate_decode import is_inference, validate_inference
 
 MACHINE_FILES = (SEND_FILE,)     # the root's files of the machine, not of a run's window (module docstring)
@@ -65,9 +69,9 @@ def runs_of(results_root, experiment: str) -> list[str]:
     return out[::-1]
 
 
-def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
+def extract(commit: str, results_root, experiment: str, dest: Path, kernel_table: Path | None = None) -> Path:
     """The experiment's folder and the root's own files (probes it falls back to) as ``commit`` holds them,
-    under ``dest``; returns the results root there."""
+    under ``dest`` (its kernel table replaced by ``kernel_table`` when given); returns the results root there."""
     top, rel = _repo_path(results_root)
     names = _git(top, "ls-tree", "--name-only", commit, f"{rel}/").decode().splitlines()
     files = [n for n in names if n.endswith(".json")]
@@ -78,6 +82,8 @@ def extract(commit: str, results_root, experiment: str, dest: Path) -> Path:
         here, there = Path(results_root) / name, dest / rel / name
         if here.exists() and not there.exists():
             there.write_bytes(here.read_bytes())
+    if kernel_table is not None:
+        (dest / rel / experiment / KERNEL_TIMES_FILE).write_bytes(Path(kernel_table).read_bytes())
     return dest / rel
 
 
@@ -101,11 +107,14 @@ def _commit(results_root, name: str) -> str:
 
 
 def replay(results_root, experiment: str, commits: list[str] | None = None, *, at_reference: bool = True,
-           memory_rule: str = "compute") -> list[Run]:
+           memory_rule: str = "compute", kernel_table=None) -> list[Run]:
     """Each run of ``commits`` (default ``runs_of``) priced by the model of the working tree; ``at_reference``
     False: every record at its run's bring-up load (``validate.compare``), as reports before 2026-12-07;
-    ``memory_rule``: the load memory-bound work goes at (``validate.loads_of``)."""
+    ``memory_rule``: the load memory-bound work goes at (``validate.loads_of``); ``kernel_table``: one table for
+    every run (``extract``)."""
     check_memory_rule(memory_rule)
+    if kernel_table is not None and not Path(kernel_table).is_file():
+        raise ValueError(f"kernel_table={str(kernel_table)!r}: no such file")
     commits = commits or runs_of(results_root, experiment)
     if not commits:
         raise ValueError(f"experiment={experiment!r}: no commit changed its records under {results_root}")
@@ -113,7 +122,7 @@ def replay(results_root, experiment: str, commits: list[str] | None = None, *, a
     for full in [_commit(results_root, c) for c in commits]:      # every name checked before any is priced
         with tempfile.TemporaryDirectory(prefix="burst-history-") as tmp:
             try:
-                root = extract(full, results_root, experiment, Path(tmp))
+                root = extract(full, results_root, experiment, Path(tmp), kernel_table)
                 out.append(Run(full, _errors(root, experiment, at_reference, memory_rule)))
             except (ValueError, KeyError, RuntimeError, subprocess.CalledProcessError) as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0].replace(f"{tmp}/", "")
@@ -121,13 +130,14 @@ def replay(results_root, experiment: str, commits: list[str] | None = None, *, a
     return out
 
 
-def history_table(runs: list[Run], target: float = TARGET) -> dict:
+def history_table(runs: list[Run], target: float = TARGET, table: str = "kernel table") -> dict:
     """Text and numbers: per run, its cases within ``target``; per case, its median error over the priced runs
-    that have it and how many of them put it within ``target``; the cases beyond it on one side in every run."""
+    that have it and how many of them put it within ``target``; the cases beyond it on one side in every run.
+    ``table``: the kernel table the runs were priced with, as the heading names it."""
     priced = [r for r in runs if not r.skipped]
     cases = sorted({k for r in priced for k in r.errors})
     lines = [f"the model as it is now against {len(priced)} committed run(s) (of {len(runs)}), each with its own "
-             f"probes and kernel table; target |error| <= {target:.0%}",
+             f"probes and {table}; target |error| <= {target:.0%}",
              f"{'run':<10} {'within':>9} {'median |e|':>10} {'worst':>8}"]
     for r in runs:
         if r.skipped:

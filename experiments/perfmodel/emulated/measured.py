@@ -20,7 +20,12 @@ prediction. Instead:
 2. ``measure(keys, procs=, threads=)`` times each one with the suite's kernels
    (``burst_impl.kernels``, the code the ring methods call) in ``procs``
    processes released together, with ``threads`` threads each: the ranks of
-   the run share this machine's cores the same way;
+   the run share this machine's cores the same way. Under a CPU cap a call's
+   time is its process CPU over the cap (``clock="cpu"``), not its wall time:
+   a capped process's wall time per call moves with the quota's periods and
+   with which neighbour the scheduler ran, so keys timed a second apart differ
+   by more than the kernels do (docs/findings.md, "The kernel table in CPU
+   seconds at the cap");
 3. ``costs.EmulatedCosts`` answers the model's cost questions from that table
    (``KeyError`` naming the key for work that was not measured).
 
@@ -117,19 +122,24 @@ class KernelTimes:
     samples: dict = field(default_factory=dict)   # {key: [seconds per process and round]}
     host: str = ""
     cpus: float | None = None          # each process's CPU cap while timing (None: uncapped)
+    clock: str = "wall"                # "cpu": seconds are process CPU / cpus (a capped table); "wall": wall time
+    wall: dict = field(default_factory=dict)      # {key: median wall seconds per call} of a "cpu" table
 
     def to_json(self) -> dict:
         return {"procs": self.procs, "threads": self.threads, "host": self.host, "cpus": self.cpus,
-                "entries": [{"key": list(k), "seconds": v, "samples": self.samples.get(k, [])}
+                "clock": self.clock,
+                "entries": [{"key": list(k), "seconds": v, "samples": self.samples.get(k, []),
+                             **({"wall_s": self.wall[k]} if k in self.wall else {})}
                             for k, v in sorted(self.seconds.items(), key=lambda kv: str(kv[0]))]}
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelTimes":
         ents = d["entries"]
         return cls(procs=int(d["procs"]), threads=int(d["threads"]), host=d.get("host", ""),
-                   cpus=None if d.get("cpus") is None else float(d["cpus"]),
+                   cpus=None if d.get("cpus") is None else float(d["cpus"]), clock=d.get("clock", "wall"),
                    seconds={_key(e["key"]): float(e["seconds"]) for e in ents},
-                   samples={_key(e["key"]): list(e.get("samples", [])) for e in ents})
+                   samples={_key(e["key"]): list(e.get("samples", [])) for e in ents},
+                   wall={_key(e["key"]): float(e["wall_s"]) for e in ents if "wall_s" in e})
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -257,10 +267,11 @@ def _attention_runner(g, b, z, d, rows, cols, mode, dtype, *, causal: bool, mask
     return fwd_bwd
 
 
-def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float, rounds: int) -> list[list[float]]:
-    """Seconds per call of each key in each round; before each (round, key) every process waits for the
-    others (``go.<round>.<i>``). Rounds spread every key over the measurement's length, so a change of
-    this machine's load while it runs (other jobs) falls on every key alike instead of on a few."""
+def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: float,
+           rounds: int) -> list[list[list[float]]]:
+    """[wall, process CPU] seconds per call of each key in each round; before each (round, key) every process
+    waits for the others (``go.<round>.<i>``). Rounds spread every key over the measurement's length, so a
+    change of this machine's load while it runs (other jobs) falls on every key alike instead of on a few."""
     torch.set_num_threads(threads)
     fns = [_runner(key) for key in keys]
     for fn in fns:
@@ -271,14 +282,14 @@ def _bench(keys: list[tuple], threads: int, sync: Path, ident: str, seconds: flo
             (sync / f"ready.{r}.{i}.{ident}").touch()
             while not (sync / f"go.{r}.{i}").exists():
                 time.sleep(0.005)
-            t0, n = time.perf_counter(), 0
+            t0, c0, n = time.perf_counter(), time.process_time(), 0
             while True:
                 fn()
                 n += 1
                 if time.perf_counter() - t0 >= seconds:
                     break
-            per = (time.perf_counter() - t0) / n
-            out[i].append(per / STREAM_BYTES if key == HBM else per)
+            per = [(time.perf_counter() - t0) / n, (time.process_time() - c0) / n]
+            out[i].append([x / STREAM_BYTES for x in per] if key == HBM else per)
     return out
 
 
@@ -309,22 +320,41 @@ def chunks(keys: list[tuple], budget: int = CHUNK_BYTES) -> list[list[tuple]]:
 
 
 def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3, python: str = sys.executable,
-            timeout_s: float = 900, cpus: float | None = None) -> KernelTimes:
+            timeout_s: float = 900, cpus: float | None = None, clock: str | None = None) -> KernelTimes:
     """``measure_chunk`` of each of ``chunks(keys)`` in turn, merged: eight processes each holding every decode
     cache of a sweep at once do not fit this machine's memory (1M tokens of one KV head are 512 MiB)."""
     parts = [measure_chunk(c, procs=procs, threads=threads, seconds=seconds, rounds=rounds, python=python,
-                           timeout_s=timeout_s, cpus=cpus)
+                           timeout_s=timeout_s, cpus=cpus, clock=clock)
              for c in chunks(sorted({_key(k) for k in keys}, key=str))]
-    return KernelTimes(procs=procs, threads=threads, host=parts[0].host if parts else os.uname().nodename,
-                       cpus=parts[0].cpus if parts else cpus,
+    if not parts:
+        return KernelTimes(procs=procs, threads=threads, seconds={}, host=os.uname().nodename, cpus=cpus,
+                           clock=clock or default_clock(cpus))
+    return KernelTimes(procs=procs, threads=threads, host=parts[0].host, cpus=parts[0].cpus, clock=parts[0].clock,
                        seconds={k: v for p in parts for k, v in p.seconds.items()},
-                       samples={k: v for p in parts for k, v in p.samples.items()})
+                       samples={k: v for p in parts for k, v in p.samples.items()},
+                       wall={k: v for p in parts for k, v in p.wall.items()})
+
+
+CLOCKS = ("cpu", "wall")
+
+
+def default_clock(cpus: float | None) -> str:
+    """A capped table's clock is the CPU's (``measure_chunk``); an uncapped process's rate is what cores it gets,
+    so its wall time is the measure."""
+    return "cpu" if cpus is not None else "wall"
 
 
 def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int = 3,
-                  python: str = sys.executable, timeout_s: float = 900, cpus: float | None = None) -> KernelTimes:
+                  python: str = sys.executable, timeout_s: float = 900, cpus: float | None = None,
+                  clock: str | None = None) -> KernelTimes:
     """Time every key in ``procs`` processes at once, ``rounds`` times round-robin (at least ``seconds``
     each); the table keeps the median over processes and rounds.
+
+    ``clock``: ``"cpu"`` (the default under a cap) keeps each call's process CPU / ``cpus``, the wall time it
+    takes a rank that gets its whole quota, and the wall medians beside it (``KernelTimes.wall``); ``"wall"``
+    (the default uncapped, and tables before 2026-12-07) the wall time. Measured 2026-12-07 on this VM (eight
+    processes at a quarter core timing one full 512-token block in consecutive 0.5 s windows): the windows'
+    wall medians moved by 12% (sd), their CPU by 3.7%.
 
     ``cpus``: cap each process at that many CPUs (``harness.cpuquota``), as the emulated cluster caps
     its ranks. Uncapped, a process whose neighbours have finished their calls of a key gets their
@@ -333,6 +363,9 @@ def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, round
     uncapped and the table says so (``cpus`` None)."""
     if procs < 1 or threads < 1:
         raise ValueError(f"procs={procs} and threads={threads} must be >= 1")
+    clock = clock or default_clock(cpus)
+    if clock not in CLOCKS or (clock == "cpu" and cpus is None):
+        raise ValueError(f"clock={clock!r} must be one of {', '.join(CLOCKS)}; 'cpu' only with a cap (cpus={cpus})")
     keys = sorted({_key(k) for k in keys}, key=str)
     run_id = "bemukt" + secrets.token_hex(3)          # named like the emulator's rank groups
     template = (cpuquota.create(run_id, [f"{run_id}-n0r{i}" for i in range(procs)], cpus)[0]
@@ -372,10 +405,15 @@ def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, round
                     p.wait()
             if template is not None:
                 cpuquota.remove(run_id)
-    samples = {k: [t for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
+    if template is None:
+        clock = "wall"                      # no cgroup here: the processes ran uncapped (docstring)
+    walls = {k: [t[0] for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
+    samples = walls if clock == "wall" else {k: [t[1] / cpus for pp in per_proc for t in pp[i]]
+                                             for i, k in enumerate(keys)}
     return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename,
-                       cpus=float(cpus) if template is not None else None,
-                       seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples)
+                       cpus=float(cpus) if template is not None else None, clock=clock,
+                       seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples,
+                       wall={} if clock == "wall" else {k: statistics.median(v) for k, v in walls.items()})
 
 
 def main(argv: list[str]) -> int:

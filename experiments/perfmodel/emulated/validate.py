@@ -64,7 +64,7 @@ from .excess import OVERLAP_FILE, excess_text, load_excess
 from .hardware import emulated_hardware
 from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, host_per_op, load_call_cpu,
                         per_call_host, small_case)
-from .measured import HBM, KernelTimes, measure, needed
+from .measured import HBM, KernelTimes, default_clock, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 from .send_buffer import SEND_FILE, SendBuffers, load_send_buffers
 
@@ -428,21 +428,27 @@ def kernel_times(out: Path, cases, keys: set, *, measure_missing: bool = True, s
                  rounds: int = 3) -> KernelTimes:
     """The experiment's kernel table (``out/kernel_times.json``) with the ``keys`` it lacks measured here: as many
     processes as the run had ranks, as many threads each as the worker used, each under the run's CPU cap (a
-    table timed under another cap is not this run's and is timed afresh)."""
+    table timed under another cap is not this run's and is timed afresh), on the table's own clock (a table
+    timed afresh: ``measured.default_clock``)."""
     path = out / KERNEL_TIMES_FILE
     procs = max(c.shape.world_size for c in cases)
     threads = max(1, (os.cpu_count() or 1) // int(cases[0].rec["cluster"]["ranks_per_node"]))
     cpus = run_cpus(cases[0].rec["cluster"])
     times = KernelTimes.load(path) if path.exists() else None
     if times is None or times.cpus != cpus:
-        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus)
+        times = KernelTimes(procs=procs, threads=threads, seconds={}, cpus=cpus, clock=default_clock(cpus))
     missing = times.missing(keys)
     if missing:
         if not measure_missing:
             raise ValueError(f"{path}: no measured time for {len(missing)} key(s), e.g. {missing[0]}")
-        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus)
+        new = measure(missing, procs=procs, threads=threads, seconds=seconds, rounds=rounds, cpus=cpus,
+                      clock=times.clock)
+        if new.clock != times.clock:       # no cgroup here now: the table's clock cannot be kept
+            raise RuntimeError(f"{path}: its keys are timed on the {times.clock} clock and the missing ones could "
+                               f"only be timed on the {new.clock} clock here (no cpu cgroup)")
         times = dataclasses.replace(times, seconds={**times.seconds, **new.seconds},
-                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus)
+                                    samples={**times.samples, **new.samples}, host=new.host, cpus=new.cpus,
+                                    wall={**times.wall, **new.wall})
         times.save(path)
     return times
 
@@ -492,6 +498,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     rep["text"] += "\n" + sends_text(sends)
     rep["text"] += "\n" + host_text(rep["rows"], call)
     rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
+                           + (" (process CPU / the cap)" if times.clock == "cpu" else " (wall)")
                            if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "
                            "or no cpu cgroup could be made here)")
     return rep
