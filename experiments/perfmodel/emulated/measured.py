@@ -352,9 +352,8 @@ def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, round
 
     ``clock``: ``"cpu"`` (the default under a cap) keeps each call's process CPU / ``cpus``, the wall time it
     takes a rank that gets its whole quota, and the wall medians beside it (``KernelTimes.wall``); ``"wall"``
-    (the default uncapped, and tables before 2026-12-07) the wall time. Measured 2026-12-07 on this VM (eight
-    processes at a quarter core timing one full 512-token block in consecutive 0.5 s windows): the windows'
-    wall medians moved by 12% (sd), their CPU by 3.7%.
+    (the default uncapped, and tables before 2026-12-07) the wall time. Why: docs/findings.md, "The kernel table
+    in CPU seconds at the cap".
 
     ``cpus``: cap each process at that many CPUs (``harness.cpuquota``), as the emulated cluster caps
     its ranks. Uncapped, a process whose neighbours have finished their calls of a key gets their
