@@ -150,19 +150,19 @@ def test_the_kernel_table_is_timed_under_the_runs_cap(tmp_path, monkeypatch):
     KernelTimes(procs=2, threads=1, seconds={k: 1.0 for k in keys}, cpus=None).save(d / validate.KERNEL_TIMES_FILE)
     asked = []
 
-    def fake_measure(keys, *, procs, threads, seconds, rounds, cpus):
-        asked.append((len(keys), cpus))
-        return KernelTimes(procs=procs, threads=threads, seconds={k: ATTN for k in keys}, cpus=cpus)
+    def fake_measure(keys, *, procs, threads, seconds, rounds, cpus, clock):
+        asked.append((len(keys), cpus, clock))
+        return KernelTimes(procs=procs, threads=threads, seconds={k: ATTN for k in keys}, cpus=cpus, clock=clock)
     monkeypatch.setattr(validate, "measure", fake_measure)
     rep = validate.validate_experiment(tmp_path, "t_emu")
-    assert asked == [(len(keys), CPUS)] and "capped at 0.5 CPU" in rep["text"]
+    assert asked == [(len(keys), CPUS, "cpu")] and "capped at 0.5 CPU, as the run's ranks (process CPU" in rep["text"]
     assert KernelTimes.load(d / validate.KERNEL_TIMES_FILE).cpus == CPUS
     validate.validate_experiment(tmp_path, "t_emu")            # now the table is the run's: nothing to time
     assert len(asked) == 1
     # where no cgroup can be made, the processes run uncapped and the table says so
     monkeypatch.setattr(measured.cpuquota, "create", lambda run_id, names, cpus: (None, "no cgroups here"))
     t = measured.measure([HBM], procs=1, threads=1, seconds=0.01, rounds=1, cpus=0.5)
-    assert t.cpus is None and t.seconds[HBM] > 0
+    assert t.cpus is None and t.clock == "wall" and t.seconds[HBM] > 0
 
 
 def test_cpu_per_call_out_replaces_rows_of_the_same_call(tmp_path):
