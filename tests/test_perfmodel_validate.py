@@ -158,9 +158,20 @@ def test_missing_keys_are_timed_on_the_tables_own_clock(tmp_path, monkeypatch):
                           "rec": {"cluster": {"ranks_per_node": 1, "cpu_quota": quota}}})
     t = V.kernel_times(tmp_path, [case], {key, other})
     assert asked["clock"] == "wall" and t.clock == "wall" and t.seconds[other] == 2e-3
-    (tmp_path / V.KERNEL_TIMES_FILE).unlink()
-    t = V.kernel_times(tmp_path, [case], {key})             # timed afresh under the run's cap: CPU seconds
-    assert asked["clock"] == "cpu" and t.clock == "cpu"
+    # a table timed afresh under the run's cap is on the CPU clock: test_perfmodel_host's table-under-cap test
+
+
+def test_a_cpu_table_keeps_each_calls_cpu_over_the_cap_and_the_wall_beside():
+    """``table_of`` on two processes' [wall, CPU] samples of two rounds: the CPU clock divides CPU by the cap, the
+    wall clock keeps the wall; medians over processes and rounds."""
+    from experiments.perfmodel.emulated.measured import table_of
+    key = ("attention", 1, 1, 8, 32, 32, True, "forward", "float32")
+    per_proc = [[[[0.010, 0.002], [0.014, 0.003]]], [[[0.012, 0.002], [0.016, 0.004]]]]
+    t = table_of([key], per_proc, procs=2, threads=1, cpus=0.25, clock="cpu")
+    assert t.samples[key] == pytest.approx([0.008, 0.012, 0.008, 0.016])
+    assert t.seconds[key] == pytest.approx(0.010) and t.wall[key] == pytest.approx(0.013) and t.clock == "cpu"
+    w = table_of([key], per_proc, procs=2, threads=1, cpus=None, clock="wall")
+    assert w.seconds[key] == pytest.approx(0.013) and w.wall == {} and w.cpus is None
 
 
 def test_a_run_without_calibration_is_not_compared_automatically(tmp_path):

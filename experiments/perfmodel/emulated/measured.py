@@ -326,10 +326,9 @@ def measure(keys, *, procs: int, threads: int, seconds: float = 0.2, rounds: int
     parts = [measure_chunk(c, procs=procs, threads=threads, seconds=seconds, rounds=rounds, python=python,
                            timeout_s=timeout_s, cpus=cpus, clock=clock)
              for c in chunks(sorted({_key(k) for k in keys}, key=str))]
-    if not parts:
-        return KernelTimes(procs=procs, threads=threads, seconds={}, host=os.uname().nodename, cpus=cpus,
-                           clock=clock or default_clock(cpus))
-    return KernelTimes(procs=procs, threads=threads, host=parts[0].host, cpus=parts[0].cpus, clock=parts[0].clock,
+    first = parts[0] if parts else KernelTimes(procs, threads, {}, host=os.uname().nodename, cpus=cpus,
+                                               clock=clock or default_clock(cpus))
+    return KernelTimes(procs=procs, threads=threads, host=first.host, cpus=first.cpus, clock=first.clock,
                        seconds={k: v for p in parts for k, v in p.seconds.items()},
                        samples={k: v for p in parts for k, v in p.samples.items()},
                        wall={k: v for p in parts for k, v in p.wall.items()})
@@ -404,13 +403,19 @@ def measure_chunk(keys, *, procs: int, threads: int, seconds: float = 0.2, round
                     p.wait()
             if template is not None:
                 cpuquota.remove(run_id)
-    if template is None:
-        clock = "wall"                      # no cgroup here: the processes ran uncapped (docstring)
+    # no cgroup here: the processes ran uncapped, on the wall clock (docstring)
+    return table_of(keys, per_proc, procs=procs, threads=threads, cpus=float(cpus) if template is not None else None,
+                    clock=clock if template is not None else "wall")
+
+
+def table_of(keys: list[tuple], per_proc: list, *, procs: int, threads: int, cpus: float | None,
+             clock: str) -> KernelTimes:
+    """The table of ``_bench``'s output of every process (``per_proc[p][i]``: key i's [wall, CPU] per round): on the
+    ``"cpu"`` clock each sample is the CPU over ``cpus``, the wall medians kept beside (``measure_chunk``)."""
     walls = {k: [t[0] for pp in per_proc for t in pp[i]] for i, k in enumerate(keys)}
     samples = walls if clock == "wall" else {k: [t[1] / cpus for pp in per_proc for t in pp[i]]
                                              for i, k in enumerate(keys)}
-    return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename,
-                       cpus=float(cpus) if template is not None else None, clock=clock,
+    return KernelTimes(procs=procs, threads=threads, host=os.uname().nodename, cpus=cpus, clock=clock,
                        seconds={k: statistics.median(v) for k, v in samples.items()}, samples=samples,
                        wall={} if clock == "wall" else {k: statistics.median(v) for k, v in walls.items()})
 
