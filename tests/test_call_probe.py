@@ -18,9 +18,12 @@ def test_cases_parse_and_bad_ones_name_the_rule():
     assert P.parse_cases("decode:tp:64:4,burst:64,usp:128:balanced") == [
         P.Case("decode:tp", 64, batch=4), P.Case("burst", 64), P.Case("usp", 128, layout="balanced")]
     assert [c.name for c in P.CASES][:2] == ["decode:cp_all_gather:64:1", "decode:cp_all_gather:64:4"]
+    masked = P.parse_cases("ring:64:zigzag:window:0:0")
+    assert masked == [P.Case("ring", 64, mask="window:0:0")] and masked[0].name == "ring:64:zigzag:window:0:0"
     for bad, words in (("decode:ring:64:1", "decode:<row>"), ("decode:tp:64:0", "positive batch"),
                        ("decode:tp:64", "decode:<row>"), ("nosuch:64", "registry method"),
-                       ("burst:64:diagonal", "layout 'diagonal'"), ("burst:x", "registry method")):
+                       ("burst:64:diagonal", "layout 'diagonal'"), ("burst:x", "registry method"),
+                       ("burst:64:zigzag:window:1", "window:LEFT:RIGHT")):
         with pytest.raises(ValueError, match=words):
             P.parse_cases(bad)
 

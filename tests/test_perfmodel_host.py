@@ -213,3 +213,46 @@ def test_cpu_per_call_agrees_once_as_the_harness_times(pools):
     """The host term's probe times calls as the harness times a step: the warm-up agrees on the inputs and the
     timed calls reuse it (before, each of them paid the agreement's all-gather: ~3 ms of CPU a decode call)."""
     assert pools.run(2, _probe_agreements, timeout=120) == [1, 1]
+
+
+def _step_call(causal_cpu: float, masked_cpu: float) -> dict:
+    # burst's causal call at 16 tokens and the same call with host_cost.STEP_MASK (every ring step but a rank's own
+    # skipped): burst-bench cluster calls --cases burst:16:zigzag,burst:16:zigzag:window:0:0
+    row = {"method": "burst", "seqlen": 16, "world_size": 2, "node_size": 1, "heads": 2, "head_dim": 8,
+           "dtype": "float32", "causal": True, "layout": "zigzag"}
+    return {"rows": [{**row, "cpu_s_median": causal_cpu},
+                     {**row, "mask": host_cost.STEP_MASK, "cpu_s_median": masked_cpu}], "path": "call_cpu.json"}
+
+
+def test_the_masked_call_splits_the_host_into_per_ring_step_and_per_op():
+    """Calls built from a known host per step and per op give those two back, and with them the model costs each of
+    the two calls its measured CPU at the cap; a step the mask skips still holds its rank for the host per step."""
+    recs = [_record(256, 0.6)]
+    probe = _step_call(1.0, 1.0)
+    times = KernelTimes(procs=2, threads=1, seconds={k: (1e-9 if k == HBM else 0.01)
+                                                     for k in validate.needed_keys(recs, probe)})
+    hw = emulated_hardware(recs[0]["cluster"], "float32")
+    cases = [host_cost.small_case(probe, "burst", world_size=2, node_size=1, dtype="float32", layout="zigzag",
+                                  mask=m) for m in (None, host_cost.STEP_MASK)]
+    costs = validate.small_call_costs(times, 1.0, None, None, CPUS)
+    (m0, ops0), (m1, ops1) = (host_cost._compute(c, hw, costs) for c in cases)
+    steps = round(host_cost._compute(cases[0], hw, costs, step_host_s=1.0)[0] - m0)
+    assert ops1 < ops0 and steps == 4                   # two ring steps a pass, forward and backward, on G = 2
+    per_op, per_step = 0.05, 0.02
+    cpu = [CPUS * (m + steps * per_step + ops * per_op) for m, ops in ((m0, ops0), (m1, ops1))]
+    call = _step_call(*cpu)
+    (row,) = validate.compare(recs, times, rescale=False, call=call)
+    host = row["host"]
+    assert host["host_s_per_op"] == pytest.approx(per_op) and host["host_s_per_step"] == pytest.approx(per_step)
+    assert host["steps"] == steps and host["mask"] == host_cost.STEP_MASK
+    for case, measured_cpu in zip(cases, cpu):
+        p = predict_case("burst", case.shape, mode="fwd_bwd", level="op", hardware=hw, keep_schedule=True,
+                         costs=lambda h, dt: EmulatedCosts(h, dt, times=times, host_s=per_op, step_host_s=per_step))
+        assert host_cost.compute_per_rank(p.schedule)[0] == pytest.approx(measured_cpu / CPUS, rel=1e-9)
+        held = [t for t in p.schedule.tasks if t.name.endswith(".host") and t.rank == 0]
+        assert len(held) == steps and all(t.duration == per_step for t in held)
+    assert "ms x 4 ring steps (with window:0:0" in validate.host_text([row], call)
+    # without the masked call the host is all per op, as before the split
+    (row,) = validate.compare(recs, times, rescale=False, call={**call, "rows": call["rows"][:1]})
+    assert "host_s_per_step" not in row["host"]
+    assert row["host"]["host_s_per_op"] == pytest.approx((cpu[0] / CPUS - m0) / ops0)

@@ -7,11 +7,12 @@ namespace and capped CPU cgroup, as a run). Both write ``call_cpu.json`` rows of
 (``experiments/perfmodel/emulated/host_cost.py``).
 
 A call is a method's fwd+bwd on 8 heads x 32, float32, causal (``cpu_double_ring_emulated_2x4``'s
-shapes), one a sample, as the harness times an op; or ``decode:<row>``: ``decode_layer.decode_step`` of the
-inference benchmark's layer (8 heads, 2 KV heads of 64, as the CPU decode specs) on a cache of N tokens of
-context per sequence, steps back to back as that benchmark times them (``timing.autorange``), the cache
-rewound after each sample. A step among others costs an emulated rank more CPU than a lone one after a
-barrier (docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06).
+shapes; with a ``mask`` beside causal where a row names one), one a sample, as the harness times an op;
+or ``decode:<row>``: ``decode_layer.decode_step`` of the inference benchmark's layer (8 heads, 2 KV heads of
+64, as the CPU decode specs) on a cache of N tokens of context per sequence, steps back to back as that
+benchmark times them (``timing.autorange``), the cache rewound after each sample. A step among others costs an
+emulated rank more CPU than a lone one after a barrier
+(docs/findings.md#the-host-term-on-the-emulated-cluster-2026-12-06).
 
     meta, mine = measure("decode:tp", 64, node_size=4, calls=60, batch=4)   # on every rank
     every = [None] * world; dist.all_gather_object(every, mine)
@@ -64,21 +65,22 @@ def time_calls(setup, step, calls: int, steps: int = 1) -> dict:
     return {"cpu": cpu, "wall": wall}
 
 
-def _training(name: str, n: int, node_size: int, layout: str):
+def _training(name: str, n: int, node_size: int, layout: str, mask: str | None = None):
     m, world = get(name), dist.get_world_size()
     torch.manual_seed(dist.get_rank())
     q, k, v = (torch.randn(1, n // world, HEADS, HEAD_DIM, requires_grad=True) for _ in range(3))
     do = torch.randn(1, n // world, HEADS, HEAD_DIM)
+    extra = {} if mask is None else {"mask": mask}
 
     def setup():
         q.grad = k.grad = v.grad = None
 
     def step():
-        out = m.call(q, k, v, causal=True, layout=layout, node_size=node_size)
+        out = m.call(q, k, v, causal=True, layout=layout, node_size=node_size, **extra)
         (out[0] if isinstance(out, tuple) else out).backward(do)
 
     meta = dict(method=name, seqlen=n, world_size=world, node_size=node_size, heads=HEADS, head_dim=HEAD_DIM,
-                dtype="float32", causal=True, layout=layout)
+                dtype="float32", causal=True, layout=layout, **extra)
     return setup, step, meta
 
 
@@ -99,14 +101,15 @@ def _decode(name: str, context: int, batch: int, node_size: int):
 
 
 def measure(name: str, n: int, *, node_size: int, calls: int = CALLS, layout: str = "zigzag",
-            batch: int = 1) -> tuple[dict, dict]:
+            batch: int = 1, mask: str | None = None) -> tuple[dict, dict]:
     """(the call's description, this rank's ``time_calls`` samples) of ``name`` at N = ``n`` (module
-    docstring): a training call on ``layout``, one a sample; or decode steps of ``batch`` sequences, as many a
-    sample as the inference benchmark runs (``timing.autorange``), the cache rewound after each sample."""
+    docstring): a training call on ``layout`` (causal, and ``mask`` where given: ``host_cost``'s call that skips
+    most ring steps), one a sample; or decode steps of ``batch`` sequences, as many a sample as the inference
+    benchmark runs (``timing.autorange``), the cache rewound after each sample."""
     if name.startswith(DECODE_PREFIX):
         setup, step, meta, steps = _decode(name, n, batch, node_size)
     else:
-        (setup, step, meta), steps = _training(name, n, node_size, layout), 1
+        (setup, step, meta), steps = _training(name, n, node_size, layout, mask), 1
     return {**meta, "steps_per_sample": steps}, time_calls(setup, step, calls, steps)
 
 
@@ -122,8 +125,9 @@ def row(meta: dict, per_rank: list[dict]) -> dict:
 
 
 def _call_key(r: dict) -> tuple:
-    """A row's call: method, N, world and node size, batch and layout."""
-    return r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"), r.get("layout", "zigzag")
+    """A row's call: method, N, world and node size, batch, layout and mask."""
+    return (r["method"], r["seqlen"], r["world_size"], r["node_size"], r.get("batch"), r.get("layout", "zigzag"),
+            r.get("mask"))
 
 
 def merge(path, rows: list[dict], **fields) -> None:

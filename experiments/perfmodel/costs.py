@@ -264,6 +264,11 @@ class CostModel:
         """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
         return seconds
 
+    def step_seconds(self) -> float:
+        """Compute-stream seconds a ring step holds its rank for beside its ops, whatever its tiles: none (a GPU's
+        host posts the step and runs ahead of its stream)."""
+        return 0.0
+
     def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True,
                        beside: float | None = None) -> float:
         """Compute-stream seconds a transfer of ``nbytes`` in ``messages`` equal messages (an all-to-all's

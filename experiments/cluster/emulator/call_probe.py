@@ -8,8 +8,10 @@ core between slices: the CPU a step costs there is what a run on the cluster pay
 with every rank in its namespace and CPU cgroup, as a run (``experiments.harness.call_cpu``, the calls
 ``cpu_per_call`` times), for each case:
 
-* ``<method>:<tokens>[:<layout>]``: a registry method's fwd+bwd at N = tokens, causal, on the layout
-  (zigzag by default);
+* ``<method>:<tokens>[:<layout>[:<mask>]]``: a registry method's fwd+bwd at N = tokens, causal, on the layout
+  (zigzag by default), with the mask (``burst_impl.masks``, e.g. ``window:0:0``) where one is named:
+  ``host_cost`` splits a method's host work into per step and per op from its call with a mask that skips most
+  ring steps beside its causal one;
 * ``decode:<row>:<tokens>:<batch>``: one decode step of ``row`` (``baselines.decode_layer.ROWS``) over
   ``tokens`` of context per sequence, ``batch`` sequences.
 
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 from baselines import METHODS
 from baselines.decode_layer import ROWS
+from burst_impl import masks
 from burst_impl.layout import LAYOUTS, is_balanced_name
 
 from ...harness.call_cpu import DECODE_PREFIX, measure, merge, row
@@ -40,12 +43,13 @@ class Case:
     tokens: int            # N: the sequence (training) or each sequence's context (decode)
     layout: str = "zigzag"
     batch: int = 1
+    mask: str | None = None    # beside causal (a training call's)
 
     @property
     def name(self) -> str:
         if self.method.startswith(DECODE_PREFIX):
             return f"{self.method}:{self.tokens}:{self.batch}"
-        return f"{self.method}:{self.tokens}:{self.layout}"
+        return f"{self.method}:{self.tokens}:{self.layout}" + (f":{self.mask}" if self.mask else "")
 
 
 # what the decode specs' validation reads (cpu_decode_*_2x4: rows at B 1 and 4) and TTFT's host (burst's)
@@ -60,16 +64,19 @@ def _one(item: str) -> Case:
             raise ValueError(f"case={item!r} must be decode:<row>:<tokens>:<batch> with row in {ROWS} and a "
                              "positive batch")
         return Case(DECODE_PREFIX + parts[1], int(parts[2]), batch=int(parts[3]))
-    if len(parts) not in (2, 3) or parts[0] not in METHODS or not parts[1].isdigit():
-        raise ValueError(f"case={item!r} must be <method>:<tokens>[:<layout>] with a registry method")
-    layout = parts[2] if len(parts) == 3 else "zigzag"
+    if len(parts) < 2 or parts[0] not in METHODS or not parts[1].isdigit():
+        raise ValueError(f"case={item!r} must be <method>:<tokens>[:<layout>[:<mask>]] with a registry method")
+    layout = parts[2] if len(parts) > 2 else "zigzag"
     if layout not in LAYOUTS and not is_balanced_name(layout):
         raise ValueError(f"case={item!r}: layout {layout!r} is not among {LAYOUTS} nor balanced[:K]")
-    return Case(parts[0], int(parts[1]), layout=layout)
+    mask = ":".join(parts[3:]) or None
+    if mask is not None:
+        masks.parse(mask, int(parts[1]))     # ValueError naming the mask's rule, before any bring-up
+    return Case(parts[0], int(parts[1]), layout=layout, mask=mask)
 
 
 def parse_cases(text: str) -> list[Case]:
-    """``<method>:<tokens>[:<layout>]`` or ``decode:<row>:<tokens>:<batch>`` items, comma-separated."""
+    """``<method>:<tokens>[:<layout>[:<mask>]]`` or ``decode:<row>:<tokens>:<batch>`` items, comma-separated."""
     return [_one(item) for item in text.split(",")]
 
 
@@ -87,7 +94,7 @@ def check_shape(cases: list[Case], nodes: int, per_node: int) -> None:
 def _probe_case(case: Case, repeats: int, per_node: int) -> dict:
     """This rank's ``call_cpu.measure`` of ``case``: its description and samples (``repeats`` calls)."""
     meta, mine = measure(case.method, case.tokens, node_size=per_node, calls=repeats, layout=case.layout,
-                         batch=case.batch)
+                         batch=case.batch, mask=case.mask)
     return {"meta": meta, **mine}
 
 
@@ -98,8 +105,8 @@ def summarize(per_rank: list[dict], cases: list[Case]) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'method':<22} {'N':>6} {'B':>3} {'layout':<10} {'cpu ms/call':>11} {'wall ms/call':>12}"]
-    lines += [f"{r['method']:<22} {r['seqlen']:>6} {r.get('batch', '-'):>3} {r['layout']:<10} "
+    lines = [f"{'method':<22} {'N':>6} {'B':>3} {'layout':<10} {'mask':<11} {'cpu ms/call':>11} {'wall ms/call':>12}"]
+    lines += [f"{r['method']:<22} {r['seqlen']:>6} {r.get('batch', '-'):>3} {r['layout']:<10} {r.get('mask', '-'):<11} "
               f"{r['cpu_s_median'] * 1e3:11.2f} {r['wall_s_median'] * 1e3:12.2f}" for r in rows]
     return "\n".join(lines)
 

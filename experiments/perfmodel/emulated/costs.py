@@ -13,7 +13,8 @@ Three things differ from an accelerator, each measured on this machine apart fro
   CPU rank runs Python, the dispatcher and the method's bookkeeping in series with its kernels; and
   every kernel call ``call_host_s`` more (``host_cost.per_call_host``): a plan's tile is selected
   before its kernel and merged after it (``burst_impl.attention.forward_tiles``), work the kernel
-  table does not time;
+  table does not time; and every ring step ``step_host_s``, a skipped one too (``host_cost.split_host``):
+  posting its hops, waiting on them, planning it;
 * excess: a transfer takes ``a + k x bytes`` of its sender's compute while it runs, ``+ c x`` the compute
   it runs beside where the probe measured that (``excess.fit_excess``, per link class, and across nodes
   per pattern: a hop whose sender also receives across is the probe's pair exchange, one whose sender
@@ -49,6 +50,7 @@ class EmulatedCosts(CostModel):
     mem_scale: float | None = None       # memory-bound work's load (validate.loads_of's rule); None: ``scale``
     host_s: float = 0.0                  # host seconds per op on the compute stream
     call_host_s: float = 0.0             # host seconds per attention kernel call (a tile's selects and merge)
+    step_host_s: float = 0.0             # host seconds per ring step, whatever its tiles (its posts, waits, plan)
     # {"intra" | "inter" | "inter_oneway": (seconds, seconds per byte[, seconds per second of compute beside it])}
     # a transfer takes from its sender's compute
     excess: dict = field(default_factory=dict)
@@ -63,6 +65,9 @@ class EmulatedCosts(CostModel):
 
     def op_seconds(self, seconds: float) -> float:
         return seconds + self.host_s
+
+    def step_seconds(self) -> float:
+        return self.step_host_s
 
     def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True,
                        beside: float | None = None) -> float:

@@ -32,6 +32,19 @@ calls (its compute with one second added per call, less its compute without):
 
 ``host_per_op`` then takes the model's compute with that term in it, so the op's share is what is left.
 
+Much of a call's host work runs once per ring step, whatever its tiles: posting the step's hops, waiting on them,
+planning it (docs/findings.md, "Where the masked cases' missing CPU goes"). A mask that skips a step's pair drops its
+ops from the schedule but not that work. Where ``call`` also has the method's call with ``STEP_MASK`` (every ring
+step but a rank's own skipped) at the same N and layout, the two calls split the host into per step and per op
+(``split_host``; the model counts each call's ring steps as it counts kernel calls):
+
+    causal:  CPU / cap - model = steps x host per step + ops causal x host per op
+    masked:  CPU / cap - model = steps x host per step + ops masked x host per op
+
+``EmulatedCosts.step_host_s`` then charges every ring step its host per step (``schedules.common.Ctx.step_host``),
+a skipped one too. Without that call (every probe before 2026-12-07), or for a method with no ring steps (Ulysses,
+the all-gather baseline), the host is all per op, as before.
+
 A decode step is measured the same way as its own call (``decode:<row>``: ``decode_layer.decode_step`` at a
 few tokens of context, at the run's batch, steps back to back as the benchmark runs them), since its ops
 are not a training call's: ``decode_small_case`` finds that row and ``per_op_from`` divides by the decode
@@ -49,11 +62,12 @@ from burst_impl.layout import is_balanced_name
 
 from ...harness.call_cpu import DECODE_PREFIX     # call_cpu.json rows of a decode step
 from ..model import predict_case
-from ..schedules.common import EXCESS_SUFFIX
+from ..schedules.common import EXCESS_SUFFIX, STEP_HOST_SUFFIX
 from .excess import probe_path
 
 CALL_CPU_FILE = "call_cpu.json"
 CALL_METHOD, CALL_LAYOUTS = "burst", ("zigzag", "balanced")   # per_call_host's two measured calls
+STEP_MASK = "window:0:0"      # split_host's second call: causal and this mask, so only a rank's own step is live
 
 
 @dataclass(frozen=True)
@@ -84,23 +98,23 @@ def _layout_is(row: dict, layout: str | None) -> bool:
 
 
 def _smallest(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str,
-              batch: int | None = None, layout: str | None = None) -> dict | None:
-    """The smallest-N row of ``call`` for ``method`` at this world and node size, dtype and layout (``_layout_is``)
-    (and ``batch``)."""
+              batch: int | None = None, layout: str | None = None, mask: str | None = None) -> dict | None:
+    """The smallest-N row of ``call`` for ``method`` at this world and node size, dtype, layout (``_layout_is``)
+    and mask (None: a row with none) (and ``batch``)."""
     rows = [r for r in (call or {}).get("rows", []) if r["method"] == method and int(r["world_size"]) == world_size
             and int(r["node_size"]) == node_size and r["dtype"] == dtype and _layout_is(r, layout)
-            and (batch is None or int(r.get("batch", 1)) == batch)]
+            and r.get("mask") == mask and (batch is None or int(r.get("batch", 1)) == batch)]
     return min(rows, key=lambda r: int(r["seqlen"])) if rows else None
 
 
 def small_case(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str,
-               layout: str | None = None) -> SmallCase | None:
-    """The smallest measured call of ``method`` at this world and node size, dtype and layout, or None."""
-    r = _smallest(call, method, world_size=world_size, node_size=node_size, dtype=dtype, layout=layout)
+               layout: str | None = None, mask: str | None = None) -> SmallCase | None:
+    """The smallest measured call of ``method`` at this world and node size, dtype, layout and mask, or None."""
+    r = _smallest(call, method, world_size=world_size, node_size=node_size, dtype=dtype, layout=layout, mask=mask)
     if r is None:
         return None
     shape = AttnShape(1, int(r["seqlen"]), int(r["heads"]), int(r["heads"]), int(r["head_dim"]), world_size,
-                      dtype=dtype, causal=bool(r["causal"]), layout=r["layout"])
+                      dtype=dtype, causal=bool(r["causal"]), layout=r["layout"], **({"mask": mask} if mask else {}))
     return SmallCase(method, shape, float(r["cpu_s_median"]))
 
 
@@ -116,20 +130,21 @@ def decode_small_case(call: dict | None, row: str, *, world_size: int, node_size
 
 
 def compute_per_rank(schedule) -> tuple[float, int]:
-    """(median over ranks of compute-stream seconds, median over ranks of the method's ops on it)."""
+    """(median over ranks of compute-stream seconds, median over ranks of the method's ops on it: neither a
+    transfer's excess nor a ring step's host task is an op)."""
     busy: dict[int, float] = {}
     ops: dict[int, int] = {}
     for t in schedule.tasks:
         if t.kind == "compute":
             busy[t.rank] = busy.get(t.rank, 0.0) + t.duration
-            ops[t.rank] = ops.get(t.rank, 0) + (not t.name.endswith(EXCESS_SUFFIX))
+            ops[t.rank] = ops.get(t.rank, 0) + (not t.name.endswith((EXCESS_SUFFIX, STEP_HOST_SUFFIX)))
     return statistics.median(busy.values()), int(statistics.median(ops.values()))
 
 
-def _compute(case: SmallCase, hardware, costs, call_host_s: float):
-    """(compute-stream seconds, ops) per rank (``compute_per_rank``) of the model's schedule of ``case``, each
-    kernel call charged ``call_host_s`` of host and no op any."""
-    cost = lambda hw, dt: dataclasses.replace(costs(hw, dt), call_host_s=call_host_s)   # noqa: E731
+def _compute(case: SmallCase, hardware, costs, **terms):
+    """(compute-stream seconds, ops) per rank (``compute_per_rank``) of the model's schedule of ``case``, with
+    ``costs``' host terms replaced by ``terms`` (``call_host_s``, ``step_host_s``)."""
+    cost = lambda hw, dt: dataclasses.replace(costs(hw, dt), **terms)   # noqa: E731
     p = predict_case(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=cost,
                      keep_schedule=True)
     return compute_per_rank(p.schedule)
@@ -143,8 +158,8 @@ def per_call_host(call: dict | None, *, world_size: int, node_size: int, dtype: 
              for x in CALL_LAYOUTS]
     if not cpus or None in cases or cases[0].shape.seqlen != cases[1].shape.seqlen:
         return None
-    (m0, _), (m1, _) = (_compute(c, hardware, costs, 0.0) for c in cases)
-    (u0, _), (u1, _) = (_compute(c, hardware, costs, 1.0) for c in cases)
+    (m0, _), (m1, _) = (_compute(c, hardware, costs, call_host_s=0.0) for c in cases)
+    (u0, _), (u1, _) = (_compute(c, hardware, costs, call_host_s=1.0) for c in cases)
     calls = (round(u0 - m0), round(u1 - m1))          # one second a call: the model's kernel calls per rank
     if calls[1] <= calls[0]:
         return None
@@ -162,7 +177,27 @@ def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: i
         return None
     p = predict_case(method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs,
                      keep_schedule=True)
-    return per_op_from(case, p.schedule, cpus)
+    whole = per_op_from(case, p.schedule, cpus)
+    masked = small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype,
+                        layout=case.shape.layout, mask=STEP_MASK)
+    split = split_host(case, masked, hardware=hardware, costs=costs, cpus=cpus) if masked else None
+    return {**whole, **split} if split else whole
+
+
+def split_host(causal: SmallCase, masked: SmallCase, *, hardware, costs, cpus: float) -> dict | None:
+    """The host per ring step and per op of a method from its causal and ``STEP_MASK`` calls (module docstring),
+    with what they came from; None when the calls' N differ, the method has no ring steps, or the mask skips no
+    op. No term below 0: the per-op term first, the per-step term from what is left of the causal call."""
+    if masked.shape.seqlen != causal.shape.seqlen:
+        return None
+    (m0, ops0), (m1, ops1) = (_compute(c, hardware, costs) for c in (causal, masked))
+    steps = round(_compute(causal, hardware, costs, step_host_s=1.0)[0] - m0)   # one second a step
+    if steps <= 0 or ops1 >= ops0:
+        return None
+    e0, e1 = causal.cpu_s / cpus - m0, masked.cpu_s / cpus - m1
+    per_op = max(0.0, (e0 - e1) / (ops0 - ops1))
+    return {"host_s_per_op": per_op, "host_s_per_step": max(0.0, (e0 - ops0 * per_op) / steps), "steps": steps,
+            "mask": STEP_MASK, "masked_ops": ops1, "masked_cpu_s": masked.cpu_s, "masked_model_s": m1}
 
 
 def per_op_from(case: SmallCase, schedule, cpus: float) -> dict:

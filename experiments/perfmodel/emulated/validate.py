@@ -62,8 +62,8 @@ from .cases import SHAPE_KEYS, case_of
 from .costs import EmulatedCosts
 from .excess import OVERLAP_FILE, excess_text, load_excess
 from .hardware import emulated_hardware
-from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, SmallCase, host_per_op, load_call_cpu,
-                        per_call_host, small_case)
+from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, STEP_MASK, SmallCase, host_per_op,
+                        load_call_cpu, per_call_host, small_case)
 from .measured import HBM, KernelTimes, default_clock, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 from .send_buffer import SEND_FILE, SendBuffers, load_send_buffers
@@ -188,10 +188,11 @@ def loads_of(rec: dict, times: KernelTimes, *, at_reference: bool = True, rescal
                  priced=ref if at_reference and rescale and ref is not None else run, memory=memory)
 
 
-def _small(call: dict | None, c, method: str | None = None, layout: str | None = None) -> SmallCase | None:
+def _small(call: dict | None, c, method: str | None = None, layout: str | None = None,
+           mask: str | None = None) -> SmallCase | None:
     """The measured small call of ``method`` (the record's own by default) at the record's world and node size."""
     return small_case(call, method or c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                      node_size=int(c.rec["cluster"]["ranks_per_node"]), layout=layout)
+                      node_size=int(c.rec["cluster"]["ranks_per_node"]), layout=layout, mask=mask)
 
 
 def small_call_costs(times: KernelTimes, scale: float, excess: dict | None, messages: MessageCost | None,
@@ -211,7 +212,9 @@ def needed_keys(records, call: dict | None = None) -> set:
     for c in _cases(records):
         hw = emulated_hardware(c.rec["cluster"], c.shape.dtype)
         keys |= needed([c], hw)
-        smalls = [_small(call, c)] + [_small(call, c, CALL_METHOD, x) for x in CALL_LAYOUTS]
+        own = _small(call, c)
+        smalls = [own, own and _small(call, c, layout=own.shape.layout, mask=STEP_MASK)] + [
+            _small(call, c, CALL_METHOD, x) for x in CALL_LAYOUTS]
         for small in (s for s in smalls if s is not None):
             keys |= needed([small], hw, predict=predict_case)
         keys |= {x for x in (calibration_key(c.rec["cluster"]), reference_key(c.rec), memory_key(c.rec))
@@ -252,10 +255,11 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                                                                  ld.memory_run, sends))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
+        hstep = host.get("host_s_per_step", 0.0) if host else 0.0
         f = ld.priced / ld.run
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f: EmulatedCosts(
-            h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, excess=excess,
-            messages=messages, sends=sends))
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f, st=hstep * f: EmulatedCosts(
+            h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, step_host_s=st,
+            excess=excess, messages=messages, sends=sends))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
         main = c.rec.get("time_cpu_main_s_per_rank")
@@ -533,7 +537,15 @@ def host_text(rows: list[dict], call: dict | None) -> str:
         f"{tile['calls'][1]} kernel calls a rank, model {tile['model_s'][0] * 1e3:.0f} and "
         f"{tile['model_s'][1] * 1e3:.0f} ms): {tile['call_host_s'] * 1e3:.2f} ms; ")
     return lead + (f"host work per op (CPU per call at a few tokens per rank, {call['path']}, / the rank's cap, less "
-            "the model's own compute there): " + ", ".join(
-                f"{m} {h['host_s_per_op'] * 1e3:.2f} ms x {h['ops']} ops (N={h['seqlen']}: {h['cpu_s'] * 1e3:.1f} ms "
-                f"CPU / {h['cpus']:g} = {h['measured_s'] * 1e3:.0f} ms, model {h['model_s'] * 1e3:.0f} ms)"
-                for m, h in sorted(per.items())))
+            "the model's own compute there): " + ", ".join(_host_cell(m, h) for m, h in sorted(per.items())))
+
+
+def _host_cell(method: str, h: dict) -> str:
+    """``host_text``'s cell of one method: per op, and per ring step where its masked call split it."""
+    cell = (f"{method} {h['host_s_per_op'] * 1e3:.2f} ms x {h['ops']} ops (N={h['seqlen']}: {h['cpu_s'] * 1e3:.1f} "
+            f"ms CPU / {h['cpus']:g} = {h['measured_s'] * 1e3:.0f} ms, model {h['model_s'] * 1e3:.0f} ms)")
+    if "host_s_per_step" not in h:
+        return cell
+    return cell + (f" + {h['host_s_per_step'] * 1e3:.2f} ms x {h['steps']} ring steps (with {h['mask']}: "
+                   f"{h['masked_cpu_s'] * 1e3:.1f} ms CPU, {h['masked_ops']} ops, model "
+                   f"{h['masked_model_s'] * 1e3:.0f} ms)")

@@ -43,6 +43,7 @@ from ..simulator import Schedule
 
 PHASES = ("forward", "backward")
 EXCESS_SUFFIX = ".excess"            # names the task a transfer holds its sender's compute stream by
+STEP_HOST_SUFFIX = ".host"           # names the task a ring step's host work holds its rank by (Ctx.step_host)
 
 
 @dataclass
@@ -106,6 +107,15 @@ class Ctx:
         such an op holds it (``CostModel.op_seconds``)."""
         return self.sch.add(name, kind="compute", resource=f"compute/{rank}", duration=self.cost.op_seconds(seconds),
                             deps=deps, rank=rank, phase=phase, flops=flops)
+
+    def step_host(self, rank: int, name: str, *, dep: int | None, phase: str) -> int | None:
+        """The host work a ring step holds ``rank`` for whatever its tiles (``CostModel.step_seconds``: posting
+        and waiting on its hops, planning it), before its ops; ``dep`` itself where that is none (a GPU's)."""
+        seconds = self.cost.step_seconds()
+        if seconds <= 0:
+            return dep
+        return self.sch.add(name + STEP_HOST_SUFFIX, kind="compute", resource=f"compute/{rank}", duration=seconds,
+                            deps=[dep], rank=rank, phase=phase)
 
     def send(self, src: int, dst: int, name: str, nbytes: dict, *, deps=(), phase: str,
              crossing: dict[tuple[int, int], int] | None = None, step: bool = False, messages: int = 1,
@@ -221,6 +231,7 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
                 prev = ring[(i - 1) % n]
                 last = ctx.sch.marker(f"{name}.landed[r{g},s{s}]", [last, ctx.own(S[g, s]), S[prev, s]], rank=g,
                                       phase=phase)
+            last = ctx.step_host(g, f"{name}.step[r{g},s{s}]", dep=last, phase=phase)
             for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase,
                                    flops=flops)
@@ -246,12 +257,14 @@ def ring_pass(ctx: Ctx, rings: list[list[int]], *, phase: str, name: str, hop: d
 
 
 def besides(ctx: Ctx, items: dict, overlap: bool) -> dict:
-    """``{(rank, step): the compute-stream seconds of that step's work items}``, as ``Ctx.compute`` puts them there
-    (``CostModel.op_seconds``): what a transfer posted beside that step runs beside (``CostModel.sender_seconds``).
-    Empty without overlap: a step then waits for its transfers before it computes, so they run beside nothing."""
+    """``{(rank, step): the compute-stream seconds of that step}``: its host work (``Ctx.step_host``) and its work
+    items as ``Ctx.compute`` puts them there (``CostModel.op_seconds``): what a transfer posted beside that step runs
+    beside (``CostModel.sender_seconds``). Empty without overlap: a step then waits for its transfers before it
+    computes, so they run beside nothing."""
     if not overlap:
         return {}
-    return {k: sum(ctx.cost.op_seconds(seconds) for _, seconds, _ in v) for k, v in items.items()}
+    step = ctx.cost.step_seconds()
+    return {k: step + sum(ctx.cost.op_seconds(seconds) for _, seconds, _ in v) for k, v in items.items()}
 
 
 # ---------------------------------------------------------------- collectives

@@ -116,6 +116,7 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
                     t for ch in plan.bundle_posts(s)
                     for t in (ctx.own(X["read", g, ch, s]), X["read", peer[g, ch, -1], ch, s])],
                     rank=g, phase=phase)
+            last = ctx.step_host(g, f"{name}.step[r{g},s{s}]", dep=last, phase=phase)
             for label, seconds, flops in items[g, s]:
                 last = ctx.compute(g, f"{name}.{label}[r{g},s{s}]", seconds, deps=[last], phase=phase, flops=flops)
             C[g, s] = last
