@@ -236,7 +236,7 @@ def test_the_masked_call_splits_the_host_into_per_ring_step_and_per_op():
                                   mask=m) for m in (None, host_cost.STEP_MASK)]
     costs = validate.small_call_costs(times, 1.0, None, None, CPUS)
     (m0, ops0), (m1, ops1) = (host_cost._compute(c, hw, costs) for c in cases)
-    steps = round(host_cost._compute(cases[0], hw, costs, step_host_s=1.0)[0] - m0)
+    steps = host_cost.ring_steps(host_cost._schedule(cases[0], hw, costs, step_host_s=1.0))
     assert ops1 < ops0 and steps == 4                   # two ring steps a pass, forward and backward, on G = 2
     per_op, per_step = 0.05, 0.02
     cpu = [CPUS * (m + steps * per_step + ops * per_op) for m, ops in ((m0, ops0), (m1, ops1))]

@@ -141,13 +141,27 @@ def compute_per_rank(schedule) -> tuple[float, int]:
     return statistics.median(busy.values()), int(statistics.median(ops.values()))
 
 
-def _compute(case: SmallCase, hardware, costs, **terms):
-    """(compute-stream seconds, ops) per rank (``compute_per_rank``) of the model's schedule of ``case``, with
-    ``costs``' host terms replaced by ``terms`` (``call_host_s``, ``step_host_s``)."""
+def _schedule(case: SmallCase, hardware, costs, **terms):
+    """The model's schedule of ``case``, with ``costs``' host terms replaced by ``terms`` (``call_host_s``,
+    ``step_host_s``)."""
     cost = lambda hw, dt: dataclasses.replace(costs(hw, dt), **terms)   # noqa: E731
-    p = predict_case(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=cost,
-                     keep_schedule=True)
-    return compute_per_rank(p.schedule)
+    return predict_case(case.method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=cost,
+                        keep_schedule=True).schedule
+
+
+def _compute(case: SmallCase, hardware, costs, **terms):
+    """(compute-stream seconds, ops) per rank (``compute_per_rank``) of ``_schedule``."""
+    return compute_per_rank(_schedule(case, hardware, costs, **terms))
+
+
+def ring_steps(schedule) -> int:
+    """Median over ranks of the ring steps a schedule holds its ranks for (its ``Ctx.step_host`` tasks: a schedule
+    priced with a host per step)."""
+    steps: dict[int, int] = {}
+    for t in schedule.tasks:
+        if t.kind == "compute":
+            steps[t.rank] = steps.get(t.rank, 0) + t.name.endswith(STEP_HOST_SUFFIX)
+    return int(statistics.median(steps.values())) if steps else 0
 
 
 def per_call_host(call: dict | None, *, world_size: int, node_size: int, dtype: str, hardware, costs,
@@ -191,7 +205,7 @@ def split_host(causal: SmallCase, masked: SmallCase, *, hardware, costs, cpus: f
     if masked.shape.seqlen != causal.shape.seqlen:
         return None
     (m0, ops0), (m1, ops1) = (_compute(c, hardware, costs) for c in (causal, masked))
-    steps = round(_compute(causal, hardware, costs, step_host_s=1.0)[0] - m0)   # one second a step
+    steps = ring_steps(_schedule(causal, hardware, costs, step_host_s=1.0))
     if steps <= 0 or ops1 >= ops0:
         return None
     e0, e1 = causal.cpu_s / cpus - m0, masked.cpu_s / cpus - m1
