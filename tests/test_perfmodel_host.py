@@ -252,7 +252,10 @@ def test_the_masked_call_splits_the_host_into_per_ring_step_and_per_op():
         held = [t for t in p.schedule.tasks if t.name.endswith(".host") and t.rank == 0]
         assert len(held) == steps and all(t.duration == per_step for t in held)
     assert "ms x 4 ring steps (with window:0:0" in validate.host_text([row], call)
-    # without the masked call the host is all per op, as before the split
-    (row,) = validate.compare(recs, times, rescale=False, call={**call, "rows": call["rows"][:1]})
-    assert "host_s_per_step" not in row["host"]
-    assert row["host"]["host_s_per_op"] == pytest.approx((cpu[0] / CPUS - m0) / ops0)
+    # without the masked call the host is all per op, as before the split; so too where the two calls split it
+    # only with a term below 0 (a masked call cheaper than its ops' share of the causal one): the causal call keeps
+    # its measured CPU either way
+    for rows in (call["rows"][:1], _step_call(cpu[0], CPUS * (m1 - 0.5))["rows"]):
+        (row,) = validate.compare(recs, times, rescale=False, call={**call, "rows": rows})
+        assert "host_s_per_step" not in row["host"]
+        assert row["host"]["host_s_per_op"] == pytest.approx((cpu[0] / CPUS - m0) / ops0)

@@ -200,17 +200,21 @@ def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: i
 
 def split_host(causal: SmallCase, masked: SmallCase, *, hardware, costs, cpus: float) -> dict | None:
     """The host per ring step and per op of a method from its causal and ``STEP_MASK`` calls (module docstring),
-    with what they came from; None when the calls' N differ, the method has no ring steps, or the mask skips no
-    op. No term below 0: the per-op term first, the per-step term from what is left of the causal call."""
+    with what they came from. Both terms keep the causal call at its measured CPU, as ``per_op_from``'s one term
+    does: a per-op term below 0 is 0 and the steps take the causal call's whole excess. None (the host stays all
+    per op) when the calls' N differ, the method has no ring steps, the mask skips no op, the causal call has no
+    excess, or the per-op term alone would exceed it (no split of it with both terms at least 0)."""
     if masked.shape.seqlen != causal.shape.seqlen:
         return None
     (m0, ops0), (m1, ops1) = (_compute(c, hardware, costs) for c in (causal, masked))
     steps = ring_steps(_schedule(causal, hardware, costs, step_host_s=1.0))
-    if steps <= 0 or ops1 >= ops0:
-        return None
     e0, e1 = causal.cpu_s / cpus - m0, masked.cpu_s / cpus - m1
+    if steps <= 0 or ops1 >= ops0 or e0 <= 0:
+        return None
     per_op = max(0.0, (e0 - e1) / (ops0 - ops1))
-    return {"host_s_per_op": per_op, "host_s_per_step": max(0.0, (e0 - ops0 * per_op) / steps), "steps": steps,
+    if ops0 * per_op > e0:
+        return None
+    return {"host_s_per_op": per_op, "host_s_per_step": (e0 - ops0 * per_op) / steps, "steps": steps,
             "mask": STEP_MASK, "masked_ops": ops1, "masked_cpu_s": masked.cpu_s, "masked_model_s": m1}
 
 
