@@ -122,7 +122,6 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
             C[g, s] = last
         if acc is not None:
             _push_all(ctx, members, s, name, phase, C, P, landed, post, acc_parts, acc_count, peer)
-    end = {}
     if acc is not None:
         for k in range(len(members[0][3].acc_finish())):
             for ring, i, g, plan in members:
@@ -135,9 +134,8 @@ def routed_pass(ctx: Ctx, rings: list[list[int]], grid: tuple[int, int], *, phas
                     post("acc", g, route.then, n + k, acc_parts[acc_count[g]],
                          [P[g, n - 1], P[peer[g, route.then, 1], n - 1]])
                     acc_count[g] += 1
-    for ring, i, g, plan in members:
-        end[g] = ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1))], rank=g, phase=phase)
-    return end
+    return {g: ctx.sch.marker(f"{name}.done[r{g}]", [C[g, n - 1], P.get((g, n - 1))], rank=g, phase=phase)
+            for _, _, g, _ in members}
 
 
 def _push_all(ctx, members, s, name, phase, C, P, landed, post, acc_parts, acc_count, peer) -> None:
