@@ -252,6 +252,10 @@ def test_the_masked_call_splits_the_host_into_per_ring_step_and_per_op():
         held = [t for t in p.schedule.tasks if t.name.endswith(".host") and t.rank == 0]
         assert len(held) == steps and all(t.duration == per_step for t in held)
     assert "ms x 4 ring steps (with window:0:0" in validate.host_text([row], call)
+    # a caller that charges no ring step (the decode validation's stand-in) keeps the host all per op
+    alone = host_cost.host_per_op(call, "burst", world_size=2, node_size=1, dtype="float32", hardware=hw,
+                                  costs=costs, cpus=CPUS)
+    assert "host_s_per_step" not in alone and alone["host_s_per_op"] == pytest.approx((cpu[0] / CPUS - m0) / ops0)
     # without the masked call the host is all per op, as before the split; so too where the two calls split it
     # only with a term below 0 (a masked call cheaper than its ops' share of the causal one): the causal call keeps
     # its measured CPU either way

@@ -183,32 +183,35 @@ def per_call_host(call: dict | None, *, world_size: int, node_size: int, dtype: 
 
 
 def host_per_op(call: dict | None, method: str, *, world_size: int, node_size: int, dtype: str, hardware,
-                costs, cpus: float | None) -> dict | None:
+                costs, cpus: float | None, steps: bool = False) -> dict | None:
     """The host seconds per op of ``method`` (module docstring), with what it came from; None when the
-    run was not capped or ``call`` has no row for it. ``costs(hw, dtype)``: the run's cost model."""
+    run was not capped or ``call`` has no row for it. ``costs(hw, dtype)``: the run's cost model. ``steps``: split
+    off the host per ring step where ``call`` has the method's ``STEP_MASK`` call (``split_host``), for a caller
+    that charges it (``EmulatedCosts.step_host_s``); else the host is all per op."""
     case = small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype)
     if case is None or not cpus:
         return None
-    p = predict_case(method, case.shape, mode=case.mode, level=case.level, hardware=hardware, costs=costs,
-                     keep_schedule=True)
-    whole = per_op_from(case, p.schedule, cpus)
-    masked = small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype,
-                        layout=case.shape.layout, mask=STEP_MASK)
-    split = split_host(case, masked, hardware=hardware, costs=costs, cpus=cpus) if masked else None
+    schedule = _schedule(case, hardware, costs)
+    whole = per_op_from(case, schedule, cpus)
+    masked = steps and small_case(call, method, world_size=world_size, node_size=node_size, dtype=dtype,
+                                  layout=case.shape.layout, mask=STEP_MASK)
+    split = split_host(case, whole, masked, hardware=hardware, costs=costs, cpus=cpus) if masked else None
     return {**whole, **split} if split else whole
 
 
-def split_host(causal: SmallCase, masked: SmallCase, *, hardware, costs, cpus: float) -> dict | None:
-    """The host per ring step and per op of a method from its causal and ``STEP_MASK`` calls (module docstring),
-    with what they came from. Both terms keep the causal call at its measured CPU, as ``per_op_from``'s one term
-    does: a per-op term below 0 is 0 and the steps take the causal call's whole excess. None (the host stays all
-    per op) when the calls' N differ, the method has no ring steps, the mask skips no op, the causal call has no
-    excess, or the per-op term alone would exceed it (no split of it with both terms at least 0)."""
+def split_host(causal: SmallCase, whole: dict, masked: SmallCase, *, hardware, costs, cpus: float) -> dict | None:
+    """The host per ring step and per op of a method from its causal call (``whole``: ``per_op_from`` of it) and
+    its ``STEP_MASK`` call (module docstring), with what they came from. Both terms keep the causal call at its
+    measured CPU, as ``per_op_from``'s one term does: a per-op term below 0 is 0 and the steps take the causal
+    call's whole excess. None (the host stays all per op) when the calls' N differ, the method has no ring steps,
+    the mask skips no op, the causal call has no excess, or the per-op term alone would exceed it (no split of it
+    with both terms at least 0)."""
     if masked.shape.seqlen != causal.shape.seqlen:
         return None
-    (m0, ops0), (m1, ops1) = (_compute(c, hardware, costs) for c in (causal, masked))
+    ops0, e0 = whole["ops"], whole["measured_s"] - whole["model_s"]
+    m1, ops1 = _compute(masked, hardware, costs)
     steps = ring_steps(_schedule(causal, hardware, costs, step_host_s=1.0))
-    e0, e1 = causal.cpu_s / cpus - m0, masked.cpu_s / cpus - m1
+    e1 = masked.cpu_s / cpus - m1
     if steps <= 0 or ops1 >= ops0 or e0 <= 0:
         return None
     per_op = max(0.0, (e0 - e1) / (ops0 - ops1))

@@ -250,9 +250,9 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         key = (c.method, *run)
         if key not in hosts:          # one small-call prediction per method and run, whatever its cases
             hosts[key] = host_per_op(call, c.method, world_size=c.shape.world_size, dtype=c.shape.dtype,
-                                     node_size=hw.devices_per_node, hardware=hw, cpus=cpus,
+                                     node_size=hw.devices_per_node, hardware=hw, cpus=cpus, steps=True,
                                      costs=small_call_costs(times, ld.run, excess, messages, cpus, ch,
-                                                                 ld.memory_run, sends))
+                                                            ld.memory_run, sends))
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         hstep = host.get("host_s_per_step", 0.0) if host else 0.0
