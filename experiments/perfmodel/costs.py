@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..profiles.hardware import Hardware, Link
+from .simulator import Schedule
 from burst_impl.flops import MODE_FACTOR, entries_flops
 from burst_impl.kernels.common import VARLEN, TileMask
 
@@ -263,6 +264,12 @@ class CostModel:
     def op_seconds(self, seconds: float) -> float:
         """Compute-stream seconds of an op whose work takes ``seconds``: the work alone."""
         return seconds
+
+    def schedules(self):
+        """The schedules a prediction is built on, in turn (``model._predict`` keeps the last): one on every hardware
+        profile. An emulated cluster's opt-in CFS model builds it again with each pass's running ranks
+        (``emulated.cfs``)."""
+        yield Schedule()
 
     def step_seconds(self) -> float:
         """Compute-stream seconds a ring step holds its rank for beside its ops, whatever its tiles: none (a GPU's

@@ -130,10 +130,11 @@ def _predict(method, shape, *, mode, level, hw, options, keep_schedule, costs) -
     place = Placement.of(hw, shape.world_size)
     cost = costs(hw, shape.dtype) if costs is not None else _cost_model(hw, shape.dtype)
     table = dict(m.bytes(shape, **options))
-    ctx = Ctx(sch=Schedule(), cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
-              options=options)
-    build(ctx)
-    ctx.check_consumed(method)
+    for sch in cost.schedules():     # one, but for an emulated cluster's opt-in CFS passes (emulated/cfs.py)
+        ctx = Ctx(sch=sch, cost=cost, place=place, shape=shape, mode=mode, level=level, table=dict(table),
+                  options=options)
+        build(ctx)
+        ctx.check_consumed(method)
     sch = ctx.sch
     mem = peak_memory(m, shape, phases=ctx.phases, level=level, transient=ctx.transient,
                       accelerator=hw.accelerator, intra_kind=hw.intra.kind, options=options)

@@ -47,9 +47,12 @@ class Task:
 class Schedule:
     """Tasks added in dependency order; times are known as soon as a task is added."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu=None) -> None:
         self.tasks: list[Task] = []
         self._free: dict[str, tuple[float, int | None]] = {}   # resource -> (free at, last task)
+        # a rank's compute under its CPU cgroup (emulated/cfs.py, opt-in): ``finish(rank, start, seconds)`` gives
+        # a compute-stream task's end; None: start + duration
+        self.cpu = cpu
 
     def add(self, name: str, *, kind: str, resource: str | None = None, duration: float = 0.0,
             deps=(), rank: int | None = None, phase: str = "", nbytes: dict | None = None,
@@ -70,7 +73,10 @@ class Schedule:
             end = tasks[d].end
             if end > start or (bound is None and end >= start):
                 start, bound = end, d
-        t = Task(len(tasks), name, kind, resource, float(duration), deps, rank, phase,
+        duration = float(duration)
+        if self.cpu is not None and kind == "compute" and resource is not None and resource.startswith("compute/"):
+            duration = self.cpu.finish(int(resource.split("/")[1]), start, duration) - start
+        t = Task(len(tasks), name, kind, resource, duration, deps, rank, phase,
                  dict(nbytes) if nbytes else {}, flops, start, start + duration, bound)
         self.tasks.append(t)
         if resource is not None:

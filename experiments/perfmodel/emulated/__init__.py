@@ -12,5 +12,6 @@ emulated run's CPU ranks cost more than their kernels and transfers, and those t
   (``message_probe.json``), in place of the excess up to the sizes it measured;
 * ``host_cost``: the host's work per op, from the per-call CPU (``call_cpu.json``);
 * ``hardware``: this machine as the emulated cluster (links as the emulator shaped them);
+* ``cfs``: a rank's compute under its CPU cgroup's quota, as a fluid (opt-in: ``history --cfs``);
 * ``validate``: predicted / measured per case of an emulated run (``emulation_report.txt``).
 """

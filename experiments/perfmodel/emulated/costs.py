@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from ..costs import CostModel
+from .cfs import CfsShare
 from .measured import HBM, KernelTimes, masked_key
 from .message import MessageCost
 from .send_buffer import SendBuffers
@@ -57,6 +58,7 @@ class EmulatedCosts(CostModel):
     messages: MessageCost | None = None     # small blocking messages (message.py); None: the excess line for all
     sends: SendBuffers | None = None        # what a ring's send holds its sender for (send_buffer.py); None: until
                                             # the transfer lands, as on a GPU
+    cfs: CfsShare | None = None             # the ranks' compute under CFS as a fluid (cfs.py, opt-in); None: at the cap
     # A CPU rank has no side streams: torch.cpu.Stream is a stub and gloo's synchronous collectives block the
     # Python thread (FSDP2's all-gathers and reduce-scatters, ``parallel.sync_grads``' all-reduce after the
     # backward), so ``schedules/zero3.py`` and the gradient sync expose every such collective.
@@ -68,6 +70,9 @@ class EmulatedCosts(CostModel):
 
     def step_seconds(self) -> float:
         return self.step_host_s
+
+    def schedules(self):
+        return super().schedules() if self.cfs is None else self.cfs.schedules()
 
     def sender_seconds(self, nbytes: float, same_node: bool, messages: int = 1, two_way: bool = True,
                        beside: float | None = None) -> float:

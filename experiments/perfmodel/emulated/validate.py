@@ -67,6 +67,7 @@ from .host_cost import (CALL_CPU_FILE, CALL_LAYOUTS, CALL_METHOD, STEP_MASK, Sma
 from .measured import HBM, KernelTimes, default_clock, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 from .send_buffer import SEND_FILE, SendBuffers, load_send_buffers
+from .cfs import CfsShare
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 __all__ = ["SHAPE_KEYS", "compare", "error_table", "needed_keys", "validate_experiment"]
@@ -224,7 +225,7 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
             call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = True,
-            memory_rule: str = "compute", sends: SendBuffers | None = None) -> list[dict]:
+            memory_rule: str = "compute", sends: SendBuffers | None = None, cfs: bool = False) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
@@ -233,7 +234,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     record at its group's reference's load (``case_load``) where it has one (False: at the run's bring-up load);
     ``memory_rule``: the load memory-bound work goes at (``loads_of``: the compute load, the bring-up's memory load
     or the group's own); ``sends``: what a ring's send holds its sender for (``send_buffer.fit_send_buffers``;
-    None: until it lands)."""
+    None: until it lands); ``cfs``: the ranks' compute under CFS as a fluid (``cfs.CfsShare``, opt-in; False: at the
+    cap's rate)."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
@@ -259,7 +261,8 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         f = ld.priced / ld.run
         p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f, st=hstep * f: EmulatedCosts(
             h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, step_host_s=st,
-            excess=excess, messages=messages, sends=sends))
+            excess=excess, messages=messages, sends=sends,
+            cfs=CfsShare.of(c.rec["cluster"], c.shape.world_size) if cfs else None))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
         main = c.rec.get("time_cpu_main_s_per_rank")
@@ -467,8 +470,8 @@ def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dic
 
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                         rounds: int = 3, require_calibration: bool = False, at_reference: bool = True,
-                        memory_rule: str = "compute") -> dict:
-    """``error_table`` of an emulated experiment's latest records (``at_reference``, ``memory_rule``:
+                        memory_rule: str = "compute", cfs: bool = False) -> dict:
+    """``error_table`` of an emulated experiment's latest records (``at_reference``, ``memory_rule``, ``cfs``:
     ``compare``'s). The kernel times are read from ``results/<experiment>/kernel_times.json``; keys it lacks
     are measured here (as many processes as the run had ranks, as many threads each as the worker used) and
     added to it.
@@ -488,7 +491,7 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              at_reference=at_reference, memory_rule=memory_rule, sends=sends))
+                              at_reference=at_reference, memory_rule=memory_rule, sends=sends, cfs=cfs))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["messages"] = msgs and msgs.path
