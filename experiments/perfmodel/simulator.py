@@ -11,6 +11,8 @@ were added (a CUDA stream or an NCCL communicator is a FIFO queue), so
 
 is computed when the task is added: tasks must be added after their
 dependencies (schedule builders add them step by step, in program order).
+A schedule given a ``cpu`` (``emulated/cfs.py``, opt-in) asks it for the end of
+each compute-stream task instead: a CPU rank's compute under its cgroup's quota.
 Nothing is fitted and nothing is random: the same schedule gives the same
 times.
 
