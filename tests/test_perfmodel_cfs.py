@@ -75,7 +75,9 @@ def test_the_share_of_a_record():
         CfsShare(cores=2, cap=0, period_s=0.1)
     with pytest.raises(ValueError, match="passes=0"):
         CfsShare(cores=2, cap=0.25, period_s=0.1, passes=0)
-    assert not math.isnan(SHARE.cap)
+    # a record without its period (before cpuquota wrote it) ran at CFS's default
+    cluster["cpu_quota"].pop("period_us")
+    assert CfsShare.of(cluster, 8).period_s == pytest.approx(0.1)
 
 
 def test_a_prediction_under_cfs_keeps_its_tasks_and_never_runs_faster_than_a_core():

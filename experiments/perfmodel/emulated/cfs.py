@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from ...harness.cpuquota import PERIOD_US
 from ..simulator import Schedule
 
 EPS = 1e-12
@@ -53,7 +54,7 @@ class CfsShare:
         if not quota.get("applied") or not quota.get("cpus_per_rank") or not per_core:
             return None
         return cls(cores=world_size / float(per_core), cap=float(quota["cpus_per_rank"]),
-                   period_s=float(quota.get("period_us") or 100_000) / 1e6)
+                   period_s=float(quota.get("period_us") or PERIOD_US) / 1e6)
 
     def schedules(self):
         """The schedules a prediction is built on in turn; the last one is the prediction."""
@@ -66,7 +67,7 @@ class CfsShare:
 
 def running(segments: list[tuple[float, float, int]]) -> tuple[list[float], list[int]]:
     """(times, counts): how many ranks run from each time on (``segments``: (start, end, rank))."""
-    events = sorted([(a, 1) for a, b, _ in segments if b > a] + [(b, -1) for a, b, _ in segments if b > a])
+    events = sorted(e for a, b, _ in segments if b > a for e in ((a, 1), (b, -1)))
     times: list[float] = []
     counts: list[int] = []
     n = 0
