@@ -61,8 +61,9 @@ def test_extract_gives_the_run_as_its_commit_holds_it(repo, tmp_path):
 def test_replay_prices_each_run_and_lists_one_it_cannot(repo, monkeypatch):
     asked = []
 
-    def errors(root, experiment, at_reference, memory_rule, cfs=False):
-        asked.append("cfs" if cfs else at_reference if memory_rule == "compute" else memory_rule)
+    def errors(root, experiment, at_reference, memory_rule, cfs=False, lockstep=False):
+        asked.append("cfs+lockstep" if cfs and lockstep else "cfs" if cfs
+                     else at_reference if memory_rule == "compute" else memory_rule)
         n = json.loads((root / experiment / "results.jsonl").read_text())["run"]
         if n == 2:
             raise KeyError("no measured time for ('attention', 1)")
@@ -78,6 +79,8 @@ def test_replay_prices_each_run_and_lists_one_it_cannot(repo, monkeypatch):
     assert asked[4:] == ["bring-up", "bring-up"]
     H.replay(repo, "exp", cfs=True)                              # the opt-in CFS fluid (perfmodel/emulated/cfs.py)
     assert asked[6:] == ["cfs", "cfs"]
+    H.replay(repo, "exp", cfs=True, lockstep=True)               # and each run's own lockstep factor (lockstep.py)
+    assert asked[8:] == ["cfs+lockstep", "cfs+lockstep"]
     with pytest.raises(ValueError, match="memory_rule='stream' must be one of compute, bring-up, group"):
         H.replay(repo, "exp", memory_rule="stream")
     with pytest.raises(ValueError, match="commits: 'nope' is not a commit"):

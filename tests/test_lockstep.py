@@ -89,3 +89,20 @@ def test_the_inference_validation_multiplies_the_work_and_not_the_links():
     comm = plain["critical_comm_s"]
     assert comm > 0 and slow["critical_comm_s"] == pytest.approx(comm)
     assert slow["predicted_s"] == pytest.approx(2 * (plain["predicted_s"] - comm) + comm)
+
+
+def test_a_training_validation_takes_the_factor_only_when_asked_and_on_the_work_alone():
+    """``validate.compare(lockstep=)`` (opt-in, ``history --lockstep``): a compute-bound forward's work and its host
+    term go x the factor of its world size, a world size the probe lacks at 1, and without the argument as before."""
+    from experiments.perfmodel.emulated import validate
+    from tests.test_perfmodel_host import _call, _record, _times
+    recs = [_record(256, 0.6)]
+    call = _call(cpu_s=1.0)
+    times = _times(recs, call)
+    (plain,) = validate.compare(recs, times, rescale=False, call=call)
+    (slow,) = validate.compare(recs, times, rescale=False, call=call, lockstep={"factors": {2: 1.5}, "path": "p"})
+    (other,) = validate.compare(recs, times, rescale=False, call=call, lockstep={"factors": {8: 1.5}, "path": "p"})
+    assert plain["lockstep_factor"] == 1.0 and slow["lockstep_factor"] == 1.5
+    assert other["predicted_s"] == plain["predicted_s"]
+    assert plain["critical_comm_s"] == pytest.approx(0.0, abs=1e-12)     # compute-bound: the whole time is work
+    assert slow["predicted_s"] == pytest.approx(1.5 * plain["predicted_s"])

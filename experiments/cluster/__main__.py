@@ -279,6 +279,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="price every run with this kernel table instead of its own (one timed afresh here)")
     hi.add_argument("--cfs", action="store_true",
                     help="price each rank's compute under CFS as a fluid (perfmodel/emulated/cfs.py; opt-in)")
+    hi.add_argument("--lockstep", action="store_true",
+                    help="price a training run's work at its own lockstep probe's factor, as a decode step's "
+                         "(perfmodel/emulated/lockstep.py; 1 for a run without the probe; opt-in)")
     hi.add_argument("--json", action="store_true")
     ap.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     return ap
@@ -337,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
         commits = [c for c in (args.commits or "").split(",") if c] or None
         out = history_table(replay(results_root_of(args.results), args.experiment, commits,
                                    at_reference=not args.bring_up_load, memory_rule=args.memory_rule,
-                                   kernel_table=args.kernel_table, cfs=args.cfs), args.target,
+                                   kernel_table=args.kernel_table, cfs=args.cfs,
+                                   lockstep=args.lockstep), args.target,
                             f"the kernel table {args.kernel_table}" if args.kernel_table else "kernel table")
         print(json.dumps(out, indent=1, default=str) if args.json else out["text"])
         return 0

@@ -88,15 +88,16 @@ def extract(commit: str, results_root, experiment: str, dest: Path, kernel_table
 
 
 def _errors(root: Path, experiment: str, at_reference: bool = True, memory_rule: str = "compute",
-            cfs: bool = False) -> dict:
+            cfs: bool = False, lockstep: bool = False) -> dict:
     """{case label: error} of the model as it is now on the records under ``root`` (measuring nothing);
-    ``at_reference``, ``memory_rule``, ``cfs`` (training records only): as ``validate.compare``'s."""
+    ``at_reference``, ``memory_rule``, ``cfs`` and ``lockstep`` (training records only): as
+    ``validate.validate_experiment``'s."""
     if is_inference(root, experiment):
         rows = validate_inference(root, experiment, measure_missing=False, write=False,
                                   at_reference=at_reference, memory_rule=memory_rule)["rows"]
         return {f"{r['mode']} G{r['world_size']} B{r['batch']} N{r['seqlen']} {r['row']}": r["error"] for r in rows}
     rows = validate_experiment(root, experiment, measure_missing=False, at_reference=at_reference,
-                               memory_rule=memory_rule, cfs=cfs)["rows"]
+                               memory_rule=memory_rule, cfs=cfs, lockstep=lockstep)["rows"]
     return {f"{r['method']} N{r['seqlen']} {r['case']}": r["error"] for r in rows}
 
 
@@ -108,11 +109,12 @@ def _commit(results_root, name: str) -> str:
 
 
 def replay(results_root, experiment: str, commits: list[str] | None = None, *, at_reference: bool = True,
-           memory_rule: str = "compute", kernel_table=None, cfs: bool = False) -> list[Run]:
+           memory_rule: str = "compute", kernel_table=None, cfs: bool = False, lockstep: bool = False) -> list[Run]:
     """Each run of ``commits`` (default ``runs_of``) priced by the model of the working tree; ``at_reference``
     False: every record at its run's bring-up load (``validate.compare``), as reports before 2026-12-07;
     ``memory_rule``: the load memory-bound work goes at (``validate.loads_of``); ``kernel_table``: one table for
-    every run (``extract``); ``cfs``: the ranks' compute under CFS as a fluid (``cfs.py``, opt-in)."""
+    every run (``extract``); ``cfs``: the ranks' compute under CFS as a fluid (``cfs.py``, opt-in); ``lockstep``: each
+    run's work x its own lockstep probe's factor (``lockstep.py``; 1 for a run without the probe; opt-in)."""
     check_memory_rule(memory_rule)
     if kernel_table is not None and not Path(kernel_table).is_file():
         raise ValueError(f"kernel_table={str(kernel_table)!r}: no such file")
@@ -124,7 +126,7 @@ def replay(results_root, experiment: str, commits: list[str] | None = None, *, a
         with tempfile.TemporaryDirectory(prefix="burst-history-") as tmp:
             try:
                 root = extract(full, results_root, experiment, Path(tmp), kernel_table)
-                out.append(Run(full, _errors(root, experiment, at_reference, memory_rule, cfs)))
+                out.append(Run(full, _errors(root, experiment, at_reference, memory_rule, cfs, lockstep)))
             except (ValueError, KeyError, RuntimeError, subprocess.CalledProcessError) as e:
                 why = (str(e).splitlines() or [type(e).__name__])[0].replace(f"{tmp}/", "")
                 out.append(Run(full, skipped=why[:160]))

@@ -68,6 +68,7 @@ from .measured import HBM, KernelTimes, default_clock, measure, needed
 from .message import MESSAGE_FILE, MessageCost, for_host, load_messages
 from .send_buffer import SEND_FILE, SendBuffers, load_send_buffers
 from .cfs import CfsShare
+from .lockstep import factor, load_lockstep, lockstep_text
 
 TARGET = 0.20                     # the issue's acceptance bound on |predicted / measured - 1|
 __all__ = ["SHAPE_KEYS", "compare", "error_table", "needed_keys", "validate_experiment"]
@@ -225,7 +226,8 @@ def needed_keys(records, call: dict | None = None) -> set:
 
 def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict | None = None,
             call: dict | None = None, messages: MessageCost | None = None, at_reference: bool = True,
-            memory_rule: str = "compute", sends: SendBuffers | None = None, cfs: bool = False) -> list[dict]:
+            memory_rule: str = "compute", sends: SendBuffers | None = None, cfs: bool = False,
+            lockstep: dict | None = None) -> list[dict]:
     """One row per ok emulated record: measured median, predicted time, their ratio and error.
     ``rescale``: carry the kernel times to the run's load (``load_scale``); ``excess``: the links'
     overlap excess (``fit_excess``; None: hidden transfers are free); ``call``: the per-call CPU
@@ -235,7 +237,9 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
     ``memory_rule``: the load memory-bound work goes at (``loads_of``: the compute load, the bring-up's memory load
     or the group's own); ``sends``: what a ring's send holds its sender for (``send_buffer.fit_send_buffers``;
     None: until it lands); ``cfs``: the ranks' compute under CFS as a fluid (``cfs.CfsShare``, opt-in; False: at the
-    cap's rate)."""
+    cap's rate); ``lockstep`` (``lockstep.load_lockstep``, opt-in): the work priced from the free-running table and
+    the host terms x the world size's lockstep factor, as a decode step's (``validate_decode``): a ring's ranks meet
+    their peers at every step."""
     rows, hosts, per_call = [], {}, {}
     excess = excess or {}
     for c in _cases(records):
@@ -258,9 +262,11 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         host = hosts[key]
         hs = host["host_s_per_op"] if host else 0.0
         hstep = host.get("host_s_per_step", 0.0) if host else 0.0
-        f = ld.priced / ld.run
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f, st=hstep * f: EmulatedCosts(
-            h, dt, times=times, scale=ld.priced, mem_scale=ld.memory, host_s=hs, call_host_s=ch, step_host_s=st,
+        lf = factor(lockstep, c.shape.world_size)
+        f = ld.priced / ld.run * lf
+        mem = None if ld.memory is None else ld.memory * lf
+        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f, st=hstep * f, lf=lf, mem=mem: EmulatedCosts(
+            h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, call_host_s=ch, step_host_s=st,
             excess=excess, messages=messages, sends=sends,
             cfs=CfsShare.of(c.rec["cluster"], c.shape.world_size) if cfs else None))
         measured = float(c.rec["time_median_s"])
@@ -272,7 +278,7 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
                      "measured_s": measured, "predicted_s": p.time_s,
                      "ratio": p.time_s / measured if measured > 0 else math.nan,
                      "error": p.time_s / measured - 1 if measured > 0 else math.nan,
-                     "load_scale": ld.priced, "run_load": ld.run, "reference_load": ld.reference,
+                     "load_scale": ld.priced, "lockstep_factor": lf, "run_load": ld.run, "reference_load": ld.reference,
                      "memory_load": ld.memory, "memory_run_load": ld.memory_run,
                      "memory_reference_load": ld.memory_reference,
                      "critical_comm_s": p.critical_comm_s,
@@ -470,11 +476,11 @@ def load_probes(results_root, experiment: str, profile: str | None) -> tuple[dic
 
 def validate_experiment(results_root, experiment: str, *, measure_missing: bool = True, seconds: float = 0.6,
                         rounds: int = 3, require_calibration: bool = False, at_reference: bool = True,
-                        memory_rule: str = "compute", cfs: bool = False) -> dict:
+                        memory_rule: str = "compute", cfs: bool = False, lockstep: bool = False) -> dict:
     """``error_table`` of an emulated experiment's latest records (``at_reference``, ``memory_rule``, ``cfs``:
-    ``compare``'s). The kernel times are read from ``results/<experiment>/kernel_times.json``; keys it lacks
-    are measured here (as many processes as the run had ranks, as many threads each as the worker used) and
-    added to it.
+    ``compare``'s; ``lockstep``: price with the experiment's (or the root's) lockstep probe, ``compare``'s). The
+    kernel times are read from ``results/<experiment>/kernel_times.json``; keys it lacks are measured here (as many
+    processes as the run had ranks, as many threads each as the worker used) and added to it.
     ``require_calibration``: refuse a run with given link rates and no compute calibration (nothing
     then carries the table to the run's load; ``experiments.run`` skips those, e.g. the emulator's tests)."""
     out = R.experiment_dir(Path(results_root), experiment)
@@ -490,8 +496,10 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     call, ex, msgs, sends = load_probes(results_root, experiment, profile)
     times = kernel_times(out, cases, needed_keys(records, call), measure_missing=measure_missing, seconds=seconds,
                          rounds=rounds)
+    lock = load_lockstep(results_root, profile, experiment) if lockstep else None
     rep = error_table(compare(records, times, excess=ex["fit"] if ex else None, call=call, messages=msgs,
-                              at_reference=at_reference, memory_rule=memory_rule, sends=sends, cfs=cfs))
+                              at_reference=at_reference, memory_rule=memory_rule, sends=sends, cfs=cfs,
+                              lockstep=lock))
     rep["kernel_times"] = str(path)
     rep["overlap_excess"] = ex
     rep["messages"] = msgs and msgs.path
@@ -504,6 +512,8 @@ def validate_experiment(results_root, experiment: str, *, measure_missing: bool 
     rep["text"] += "\n" + messages_text(msgs)
     rep["text"] += "\n" + sends_text(sends)
     rep["text"] += "\n" + host_text(rep["rows"], call)
+    if lockstep:
+        rep["text"] += "\n" + lockstep_text(lock)
     rep["text"] += "\n" + (f"kernel times timed with each process capped at {times.cpus:g} CPU, as the run's ranks"
                            + (" (process CPU / the cap)" if times.clock == "cpu" else " (wall)")
                            if times.cpus else "kernel times timed uncapped (the run's ranks were not capped, "
