@@ -45,6 +45,12 @@ def period_us(environ=os.environ) -> int:
     return v
 
 
+def period_s(cluster: dict) -> float:
+    """The CFS period a record's ranks ran under, in seconds (its ``cpu_quota.period_us``; ``PERIOD_US`` where
+    the record does not say)."""
+    return float((cluster.get("cpu_quota") or {}).get("period_us") or PERIOD_US) / 1e6
+
+
 def _root() -> tuple[Path, int] | str:
     """(directory under which to create groups, cgroup version), or why there is none."""
     v2 = CGROUP / "cgroup.controllers"

@@ -37,6 +37,8 @@ from burst_impl import kernels
 from burst_impl.flops import attention_flops
 from burst_impl.shape import DTYPES, AttnShape
 
+from . import cpuquota
+
 WORK_KEYS = ("tokens", "heads", "head_dim", "dtype")
 # at most this many tokens a block: the calibration's 2048-token block of 8 heads x 64 took 1.85 s a round at a
 # quarter core (issue 36's run C), more than a decode group's three cases together
@@ -165,5 +167,4 @@ def references_for(cluster: dict) -> list[Reference]:
 def long_enough(ref: dict, cluster: dict) -> bool:
     """Whether a record's reference spans ``PERIODS`` of its run's CFS period (``cpu_quota.period_us``; 100 ms
     where not recorded): a shorter sample measures the quota's burst, not the rate (``MIN_SAMPLE_S``)."""
-    period_s = float((cluster.get("cpu_quota") or {}).get("period_us") or 100_000) / 1e6
-    return float(ref["median_s"]) * int(ref.get("calls", 1)) >= PERIODS * period_s
+    return float(ref["median_s"]) * int(ref.get("calls", 1)) >= PERIODS * cpuquota.period_s(cluster)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from ...harness.cpuquota import PERIOD_US
+from ...harness import cpuquota
 from ..simulator import Schedule
 
 EPS = 1e-12
@@ -54,7 +54,7 @@ class CfsShare:
         if not quota.get("applied") or not quota.get("cpus_per_rank") or not per_core:
             return None
         return cls(cores=world_size / float(per_core), cap=float(quota["cpus_per_rank"]),
-                   period_s=float(quota.get("period_us") or PERIOD_US) / 1e6)
+                   period_s=cpuquota.period_s(cluster))
 
     def schedules(self):
         """The schedules a prediction is built on in turn; the last one is the prediction."""

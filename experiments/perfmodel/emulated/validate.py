@@ -170,6 +170,13 @@ class Loads:
     priced: float
     memory: float | None
 
+    def at(self, lockstep: float = 1.0) -> tuple[float, float | None, float]:
+        """(the kernels' scale, memory-bound work's (None: the kernels'), the host terms' factor ``priced / run``),
+        each x ``lockstep``: ranks that meet their peers run all their CPU work at the lockstep share
+        (``lockstep.factor``; 1: free-running)."""
+        return (self.priced * lockstep, None if self.memory is None else self.memory * lockstep,
+                self.priced / self.run * lockstep)
+
 
 def check_memory_rule(memory_rule: str) -> None:
     if memory_rule not in MEMORY_RULES:
@@ -263,12 +270,11 @@ def compare(records, times: KernelTimes, *, rescale: bool = True, excess: dict |
         hs = host["host_s_per_op"] if host else 0.0
         hstep = host.get("host_s_per_step", 0.0) if host else 0.0
         lf = factor(lockstep, c.shape.world_size)
-        f = ld.priced / ld.run * lf
-        mem = None if ld.memory is None else ld.memory * lf
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs * f, ch=ch * f, st=hstep * f, lf=lf, mem=mem: EmulatedCosts(
-            h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, call_host_s=ch, step_host_s=st,
-            excess=excess, messages=messages, sends=sends,
-            cfs=CfsShare.of(c.rec["cluster"], c.shape.world_size) if cfs else None))
+        scale, mem, f = ld.at(lf)
+        share = CfsShare.of(c.rec["cluster"], c.shape.world_size) if cfs else None
+        p = c.predict(hw, lambda h, dt, sc=scale, mem=mem, hs=hs * f, ch=ch * f, st=hstep * f, share=share:
+                      EmulatedCosts(h, dt, times=times, scale=sc, mem_scale=mem, host_s=hs, call_host_s=ch,
+                                    step_host_s=st, excess=excess, messages=messages, sends=sends, cfs=share))
         measured = float(c.rec["time_median_s"])
         cpu = c.rec.get("time_cpu_s_per_rank")
         main = c.rec.get("time_cpu_main_s_per_rank")

@@ -145,10 +145,10 @@ def compare(records, times: KernelTimes, *, excess: dict | None = None, call: di
         # the host term per op is derived free-running (the small call's CPU over the cap, less the model's work
         # there); the step's work meets its peers, and goes x the lockstep factor with the kernels it runs
         lf = factor(lockstep, c.shape.world_size)
-        hs = (host["host_s_per_op"] if host else 0.0) * ld.priced / ld.run * lf
-        mem = None if ld.memory is None else ld.memory * lf
-        p = c.predict(hw, lambda h, dt, ld=ld, hs=hs, mem=mem, lf=lf: EmulatedCosts(
-            h, dt, times=times, scale=ld.priced * lf, mem_scale=mem, host_s=hs, excess=excess or {},
+        scale, mem, f = ld.at(lf)
+        hs = (host["host_s_per_op"] if host else 0.0) * f
+        p = c.predict(hw, lambda h, dt, sc=scale, hs=hs, mem=mem: EmulatedCosts(
+            h, dt, times=times, scale=sc, mem_scale=mem, host_s=hs, excess=excess or {},
             messages=messages, sends=sends))
         measured = float(c.rec["time_median_s"])
         mean = c.rec.get("time_mean_s")      # TPOT as serving benchmarks report it: a mean over output tokens
